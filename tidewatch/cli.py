@@ -42,6 +42,24 @@ def _register_areas() -> None:
             register(app)
 
 
+@app.callback()
+def _root() -> None:
+    """Tidewatch: standing rules over live trade and packet streams, evaluated together."""
+
+
+@app.command()
+def version() -> None:
+    """Print Tidewatch's version and the versions of the real parts it runs on."""
+    from importlib.metadata import version as pkg_version
+
+    from tidewatch.settings import get_settings
+
+    settings = get_settings()
+    typer.echo(f"tidewatch {pkg_version('tidewatch')}")
+    typer.echo(f"pyspark {pkg_version('pyspark')} (Spark {settings.spark_version})")
+    typer.echo(f"Apache Kafka {settings.kafka_version} (embedded)")
+
+
 _register_areas()
 
 
