@@ -26,7 +26,14 @@ app = typer.Typer(
 )
 
 # (module, attribute) pairs; each module exposes ``register(app: typer.Typer) -> None``.
-_AREAS = ["tidewatch.stack", "subscriptions.cli", "ingest.cli", "engine.cli", "dashboard.cli"]
+_AREAS = [
+    "tidewatch.stack",
+    "subscriptions.cli",
+    "subscriptions.store_cli",
+    "ingest.cli",
+    "engine.cli",
+    "dashboard.cli",
+]
 
 
 def _register_areas() -> None:

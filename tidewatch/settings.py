@@ -25,7 +25,9 @@ class Settings(BaseSettings):
 
     # --- where things live -------------------------------------------------
     cache_dir: Path = Field(PROJECT_ROOT / ".cache", description="downloads: Kafka jars, Ivy cache")
-    run_dir: Path = Field(PROJECT_ROOT / ".run", description="data dirs, logs and PID files of the embedded stack")
+    run_dir: Path = Field(
+        PROJECT_ROOT / ".run", description="data dirs, logs and PID files of the embedded stack"
+    )
 
     # --- Kafka ---------------------------------------------------------------
     kafka_version: str = "4.1.1"
@@ -39,6 +41,13 @@ class Settings(BaseSettings):
     topic_results: str = "results"
     topic_dead_letter: str = "dead-letter"
     topic_partitions: int = 2
+    # --- feeds (ingest/) -------------------------------------------------------
+    packets_key: str = Field("src_ip", description="packet field used as Kafka key (docs/feeds.md)")
+    demo_trade_rate: float = Field(1000.0, description="trades/s of `tidewatch feed trades --demo`")
+    demo_packet_rate: float = Field(1000.0, description="packets/s of `tidewatch feed packets --demo`")
+    demo_history_minutes: float = Field(31.0, description="history the demo feeds backfill before going live")
+    kafka_heap: str = Field("768m", description="-Xmx of the embedded Kafka broker")
+    kafka_start_timeout_s: float = 90.0
 
     # --- PostgreSQL ----------------------------------------------------------
     pg_host: str = "127.0.0.1"
@@ -47,16 +56,33 @@ class Settings(BaseSettings):
     pg_password: str = "tidewatch"
     pg_database: str = "tidewatch"
     database_url: str | None = Field(None, description="overrides the pg_* fields when set")
+    pg_bin_dir: Path | None = Field(
+        None, description="dir of initdb/pg_ctl; default: newest /usr/lib/postgresql/*/bin"
+    )
 
     # --- Spark / engine ------------------------------------------------------
     spark_master: str = "local[2]"
     spark_version: str = "4.3.0"
+    spark_kafka_connector_version: str = Field(
+        "4.2.0",
+        description="spark-sql-kafka-0-10_2.13 from Maven Central (no 4.3.0 there yet; 4.2.0 runs on pyspark 4.3.0)",
+    )
+    spark_avro_version: str = Field(
+        "4.0.0", description="spark-avro_2.13 and spark-token-provider-kafka (newest complete on Central)"
+    )
     pane_ms: int = Field(1000, description="pane (basic window) width g in ms; divides every window")
     trigger_seconds: float = 1.0
     allowed_lateness_ms: int = 5000
     max_future_ms: int = 60_000
     checkpoint_dir: Path | None = None
     snapshot_every_batches: int = 50
+    engine_history_ms: int | None = Field(
+        None,
+        description="raw history the engine keeps so a new rule sees old data (PSoup); None: longest window in use",
+    )
+    engine_max_offsets_per_trigger: int | None = Field(
+        None, description="cap on Kafka records per micro-batch"
+    )
 
     # --- collective indexes --------------------------------------------------
     ci_p: int = Field(8, description="CI-COUNT / CI-SUM parameter p (epsilon ~ 2/p), section 4.1.2")
@@ -64,6 +90,29 @@ class Settings(BaseSettings):
     # --- dashboard -----------------------------------------------------------
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 18501
+    dashboard_refresh_s: float = Field(2.0, description="auto-refresh period of the live Alerts view")
+    dashboard_client_id: str = Field(
+        "web", description="default client name of a dashboard login (cursor per user+client)"
+    )
+    session_ttl_hours: float = Field(12.0, description="lifetime of a dashboard login session")
+    login_max_failures: int = Field(5, description="failed logins per user name + client before refusing")
+    login_window_s: int = Field(300, description="window of login_max_failures")
+    engine_behind_lag_ms: float = Field(10_000.0, description="Health banner: engine behind above this lag")
+    engine_down_after_s: float = Field(
+        60.0, description="Health banner: engine down after this long without a batch"
+    )
+
+    # --- containers (tests/conftest.py, docker-compose.yml; docs/containers.md) ---
+    container_host: str | None = Field(
+        None, description="Docker API URL for testcontainers; default: the Podman socket, else Docker's"
+    )
+    podman_socket: Path = Field(
+        Path("/run/podman/podman.sock"), description="socket scripts/containers_setup.sh serves"
+    )
+    image_postgres: str = "localhost/tidewatch-postgres:latest"
+    image_kafka: str = "localhost/tidewatch-kafka:latest"
+    container_start_timeout_s: float = 120.0
+    spark_log_level: str = "WARN"
 
     # --- rule language limits -----------------------------------------------
     max_rule_chars: int = 4000

@@ -1,0 +1,29 @@
+"""Shared sliding-window structures and collective indexes (Arasu & Widom 2004).
+
+Pure NumPy/Numba, no I/O: the Spark engine, the backtest and the benchmarks run this code.
+
+- :class:`KeyInterner` -- key values <-> dense int64 ids.
+- :class:`RInt` -- R-INT (section 3.2): COUNT/SUM/AVG, FIRST/LAST, k-th newest timestamp.
+- :class:`MinMax` -- exact MIN/MAX (B-INT-style base intervals, section 3.1.1).
+- :class:`DistinctCount` -- COUNT DISTINCT (Golab et al. 2003).
+- :class:`CICount`, :class:`CISum` -- collective indexes CI-COUNT / CI-SUM (section 4) with
+  :func:`post_check_count` / :func:`post_check_sum` for exact answers.
+"""
+
+from .ci_count import CICount, post_check_count
+from .ci_sum import CISum, post_check_sum
+from .distinct import DistinctCount
+from .keys import KeyInterner
+from .minmax import MinMax
+from .rint import RInt
+
+__all__ = [
+    "CICount",
+    "CISum",
+    "DistinctCount",
+    "KeyInterner",
+    "MinMax",
+    "RInt",
+    "post_check_count",
+    "post_check_sum",
+]

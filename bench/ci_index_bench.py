@@ -1,0 +1,547 @@
+"""CI-COUNT / CI-SUM benchmark: a replica of Arasu & Widom 2004, section 6.3 (Figure 12).
+
+Workload: K keys with Zipf-skewed activity (like ticker symbols, or IPs at 500,000 keys) over a
+6.5-hour trading day; threshold rules ``COUNT(now - T, now] > v`` (and ``SUM(volume) > v``) with
+suffix windows T from 15 minutes to 3 hours and thresholds calibrated for a target selectivity;
+after a warm-up of half the day, lookups and updates are equally interleaved (one event, one
+rule lookup at the event's time, as in the paper). Three exact methods run in the same process
+on the same inputs, each from its own copy of the warm state:
+
+* ``paper-naive``: R-INT per key (timestamps and running counts), the window start found by
+  binary search, every key checked at every lookup (the paper's baseline);
+* ``best-naive``: the structure our post-check uses, every key checked: COUNT > v exactly when
+  the key's (v+1)-th newest timestamp is later than now - T (O(1) per key);
+* ``ci``: CI-COUNT (or CI-SUM) candidates + exact post-check with R-INT.
+
+The interleaved loops run inside Numba (the library's own kernels, called one input at a time),
+so per-call Python overhead does not hide the algorithms; all methods must find the same
+results (checked). Also measured: batched CI-COUNT updates/s through the public API, exact
+lookups/s, bytes per key.
+
+    .venv/bin/python bench/ci_index_bench.py --quick      # < 1 minute smoke run
+    .venv/bin/python bench/ci_index_bench.py              # full sweeps + docs/img/*.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numba as nb
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.algorithms import CICount, CISum, RInt, post_check_count  # noqa: E402
+from engine.algorithms._levels import choose_slots, levels_lookup, levels_update  # noqa: E402
+from engine.algorithms._pool import search_after  # noqa: E402
+from engine.algorithms.ci_count import _touch_act  # noqa: E402
+from engine.algorithms.ci_sum import _units  # noqa: E402
+from engine.algorithms.rint import _append as rint_append  # noqa: E402
+from engine.algorithms.rint import count_filter, kth_one  # noqa: E402
+
+DAY_MS = int(6.5 * 3600 * 1000)
+MIN_T, MAX_T = 15 * 60 * 1000, 3 * 3600 * 1000
+PAPER_NAIVE, BEST_NAIVE, CI = 0, 1, 2
+METHODS = {PAPER_NAIVE: "paper-naive", BEST_NAIVE: "best-naive", CI: "ci"}
+
+
+# ---------------------------------------------------------------------------- workload
+@dataclass
+class Workload:
+    K: int
+    keys: np.ndarray
+    ts: np.ndarray
+    vol: np.ndarray  # share volumes (integers, multiples of 100)
+    warm: int  # events applied in batch before the timed, interleaved phase
+    rule_T: np.ndarray
+    rule_v: np.ndarray  # COUNT thresholds (count > v)
+    rule_sv: np.ndarray  # SUM(volume) thresholds (sum > v)
+    selectivity: float
+
+
+def make_workload(K: int, n: int, selectivity: float, n_rules: int, seed: int, zipf_s: float = 1.1) -> Workload:
+    rng = np.random.default_rng(seed)
+    w = 1.0 / np.arange(1, K + 1) ** zipf_s
+    ids = rng.permutation(K)  # hot keys scattered over the id space
+    keys = ids[rng.choice(K, size=n, p=w / w.sum())].astype(np.int64)
+    ts = np.sort(rng.integers(0, DAY_MS, n)).astype(np.int64)
+    vol = (np.ceil(rng.lognormal(0.5, 1.2, n)) * 100).astype(np.float64)
+    warm = int(np.searchsorted(ts, DAY_MS // 2))
+    rule_T = (rng.integers(MIN_T // 1000, MAX_T // 1000 + 1, n_rules) * 1000).astype(np.int64)
+    # thresholds for the target selectivity, calibrated at two instants of the timed phase
+    checkpoints = [ts[warm], ts[min(n - 1, warm + (n - warm) // 4)]]
+    rule_v = np.zeros(n_rules, np.int64)
+    rule_sv = np.zeros(n_rules, np.float64)
+    rank = max(0, int(round(selectivity * K)))
+    for i, T in enumerate(rule_T):
+        vs, svs = [], []
+        for now in checkpoints:
+            sel = (ts > now - T) & (ts <= now)
+            cnt = np.sort(np.bincount(keys[sel], minlength=K))[::-1]
+            sm = np.sort(np.bincount(keys[sel], weights=vol[sel], minlength=K))[::-1]
+            vs.append(cnt[min(rank, K - 1)])
+            svs.append(sm[min(rank, K - 1)])
+        rule_v[i] = int(np.mean(vs))
+        rule_sv[i] = float(np.mean(svs))
+    return Workload(K, keys, ts, vol, warm, rule_T, rule_v, rule_sv, selectivity)
+
+
+# ---------------------------------------------------------------------------- drivers
+@nb.njit(cache=True)
+def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_slo,
+                head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val,
+                m, TS, BM, act, bma, p, L, K, out, fixed_now):  # fmt: skip
+    """Inputs a..b-1: event i (if do_update) then a lookup of rule i % R at the event's time
+    (at fixed_now when not updating). Returns (exact hits, candidates, checksum of hits)."""
+    R = q_T.shape[0]
+    hits = 0
+    cands = 0
+    chk = 0
+    for i in range(a, b):
+        if do_update:
+            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], novals[i : i + 1], ones[i : i + 1],
+                        head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+            if method == 2:
+                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], ones[i : i + 1], m, TS, BM, p, L)
+                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma)
+            now = ev_t[i]
+        else:
+            now = fixed_now
+        q = i % R
+        t = now - q_T[q]
+        u = q_u[q]
+        if method == 0:
+            for k in range(K):
+                h = head[k]
+                e = end[k]
+                if e == h:
+                    continue
+                i1 = search_after(c_ts, h, e, t)
+                c = c_cnt[e - 1] - (c_cnt[i1 - 1] if i1 > h else base_cnt[k])
+                if c >= u:
+                    hits += 1
+                    chk += k
+        elif method == 1:
+            for k in range(K):
+                if kth_one(k, u, head, end, base_cnt, c_cnt, c_ts) > t:
+                    hits += 1
+                    chk += k
+        else:
+            n = levels_lookup(q_slo[q], -1, t, K, TS, BM, act, bma, out)
+            cands += n
+            n2 = count_filter(out, n, u, -1, t, head, end, base_cnt, c_cnt, c_ts)
+            hits += n2
+            for j in range(n2):
+                chk += out[j]
+    return hits, cands, chk
+
+
+@nb.njit(cache=True)
+def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, unit,
+              head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val,
+              m, TS, BM, act, bma, csum, p, L, K, out, fixed_now):  # fmt: skip
+    """As drive_count for SUM(volume) > v: naive = R-INT window sums of every key (binary search
+    of the window start); ci = CI-SUM candidates + the same exact R-INT check on them."""
+    R = q_T.shape[0]
+    hits = 0
+    cands = 0
+    chk = 0
+    for i in range(a, b):
+        if do_update:
+            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], vals[i : i + 1], ones[i : i + 1],
+                        head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+            if method == 2:
+                units = _units(ev_k[i : i + 1], vals[i : i + 1, 0], unit, csum)
+                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], units, m, TS, BM, p, L)
+                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma)
+            now = ev_t[i]
+        else:
+            now = fixed_now
+        q = i % R
+        t = now - q_T[q]
+        v = q_v[q]
+        if method == 2:
+            n = levels_lookup(q_slo[q], -1, t, K, TS, BM, act, bma, out)
+            cands += n
+        else:
+            n = K
+        for j in range(n):
+            k = out[j] if method == 2 else j
+            h = head[k]
+            e = end[k]
+            if e == h:
+                continue
+            i1 = search_after(c_ts, h, e, t)
+            s = c_sum[e - 1, 0] - (c_sum[i1 - 1, 0] if i1 > h else base_sum[k, 0])
+            if s > v:
+                hits += 1
+                chk += k
+    return hits, cands, chk
+
+
+# ---------------------------------------------------------------------------- runs
+@dataclass
+class Run:
+    bench: str
+    method: str
+    K: int
+    selectivity: float
+    p: int
+    inputs: int
+    seconds: float
+    inputs_per_s: float
+    hits_per_lookup: float
+    cands_per_lookup: float
+    measured_selectivity: float
+    extra: dict = field(default_factory=dict)
+
+
+def _clone(obj):
+    return type(obj).from_bytes(obj.to_bytes())
+
+
+def _rint_args(r: RInt):
+    p, kc, c = r._pool, r._kcols, r._cols
+    return (p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], c["ts"], c["cnt"], c["sum"], c["val"])
+
+
+class Bench:
+    def __init__(self, budget_s: float, chunk: int, verbose: bool = True) -> None:
+        self.budget_s = budget_s
+        self.chunk = chunk
+        self.runs: list[Run] = []
+        self.verbose = verbose
+
+    def log(self, *a: object) -> None:
+        if self.verbose:
+            print(*a, flush=True)
+
+    # -------------------------------------------------------------- interleaved COUNT
+    def count_runs(self, wl: Workload, ps: list[int], methods: list[int], label: str = "count") -> None:
+        rw = RInt(0)
+        rw.append(wl.keys[: wl.warm], wl.ts[: wl.warm])
+        rest_k, rest_t = wl.keys[wl.warm :], wl.ts[wl.warm :]
+        n = wl.keys.shape[0]
+        ones = np.ones(n, np.int64)
+        novals = np.zeros((n, 0))
+        q_u = wl.rule_v + 1
+        ref: dict = {}  # chunk end -> (hits, checksum) of the first method to get there
+
+        todo = [(meth, None) for meth in methods if meth != CI] + [(CI, p) for p in (ps if CI in methods else [])]
+        for meth, p in todo:
+            r = _clone(rw)
+            r._prepare(rest_k, rest_t)  # room for every remaining event: the loop only appends
+            if meth == CI:
+                ci = CICount(p)
+                t0 = time.perf_counter()
+                ci.update(wl.keys[: wl.warm], wl.ts[: wl.warm])
+                warm_s = time.perf_counter() - t0
+                ci._grow(wl.K, int(ci.m.max()) + len(rest_k))
+                slo = np.array([choose_slots(p, ci.L, int(u), None)[0] for u in q_u], np.int64)
+                cstate = (ci.m, ci.TS, ci.BM, ci.act, ci.bma, np.int64(p), np.int64(ci.L))
+            else:
+                ci, warm_s = None, 0.0
+                slo = np.zeros(len(q_u), np.int64)
+                dummy = np.zeros((1, 1), np.int64)
+                cstate = (np.zeros(1, np.int64), dummy, dummy, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                          np.int64(1), np.int64(1))  # fmt: skip
+            out = np.empty(wl.K, np.int64)
+            args = lambda a, b, upd, now: drive_count(  # noqa: E731
+                meth, a, b, upd, wl.keys, wl.ts, ones, novals, wl.rule_T, q_u, slo, *_rint_args(r), *cstate,
+                np.int64(wl.K), out, np.int64(now),
+            )
+            args(wl.warm, wl.warm, True, 0)  # compile / load from cache outside the clock
+            hits = cands = 0
+            i = wl.warm
+            t0 = time.perf_counter()
+            while i < n and time.perf_counter() - t0 < self.budget_s:
+                b = min(n, i + self.chunk)
+                h, c, chk = args(i, b, True, 0)
+                hits += h
+                cands += c
+                i = b
+                self._check(ref, i, hits, chk, meth)
+            dt = time.perf_counter() - t0
+            lookups = i - wl.warm
+            run = Run(
+                label, METHODS[meth], wl.K, wl.selectivity, p or 0, 2 * lookups, dt, 2 * lookups / dt,
+                hits / max(lookups, 1), (cands / max(lookups, 1)) if meth == CI else float(wl.K),
+                hits / max(lookups, 1) / wl.K,
+            )  # fmt: skip
+            # lookups only, at the end state: exact lookups/s
+            nl = min(20_000, max(200, int(lookups)))
+            t1 = time.perf_counter()
+            done = 0
+            while done < nl and time.perf_counter() - t1 < self.budget_s / 2:
+                args(done, done + min(self.chunk, nl - done), False, int(wl.ts[i - 1]))
+                done += min(self.chunk, nl - done)
+            run.extra["lookups_per_s"] = done / (time.perf_counter() - t1)
+            if ci is not None:
+                run.extra["warm_batch_updates_per_s"] = wl.warm / warm_s
+                run.extra["bytes_per_key"] = ci.bytes_per_key()
+                run.extra["levels"] = ci.L
+            self.runs.append(run)
+            self.log(self._fmt(run))
+
+    @staticmethod
+    def _check(ref: dict, i: int, hits: int, chk: int, meth: int) -> None:
+        """Every method must find the same results: cumulative hits and checksum per chunk."""
+        if i in ref:
+            if ref[i] != (hits, chk):
+                raise AssertionError(f"{METHODS[meth]} disagrees with the first method after input {i}")
+        else:
+            ref[i] = (hits, chk)
+
+    # -------------------------------------------------------------- interleaved SUM
+    def sum_runs(self, wl: Workload, ps: list[int]) -> None:
+        rw = RInt(1)
+        rw.append(wl.keys[: wl.warm], wl.ts[: wl.warm], wl.vol[: wl.warm, None])
+        rest_k, rest_t = wl.keys[wl.warm :], wl.ts[wl.warm :]
+        n = wl.keys.shape[0]
+        ones = np.ones(n, np.int64)
+        vals = wl.vol[:, None].copy()
+        ref: dict = {}
+        for meth, p in [(PAPER_NAIVE, None)] + [(CI, p) for p in ps]:
+            r = _clone(rw)
+            r._prepare(rest_k, rest_t)
+            if meth == CI:
+                ci = CISum(p, unit=100.0)
+                ci.update(wl.keys[: wl.warm], wl.ts[: wl.warm], wl.vol[: wl.warm])
+                ci._grow(wl.K, int(ci.m.max()) + int(wl.vol[wl.warm :].sum() / 100) + 1)
+                slo = np.array(
+                    [choose_slots(p, ci.L, ci._unit_range(float(v), None, True, True)[0], None)[0] for v in wl.rule_sv],
+                    np.int64,
+                )
+                cstate = (ci.m, ci.TS, ci.BM, ci.act, ci.bma, ci.csum, np.int64(p), np.int64(ci.L))
+                unit = ci.unit
+            else:
+                ci, unit = None, 100.0
+                slo = np.zeros(len(wl.rule_sv), np.int64)
+                dummy = np.zeros((1, 1), np.int64)
+                cstate = (np.zeros(1, np.int64), dummy, dummy, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                          np.zeros(1), np.int64(1), np.int64(1))  # fmt: skip
+            out = np.empty(wl.K, np.int64)
+            args = lambda a, b, upd, now: drive_sum(  # noqa: E731
+                meth, a, b, upd, wl.keys, wl.ts, vals, ones, wl.rule_T, wl.rule_sv, slo, unit, *_rint_args(r),
+                *cstate, np.int64(wl.K), out, np.int64(now),
+            )
+            args(wl.warm, wl.warm, True, 0)
+            hits = cands = 0
+            i = wl.warm
+            t0 = time.perf_counter()
+            while i < n and time.perf_counter() - t0 < self.budget_s:
+                b = min(n, i + self.chunk)
+                h, c, chk = args(i, b, True, 0)
+                hits += h
+                cands += c
+                i = b
+                self._check(ref, i, hits, chk, meth)
+            dt = time.perf_counter() - t0
+            lookups = i - wl.warm
+            run = Run(
+                "sum", "naive" if meth != CI else "ci", wl.K, wl.selectivity, p or 0, 2 * lookups, dt,
+                2 * lookups / dt, hits / max(lookups, 1), (cands / max(lookups, 1)) if meth == CI else float(wl.K),
+                hits / max(lookups, 1) / wl.K,
+            )  # fmt: skip
+            if ci is not None:
+                run.extra["bytes_per_key"] = ci.bytes_per_key()
+            self.runs.append(run)
+            self.log(self._fmt(run))
+
+    # -------------------------------------------------------------- absolute figures
+    def absolute(self, wl: Workload, p: int = 8) -> dict:
+        res: dict = {}
+        ci = CICount(p)
+        ci.update(wl.keys[:1000], wl.ts[:1000])  # compile outside the clock
+        ci = CICount(p)
+        t0 = time.perf_counter()
+        for a in range(0, wl.keys.shape[0], 100_000):
+            ci.update(wl.keys[a : a + 100_000], wl.ts[a : a + 100_000])
+        dt = time.perf_counter() - t0
+        res["ci_count_api_batched_updates_per_s"] = wl.keys.shape[0] / dt
+        ones = np.ones(wl.keys.shape[0], np.int64)
+        ci2 = CICount(p)
+        ci2._grow(wl.K, wl.keys.shape[0])
+        levels_update(wl.keys[:10], wl.ts[:10], ones[:10], ci2.m, ci2.TS, ci2.BM, p, ci2.L)
+        ci2 = CICount(p)
+        ci2._grow(wl.K, wl.keys.shape[0])
+        t0 = time.perf_counter()
+        levels_update(wl.keys, wl.ts, ones, ci2.m, ci2.TS, ci2.BM, p, ci2.L)
+        res["ci_count_kernel_updates_per_s"] = wl.keys.shape[0] / (time.perf_counter() - t0)
+        r = RInt(0)
+        r.append(wl.keys, wl.ts)
+        now = int(wl.ts[-1])
+        # one exact lookup through the public Python API (candidates + post-check)
+        reps = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < min(1.0, self.budget_s):
+            for T, v in zip(wl.rule_T, wl.rule_v, strict=True):
+                post_check_count(r, ci.candidates(int(T), now, int(v), None), int(T), now, int(v), None)
+            reps += len(wl.rule_T)
+        res["ci_count_api_exact_lookups_per_s"] = reps / (time.perf_counter() - t0)
+        res["ci_count_bytes_per_key"] = ci.bytes_per_key()
+        res["ci_count_levels"] = ci.L
+        res["ci_count_p1_bytes_per_key"] = _bpk(wl, 1)
+        res["rint_bytes_per_event"] = r.nbytes / wl.keys.shape[0]
+        return res
+
+    @staticmethod
+    def _fmt(r: Run) -> str:
+        extra = " ".join(
+            f"{k}={v:,.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.extra.items()
+        )
+        return (
+            f"{r.bench:5s} K={r.K:>7,d} sel={r.selectivity:6.2%} {r.method:11s} p={r.p:<2d} "
+            f"{r.inputs_per_s:>12,.0f} inputs/s  ({r.inputs:,} inputs in {r.seconds:.2f}s; "
+            f"hits/lookup {r.hits_per_lookup:.1f} = {r.measured_selectivity:.2%}, cands {r.cands_per_lookup:.1f}) {extra}"
+        )
+
+
+def _bpk(wl: Workload, p: int) -> float:
+    ci = CICount(p)
+    ci.update(wl.keys, wl.ts)
+    return ci.bytes_per_key()
+
+
+# ---------------------------------------------------------------------------- report
+def table(runs: list[Run]) -> str:
+    lines = [
+        "| bench | keys | target sel. | measured sel. | method | p | inputs/s | vs paper-naive | vs best-naive | exact lookups/s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    base: dict[tuple, dict[str, float]] = {}
+    for r in runs:
+        base.setdefault((r.bench, r.K, r.selectivity), {})
+        if r.method != "ci":
+            base[(r.bench, r.K, r.selectivity)][r.method] = r.inputs_per_s
+    for r in runs:
+        b = base[(r.bench, r.K, r.selectivity)]
+        pn = b.get("paper-naive") or b.get("naive")
+        bn = b.get("best-naive")
+        lps = r.extra.get("lookups_per_s")
+        lines.append(
+            f"| {r.bench} | {r.K:,} | {r.selectivity:.1%} | {r.measured_selectivity:.2%} | {r.method} | "
+            f"{r.p or ''} | {r.inputs_per_s:,.0f} | {r.inputs_per_s / pn:.1f}x | "
+            f"{(f'{r.inputs_per_s / bn:.1f}x' if bn else '')} | {(f'{lps:,.0f}' if lps else '')} |"
+        )
+    return "\n".join(lines)
+
+
+def plots(runs: list[Run], outdir: Path, ps: list[int]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    made = []
+    for bench, fname, title in (
+        ("p", "ci_count_vs_p.png", "CI-COUNT + post-check vs p (cf. Figure 12), 5,000 keys"),
+        ("sum", "ci_sum_vs_p.png", "CI-SUM + post-check vs p, 5,000 keys, share volumes"),
+    ):
+        rs = [r for r in runs if r.bench == bench]
+        if not rs:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        ci = sorted((r for r in rs if r.method == "ci"), key=lambda r: r.p)
+        ax.plot([r.p for r in ci], [r.inputs_per_s for r in ci], "o-", label="CI + exact post-check")
+        for r in rs:
+            if r.method != "ci":
+                ax.axhline(r.inputs_per_s, ls="--", color="gray" if r.method == "paper-naive" or r.method == "naive" else "C1",
+                           label=r.method)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("p (sub-levels per level; eps ~ 2/p)")
+        ax.set_ylabel("inputs/s (updates + lookups)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        path = outdir / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    rs = [r for r in runs if r.bench == "scale"]
+    if rs:
+        Ks = sorted({r.K for r in rs})
+        sels = sorted({r.selectivity for r in rs}, reverse=True)
+        fig, axes = plt.subplots(1, len(Ks), figsize=(4.2 * len(Ks), 4), sharey=True, squeeze=False)
+        for ax, K in zip(axes[0], Ks, strict=True):
+            for meth, style in (("paper-naive", "s--"), ("best-naive", "^-."), ("ci", "o-")):
+                pts = sorted((r.selectivity, r.inputs_per_s) for r in rs if r.K == K and r.method == meth)
+                if pts:
+                    ax.plot([100 * s for s, _ in pts], [v for _, v in pts], style, label=meth)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.invert_xaxis()
+            ax.set_title(f"{K:,} keys", fontsize=9)
+            ax.set_xlabel("selectivity (%)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].set_ylabel("inputs/s (updates + lookups)")
+        axes[0][0].legend(fontsize=8)
+        fig.suptitle(f"COUNT rules, p = 8: keys {', '.join(f'{k:,}' for k in Ks)}; selectivity {', '.join(f'{s:.1%}' for s in sels)}",
+                     fontsize=9)  # fmt: skip
+        fig.tight_layout()
+        path = outdir / "ci_count_scale.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run (< 1 minute), no figures")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per method and configuration")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="directory of the PNG plots")
+    ap.add_argument("--json", type=Path, default=None, help="write all measurements as JSON here")
+    ap.add_argument("--seed", type=int, default=42)
+    args = ap.parse_args(argv)
+    quick = args.quick
+    budget = args.budget if args.budget is not None else (0.4 if quick else 2.5)
+    bench = Bench(budget, chunk=500 if quick else 2000)
+    cmd = "python bench/ci_index_bench.py" + (" --quick" if quick else "")
+    print(f"# {cmd}  (budget {budget}s per run; {platform.processor() or platform.machine()}, numba {nb.__version__})")
+    t_start = time.perf_counter()
+
+    n5k = 300_000 if quick else 2_000_000
+    ps = [1, 8] if quick else [1, 2, 4, 8, 16, 32, 64]
+    wl = make_workload(5000, n5k, 0.04, 64, args.seed)
+    print(f"\n## CI-COUNT vs p: 5,000 keys, {n5k:,} events, 4% selectivity (paper section 6.3, Figure 12)")
+    bench.count_runs(wl, ps, [PAPER_NAIVE, BEST_NAIVE, CI], label="p")
+    print(f"\n## CI-SUM vs p: 5,000 keys, share volumes, 4% selectivity")
+    bench.sum_runs(wl, [8] if quick else [1, 2, 4, 8, 16, 32])
+    absolute = bench.absolute(wl)
+    print("\n## absolute (5,000 keys, p = 8)")
+    for k, v in absolute.items():
+        print(f"  {k}: {v:,.1f}")
+
+    if not quick:
+        print("\n## scale: keys x selectivity, p = 8")
+        for K, n in ((5000, 2_000_000), (50_000, 4_000_000), (500_000, 8_000_000)):
+            for sel in (0.05, 0.01, 0.001):
+                w2 = make_workload(K, n, sel, 32, args.seed + K)
+                bench.count_runs(w2, [8], [PAPER_NAIVE, BEST_NAIVE, CI], label="scale")
+                del w2
+
+    print("\n## table\n")
+    print(table(bench.runs))
+    print(f"\ntotal {time.perf_counter() - t_start:.0f}s")
+    if not quick:
+        for p in plots(bench.runs, args.out, ps):
+            print(f"wrote {p}")
+    if args.json:
+        args.json.write_text(json.dumps({"command": cmd, "runs": [asdict(r) for r in bench.runs], "absolute": absolute}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Shared Streamlit helpers: the database handle, the logged-in user, safe text.
+
+Rendering rule of the dashboard: text that came from a user (names, rule text, keys) is
+shown with :func:`streamlit.text`, :func:`streamlit.code`, dataframes, or passed through
+:func:`plain` where Streamlit would read Markdown (labels, headers).  ``unsafe_allow_html``
+is never used.
+"""
+
+from __future__ import annotations
+
+import re
+
+import streamlit as st
+from sqlalchemy.orm import Session, sessionmaker
+
+from dashboard.auth import LoggedIn
+from tidewatch.db.session import session_factory
+from tidewatch.settings import get_settings
+
+# session_state keys
+TOKEN = "tw_token"
+CLIENT = "tw_client"
+PAGE = "tw_page"
+CATCHUP = "tw_catchup"
+FLASH = "tw_flash"
+
+PAGES = ["While you were away", "Alerts", "Subscribe", "Key detail", "Health"]
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=])")
+
+
+def plain(text: object) -> str:
+    """``text`` with every Markdown-significant character backslash-escaped, so Streamlit's
+    Markdown renderer shows it literally (HTML is never enabled anyway)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+
+
+def sessions() -> sessionmaker[Session]:
+    """The session factory of the configured database (``settings.sqlalchemy_url``)."""
+    return session_factory(get_settings().sqlalchemy_url)
+
+
+def current_user() -> LoggedIn:
+    user = st.session_state.get("tw_user")
+    assert isinstance(user, LoggedIn), "page rendered without a logged-in user"
+    return user
+
+
+def client_id() -> str:
+    return str(st.session_state.get(CLIENT) or get_settings().dashboard_client_id)
+
+
+def client_address() -> str:
+    """The browser's address for login rate limiting ("unknown" when Streamlit has none)."""
+    try:
+        ip = st.context.ip_address
+    except Exception:  # noqa: BLE001 - no request context (bare mode, tests)
+        ip = None
+    return str(ip or "unknown")
+
+
+def go(page: str) -> None:
+    st.session_state[PAGE] = page
+
+
+def flash(kind: str, message: str) -> None:
+    """A message shown once on the next run (after a button's rerun)."""
+    st.session_state[FLASH] = (kind, message)
+
+
+def show_flash() -> None:
+    item = st.session_state.pop(FLASH, None)
+    if item:
+        kind, message = item
+        {"success": st.success, "error": st.error, "warning": st.warning}.get(kind, st.info)(plain(message))

@@ -1,0 +1,1 @@
+"""The dashboard's pages; each module exposes ``render()``."""

@@ -1,0 +1,72 @@
+""" "While you were away": the alerts after the client's cursor and the current results (PSoup).
+
+The snapshot is taken at login (or when this page is opened without one) and kept in the
+browser session, so reruns show the same list; the cursor is advanced to the snapshot's
+``upto`` only after the panel has been rendered (:func:`dashboard.catchup.acknowledge`).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import catchup
+from dashboard.catchup import Catchup
+from dashboard.ui import CATCHUP, client_id, current_user, go, sessions
+
+
+def _alerts_table(group: catchup.AwayGroup) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "time": a.as_of,
+                "key": a.key,
+                "kind": a.kind,
+                "values": ", ".join(f"{k} = {v}" for k, v in sorted(a.values.items())),
+            }
+            for a in group.alerts
+        ],
+        columns=["time", "key", "kind", "values"],
+    )
+
+
+def render() -> None:
+    user = current_user()
+    snap = st.session_state.get(CATCHUP)
+    if not isinstance(snap, Catchup) or snap.username != user.username:
+        snap = catchup.catch_up(sessions(), user.username, client_id())
+        st.session_state[CATCHUP] = snap
+    if snap.has_news:
+        st.subheader(f"{snap.total} alert(s) while you were away")
+        for g in snap.groups:
+            with st.container(border=True):
+                st.text(f"Subscription: {g.name}")
+                cols = st.columns(3)
+                cols[0].metric("ENTER", g.enters)
+                cols[1].metric("EXIT", g.exits)
+                cols[2].metric("state", g.state)
+                if len(g.alerts) < g.total:
+                    st.caption(f"The newest {len(g.alerts)} of {g.total}; the Alerts page lists them all.")
+                st.dataframe(_alerts_table(g), hide_index=True, width="stretch")
+    else:
+        st.success("Nothing happened while you were away.")
+    st.subheader("Current results")
+    as_of = (
+        f"as of the engine's watermark {snap.engine_as_of:%Y-%m-%d %H:%M:%S %Z}" if snap.engine_as_of else ""
+    )
+    if as_of:
+        st.caption(as_of)
+    if not snap.current:
+        st.info("You have no subscriptions yet: write one on the Subscribe page.")
+    for cs in snap.current:
+        st.text(f"{cs.name} ({cs.state}): {len(cs.rows)} key(s)")
+        if cs.rows:
+            st.dataframe(
+                pd.DataFrame([{"key": r.key, "since": r.since} for r in cs.rows], columns=["key", "since"]),
+                hide_index=True,
+                width="stretch",
+            )
+    st.button("Go to the live alerts", on_click=go, args=("Alerts",), key="away_done")
+    # rendered: everything up to the snapshot's upto has been shown
+    if snap.has_news:
+        catchup.acknowledge(sessions(), user.username, client_id(), snap.upto)

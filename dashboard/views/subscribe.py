@@ -1,0 +1,165 @@
+"""Subscribe: write a rule (templates from RULES.md), see it validated and compiled as you
+type, save it; pause, resume, edit or delete your subscriptions.
+
+Changes go through :class:`subscriptions.service.SubscriptionService`, scoped to the
+logged-in user (another user's subscription behaves as if it did not exist).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import catchup
+from dashboard.rules import TEMPLATES, validate
+from dashboard.ui import current_user, flash, plain, sessions
+from subscriptions.errors import RuleError
+from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
+from tidewatch.settings import get_settings
+
+BLANK = "(blank)"
+NEW = "(new subscription)"
+
+
+def _service() -> SubscriptionService:
+    return SubscriptionService(sessions())
+
+
+def _use_template() -> None:
+    name = st.session_state.get("sub_template", BLANK)
+    st.session_state["sub_rule"] = TEMPLATES.get(name, "")
+
+
+def _pick(subs: dict[str, SubscriptionView]) -> None:
+    sel = st.session_state.get("sub_edit", NEW)
+    sub = subs.get(sel)
+    st.session_state["sub_name"] = sub.name if sub else ""
+    st.session_state["sub_rule"] = sub.rule_text if sub else ""
+
+
+def _save(editing: SubscriptionView | None) -> None:
+    user = current_user()
+    name = st.session_state.get("sub_name", "").strip() or None
+    rule = st.session_state.get("sub_rule", "")
+    try:
+        if editing is None:
+            sub = _service().create(user.username, rule, name=name)
+            flash("success", f"Subscribed: {sub.name}. Its first results arrive within one micro-batch.")
+            st.session_state["sub_edit"] = str(sub.id)
+        else:
+            sub = _service().update(user.username, editing.id, rule_text=rule, name=name)
+            flash("success", f"Saved {sub.name} (version {sub.version}).")
+    except RuleError as err:
+        flash("error", f"Not saved: line {err.line}, column {err.column}: {err.message}")
+    except SubscriptionError as exc:
+        flash("error", f"Not saved: {exc}")
+
+
+def _change(action: str, sub_id: str) -> None:
+    user = current_user()
+    svc = _service()
+    try:
+        sub = getattr(svc, action)(user.username, sub_id)
+    except SubscriptionError as exc:
+        flash("error", str(exc))
+        return
+    flash("success", f"{action.capitalize()}d {sub.name}." if action != "pause" else f"Paused {sub.name}.")
+    if action == "delete":
+        st.session_state["sub_edit"] = NEW
+        st.session_state["sub_name"] = ""
+        st.session_state["sub_rule"] = ""
+        st.session_state["sub_confirm_delete"] = False
+
+
+def _list(subs: list[SubscriptionView]) -> None:
+    st.subheader("Your subscriptions")
+    if not subs:
+        st.info("None yet.")
+        return
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {"name": s.name, "state": s.state, "version": s.version, "rule": s.rule_text, "id": str(s.id)}
+                for s in subs
+            ],
+            columns=["name", "state", "version", "rule", "id"],
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
+def render() -> None:
+    user = current_user()
+    subs = _service().list(user.username)
+    by_id = {str(s.id): s for s in subs}
+    _list(subs)
+
+    st.subheader("Rule editor")
+    if st.session_state.get("sub_edit", NEW) not in (NEW, *by_id):
+        st.session_state["sub_edit"] = NEW
+    top = st.columns(2)
+    top[0].selectbox(
+        "Edit",
+        [NEW, *by_id],
+        format_func=lambda i: i if i == NEW else f"{by_id[i].name} ({by_id[i].state})",
+        key="sub_edit",
+        on_change=_pick,
+        args=(by_id,),
+    )
+    editing = by_id.get(st.session_state.get("sub_edit", NEW))
+    top[1].selectbox(
+        "Template (examples of RULES.md)", [BLANK, *TEMPLATES], key="sub_template", on_change=_use_template
+    )
+    st.text_input("Name", key="sub_name", max_chars=128)
+    st.text_area(
+        "Rule",
+        key="sub_rule",
+        height=160,
+        max_chars=get_settings().max_rule_chars,
+        placeholder="SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDS > 1000",
+    )
+    text = st.session_state.get("sub_rule", "")
+    v = validate(text) if text.strip() else None
+    if v is None:
+        st.info("Write a rule or pick a template; it is checked as you type.")
+    elif v.ok:
+        st.success("The rule is valid.")
+        with st.expander("Compiled plan (rules explain)", expanded=False):
+            st.code(v.explain, language=None)
+    else:
+        st.error(plain(v.summary))
+        st.code(v.display, language=None)
+
+    buttons = st.columns(4)
+    buttons[0].button(
+        "Save changes" if editing else "Subscribe",
+        disabled=not (v and v.ok),
+        on_click=_save,
+        args=(editing,),
+        key="sub_save",
+    )
+    if editing is not None:
+        if editing.state == "active":
+            buttons[1].button("Pause", on_click=_change, args=("pause", str(editing.id)), key="sub_pause")
+        else:
+            buttons[1].button("Resume", on_click=_change, args=("resume", str(editing.id)), key="sub_resume")
+        confirm = buttons[3].checkbox("really delete", key="sub_confirm_delete")
+        buttons[2].button(
+            "Delete",
+            disabled=not confirm,
+            on_click=_change,
+            args=("delete", str(editing.id)),
+            key="sub_delete",
+        )
+        with sessions()() as s:
+            current = [c for c in catchup.current_sets(s, user.username) if c.subscription_id == editing.id]
+        st.subheader("Keys matching now")
+        rows = current[0].rows if current else []
+        if rows:
+            st.dataframe(
+                pd.DataFrame([{"key": r.key, "since": r.since} for r in rows], columns=["key", "since"]),
+                hide_index=True,
+            )
+        else:
+            st.caption("No key satisfies it at the engine's latest lookup.")

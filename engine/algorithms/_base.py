@@ -1,0 +1,174 @@
+"""Common machinery of the pooled per-key structures: key growth, row reservation, expiry,
+serialization. Subclasses declare their row columns and per-key columns and provide kernels."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ._pool import (
+    INT64_MIN,
+    Plan,
+    Pool,
+    expire_heads,
+    grow_len,
+    move_rows_1d,
+    move_rows_2d,
+    pack,
+    unpack,
+)
+
+
+class PooledStructure:
+    """Per-key row buffers in shared columns (see :mod:`engine.algorithms._pool`).
+
+    Subclasses fill ``self._cols`` (row columns, first axis = pool position) with
+    ``self._fill`` default values, and ``self._kcols`` (per-key columns, first axis = key id).
+    ``last_ts`` (per key) is the timestamp of the key's newest applied row, kept after expiry
+    so that out-of-order rows are refused consistently.
+    """
+
+    _kind: ClassVar[str] = "pooled"
+
+    def __init__(self, min_cap: int = 4) -> None:
+        self._pool = Pool(min_cap)
+        self._cols: dict[str, np.ndarray] = {}
+        self._fill: dict[str, Any] = {}
+        self._kcols: dict[str, np.ndarray] = {"last_ts": np.zeros(0, np.int64)}
+        self._kfill: dict[str, Any] = {"last_ts": INT64_MIN}
+
+    # ----------------------------------------------------------------- bookkeeping
+    def _add_col(self, name: str, dtype: Any, width: int | None, fill: Any) -> None:
+        shape = (0,) if width is None else (0, width)
+        self._cols[name] = np.zeros(shape, dtype)
+        self._fill[name] = fill
+
+    def _add_kcol(self, name: str, dtype: Any, width: int | None, fill: Any) -> None:
+        shape = (0,) if width is None else (0, width)
+        self._kcols[name] = np.zeros(shape, dtype)
+        self._kfill[name] = fill
+
+    @property
+    def n_keys(self) -> int:
+        """Number of key ids the structure has room for (ids >= this have no rows)."""
+        return self._pool.n_keys
+
+    def _ensure_keys(self, n: int) -> None:
+        if not self._pool.ensure_keys(n):
+            return
+        K = self._pool.n_keys
+        for name, a in list(self._kcols.items()):
+            b = np.empty((K,) + a.shape[1:], a.dtype)
+            b[: a.shape[0]] = a
+            b[a.shape[0] :] = self._kfill[name]
+            self._kcols[name] = b
+
+    def _pool_len(self) -> int:
+        return int(self._cols["ts"].shape[0])
+
+    def _reserve(self, key_ids: np.ndarray) -> None:
+        need = np.bincount(key_ids, minlength=self._pool.n_keys).astype(np.int64)
+        plan = self._pool.reserve(need, self._pool_len())
+        if plan is not None:
+            self._apply_plan(plan)
+
+    def _new_col(self, name: str, old: np.ndarray, n: int) -> np.ndarray:
+        new = np.empty((n,) + old.shape[1:], old.dtype)
+        new[...] = self._fill[name]
+        return new
+
+    def _apply_plan(self, plan: Plan) -> None:
+        cur_len = self._pool_len()
+        for name, old in list(self._cols.items()):
+            if plan.fresh:
+                new = self._new_col(name, old, grow_len(plan.new_len))
+            elif plan.new_len > cur_len:
+                new = self._new_col(name, old, grow_len(plan.new_len))
+                new[:cur_len] = old
+                old = new
+            else:
+                new = old
+            mover = move_rows_1d if old.ndim == 1 else move_rows_2d
+            mover(old, new, plan.src, plan.dst, plan.length, new is old)
+            self._cols[name] = new
+        self._after_moves(plan)
+
+    def _after_moves(self, plan: Plan) -> None:
+        """Hook for derived summaries over pool positions (MIN/MAX blocks)."""
+
+    def _prepare(self, key_ids: np.ndarray, ts: np.ndarray) -> None:
+        """Grow keys and reserve rows for a batch."""
+        if key_ids.shape[0] != ts.shape[0]:
+            raise ValueError("key_ids and ts must have the same length")
+        if key_ids.size:
+            self._ensure_keys(int(key_ids.max()) + 1)
+        self._reserve(key_ids)
+
+    # ----------------------------------------------------------------- expiry
+    def expire(self, before_ts: int) -> None:
+        """Drop rows with ts <= before_ts (data older than the longest window in use)."""
+        if self._pool.n_keys == 0:
+            return
+        new_head = expire_heads(self._cols["ts"], self._pool.head, self._pool.end, np.int64(before_ts))
+        self._on_expire(new_head)
+        self._pool.head = new_head
+
+    def _on_expire(self, new_head: np.ndarray) -> None:
+        """Hook run before heads advance (e.g. R-INT moves its base running sums)."""
+
+    # ----------------------------------------------------------------- state
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the structure's arrays (capacity included)."""
+        n = sum(a.nbytes for a in self._cols.values()) + sum(a.nbytes for a in self._kcols.values())
+        p = self._pool
+        return int(n + p.off.nbytes + p.cap.nbytes + p.head.nbytes + p.end.nbytes)
+
+    def _meta(self) -> dict[str, int | float]:
+        return {}
+
+    def to_bytes(self) -> bytes:
+        """Serialize the whole state (the pool is compacted first; answers are unchanged)."""
+        if self._pool.n_keys:
+            self._apply_plan(self._pool.compact())
+        top = self._pool.top
+        arrays = {f"c_{k}": v[:top] for k, v in self._cols.items()}
+        arrays.update({f"k_{k}": v for k, v in self._kcols.items()})
+        p = self._pool
+        arrays.update({"p_off": p.off, "p_cap": p.cap, "p_head": p.head, "p_end": p.end})
+        meta = dict(self._meta())
+        meta["top"] = top
+        meta["min_cap"] = p.min_cap
+        return self._kind.encode() + b"\x00" + pack(arrays, meta)
+
+    @classmethod
+    def _empty_from_meta(cls, meta: dict[str, np.ndarray]) -> PooledStructure:
+        raise NotImplementedError
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> Any:
+        """Restore a structure serialized by :meth:`to_bytes`."""
+        kind, _, rest = b.partition(b"\x00")
+        if kind.decode() != cls._kind:
+            raise ValueError(f"bytes hold a {kind.decode()!r}, not a {cls._kind!r}")
+        arrays, meta = unpack(rest)
+        obj = cls._empty_from_meta(meta)
+        p = obj._pool
+        p.min_cap = int(meta["min_cap"])
+        p.top = int(meta["top"])
+        p.off, p.cap, p.head, p.end = (arrays[f"p_{n}"].copy() for n in ("off", "cap", "head", "end"))
+        for k in obj._kcols:
+            obj._kcols[k] = arrays[f"k_{k}"].copy()
+        n = grow_len(p.top)
+        for k, old in obj._cols.items():
+            col = arrays[f"c_{k}"]
+            new = np.empty((n,) + col.shape[1:], col.dtype)
+            new[...] = obj._fill[k]
+            new[: col.shape[0]] = col
+            obj._cols[k] = new
+        obj._after_restore()
+        return obj
+
+    def _after_restore(self) -> None:
+        """Hook to rebuild derived summaries after :meth:`from_bytes`."""

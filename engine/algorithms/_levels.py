@@ -1,0 +1,217 @@
+"""The level structure shared by CI-COUNT and CI-SUM (Arasu & Widom 2004, section 4.1, Figure 7,
+parameterized as in section 4.1.2; the same exponential-histogram bands as Datar et al. 2002).
+
+Positions of a substream are numbered 1, 2, ..., m (m = number of *units* so far: events for
+CI-COUNT, value units for CI-SUM). The *distance* of position q is ``m - q + 1`` (the newest
+position has distance 1). Group ``l`` (``l = 0, 1, ...``) is the band of distances
+``[p(2^l - 1) + 1, p(2^(l+1) - 1)]``: p sub-levels of width 2^l each, as in section 4.1.2.
+The band holds exactly p positions that are multiples of 2^l; slot ``(l, i)`` stores the
+timestamp of the i-th newest of them (``TSTAMP[k, l]`` of Figure 7 for p = 1). Its distance
+always lies in ``[A, A + 2^l - 1]`` with ``A = p(2^l - 1) + i 2^l + 1``, whatever m is, so a
+lookup of ``COUNT(now - T, now] >= u`` reads one slot for all keys: the slot with the largest
+distance ``<= u`` (superset: a key with u events in the window has its slot element inside the
+window) whose smallest distance A bounds the relaxation (count >= A > u (1 - eps),
+eps = 3 / (2 (p + 1)): 3/4 for p = 1 as in Lemma 4.1, 1/2 for p = 2, roughly 1.5/p).
+
+UPDATE adds ``a`` units with one timestamp. When m grows, a multiple of 2^l that leaves the
+band of group l-1 at its old end enters group l (Figure 7, step 4: ``TSTAMP[k, l] =
+TSTAMP[k, l-1]``). For ``a > 1`` all entering elements are located directly in the old
+state: a group whose band moved past e multiples of 2^l shifts by e; an entering position is
+either new (timestamp tau) or an old position that the old state stored in a lower group. The
+cost is O(p) per group that changed, i.e. O(p log a + log m) per update, never O(a)
+(section 4.2).
+
+The *search index* of each slot is a two-level max summary over blocks of 64 keys (slot
+timestamps only grow, so an update keeps it exact with one ``max``): a lookup skips every
+block whose maximum is not in the window, and costs O(K / 64 + 64 |K_ao|) in the worst case
+and O(|K_ao|) for clustered answers; it is a flat array scan, which beats a pointer-based
+search tree at these sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from ._pool import INT64_MIN
+
+BLOCK_SHIFT = 6  # 64 keys per summary block
+
+
+@nb.njit(cache=True, inline="always")
+def _floor_log2(x):
+    r = 0
+    while x > 1:
+        x >>= 1
+        r += 1
+    return r
+
+
+@nb.njit(cache=True)
+def levels_update(keys, ts, adds, m, TS, BM, p, L):
+    """Apply rows (key, ts, units) in array order. TS: int64[L*p, Kcap]; BM: int64[L*p, nblocks]."""
+    for r in range(keys.shape[0]):
+        a = adds[r]
+        if a <= 0:
+            continue
+        k = keys[r]
+        tau = ts[r]
+        m0 = m[k]
+        m1 = m0 + a
+        b = k >> BLOCK_SHIFT
+        for lv in range(L - 1, -1, -1):
+            offl = p * ((1 << lv) - 1)
+            top1 = m1 - offl
+            if top1 <= 0:
+                continue
+            top0 = m0 - offl
+            n0 = (top0 >> lv) if top0 > 0 else 0
+            n1 = top1 >> lv
+            e = n1 - n0
+            if e == 0:
+                continue
+            base = lv * p
+            for i in range(p - 1, -1, -1):
+                if i >= e:
+                    v = TS[base + i - e, k]
+                else:
+                    q = (n1 - i) << lv
+                    if q > m0:
+                        v = tau
+                    else:
+                        d = m0 - q + 1
+                        l2 = _floor_log2((d - 1) // p + 1)
+                        top0b = m0 - p * ((1 << l2) - 1)
+                        i2 = (top0b >> l2) - (q >> l2)
+                        v = TS[l2 * p + i2, k]
+                TS[base + i, k] = v
+                if v > BM[base + i, b]:
+                    BM[base + i, b] = v
+        m[k] = m1
+
+
+@nb.njit(cache=True)
+def levels_lookup(s_lo, s_up, t, nkeys, TS, BM, act, bma, out):
+    """Keys k < nkeys with act[k] > t, (s_lo < 0 or TS[s_lo, k] > t) and
+    (s_up < 0 or TS[s_up, k] <= t). act[k] is the key's newest event timestamp.
+
+    Blocks are filtered on the max summary of slot s_lo (of act when s_lo < 0). Writes the keys
+    into out and returns how many."""
+    n = 0
+    nb_ = (nkeys + (1 << BLOCK_SHIFT) - 1) >> BLOCK_SHIFT
+    if s_lo >= 0:
+        row = TS[s_lo]
+        bm = BM[s_lo]
+    else:
+        row = act
+        bm = bma
+    for b in range(nb_):
+        if bm[b] <= t:
+            continue
+        k0 = b << BLOCK_SHIFT
+        k1 = min(nkeys, k0 + (1 << BLOCK_SHIFT))
+        if s_up < 0:
+            for k in range(k0, k1):
+                if row[k] > t and act[k] > t:
+                    out[n] = k
+                    n += 1
+        else:
+            up = TS[s_up]
+            for k in range(k0, k1):
+                if row[k] > t and act[k] > t and up[k] <= t:
+                    out[n] = k
+                    n += 1
+    return n
+
+
+@nb.njit(cache=True)
+def recompute_blocks(TS, BM, blocks, nkeys):
+    for j in range(blocks.shape[0]):
+        b = blocks[j]
+        k0 = b << BLOCK_SHIFT
+        k1 = min(nkeys, k0 + (1 << BLOCK_SHIFT))
+        for s in range(TS.shape[0]):
+            mx = INT64_MIN
+            for k in range(k0, k1):
+                if TS[s, k] > mx:
+                    mx = TS[s, k]
+            BM[s, b] = mx
+
+
+@nb.njit(cache=True)
+def reset_expired(before_ts, nkeys, m, TS, act):
+    """Forget keys none of whose units is newer than before_ts; returns the touched blocks."""
+    marks = np.zeros((nkeys >> BLOCK_SHIFT) + 1, np.bool_)
+    for k in range(nkeys):
+        if m[k] > 0 and TS[0, k] <= before_ts and act[k] <= before_ts:
+            m[k] = 0
+            for s in range(TS.shape[0]):
+                TS[s, k] = INT64_MIN
+            marks[k >> BLOCK_SHIFT] = True
+    return np.nonzero(marks)[0].astype(np.int64)
+
+
+def slot_bounds(p: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """(A, H): smallest and largest distance of each slot, slot index = l * p + i."""
+    lv = np.repeat(np.arange(L, dtype=np.int64), p)
+    i = np.tile(np.arange(p, dtype=np.int64), L)
+    A = p * ((np.int64(1) << lv) - 1) + i * (np.int64(1) << lv) + 1
+    H = A + (np.int64(1) << lv) - 1
+    return A, H
+
+
+def eps_of(p: int) -> float:
+    """Relative error of a lower-bounded lookup ``count > v``: every returned key has
+    ``count > v (1 - eps)``; 3/4 for p = 1 (Lemma 4.1), 1/2 for p = 2, 2 / (p + 2) in general
+    (section 4.1.2's "roughly 2/p"; checked exhaustively in the tests)."""
+    return 0.75 if p == 1 else 2.0 / (p + 2)
+
+
+def eps_upper_of(p: int) -> float:
+    """Relative error of an upper-bounded lookup ``count < v``: every returned key has
+    ``count < v (1 + eps_upper)``; 3 for p = 1, 2 / p in general."""
+    return 3.0 if p == 1 else 2.0 / p
+
+
+def groups_needed(p: int, max_m: int) -> int:
+    """Smallest L with p (2^L - 1) >= max_m (group L would still be empty)."""
+    L = 1
+    while p * ((1 << L) - 1) < max_m:
+        L += 1
+    return L
+
+
+def choose_slots(p: int, L: int, u: int | None, w: int | None) -> tuple[int, int, int, int]:
+    """Slots for ``count >= u`` (u >= 1) and ``count <= w`` (w >= 0, None = unbounded).
+
+    Returns (s_lo, s_up, guaranteed_min, guaranteed_max): s_up = -1 when the upper bound cannot
+    exclude anything; the guarantees hold for every returned key (guaranteed_max = -1: none)."""
+    A, H = slot_bounds(p, L)
+    uu = max(1, u if u is not None else 1)
+    # largest H <= uu (H is increasing in slot order); slot 0 has H = 1
+    s_lo = int(np.searchsorted(H, uu, side="right") - 1)
+    gmin = int(A[s_lo])
+    s_up = -1
+    gmax = -1
+    if w is not None:
+        # smallest A >= w + 1
+        s = int(np.searchsorted(A, w + 1, side="left"))
+        if s < A.shape[0]:
+            s_up = s
+            gmax = int(H[s]) - 1
+    return s_lo, s_up, gmin, gmax
+
+
+def count_range(
+    lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
+) -> tuple[int | None, int | None]:
+    """Integer bounds (u, w) with ``count in (lo, hi)`` <=> ``u <= count <= w``."""
+    u = None
+    w = None
+    if lo is not None:
+        u = math.floor(lo) + 1 if lo_strict else math.ceil(lo)
+    if hi is not None:
+        w = math.ceil(hi) - 1 if hi_strict else math.floor(hi)
+    return u, w

@@ -1,0 +1,315 @@
+"""R-INT: running (prefix) aggregates per key (Arasu & Widom 2004, section 3.2, Figure 6).
+
+For a subtractable aggregate (COUNT, SUM, hence AVG) R-INT keeps, per substream, the values
+``f(1, r)`` of the *running intervals* ending at every element; the aggregate of any interval
+``(l, r]`` is ``f(1, r) - f(1, l)``. Here every key keeps, in its pool region
+(:mod:`engine.algorithms._pool`), the timestamps of its rows, the running count (a row stands for
+``mult`` events: raw events have 1, pane rows their pane's count) and the running sums of
+``n_cols`` value columns, plus the raw values for FIRST/LAST. An update is O(1); a time-based
+window ``(lo, hi]`` costs two binary searches (O(1) for a suffix window's right end), a
+tuple-based window (last n rows) is O(1). ``kth_newest_ts`` gives the timestamp of the k-th
+newest event, which turns the COUNT threshold test into a constant-time check:
+``COUNT(now - T, now] >= k  <=>  kth_newest_ts(k) > now - T`` (section 4.1.1's observation).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ._base import PooledStructure
+from ._pool import INT64_MIN, as_keys, broadcast_i64, order_batch, search_after
+
+
+@nb.njit(cache=True)
+def _append(keys, ts, vals, mult, head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val):
+    ncol = vals.shape[1]
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        e = end[k]
+        if e > head[k]:
+            pc = c_cnt[e - 1]
+            for c in range(ncol):
+                c_sum[e, c] = c_sum[e - 1, c] + vals[i, c]
+        else:
+            pc = base_cnt[k]
+            for c in range(ncol):
+                c_sum[e, c] = base_sum[k, c] + vals[i, c]
+        for c in range(ncol):
+            c_val[e, c] = vals[i, c]
+        c_ts[e] = ts[i]
+        c_cnt[e] = pc + mult[i]
+        end[k] = e + 1
+        last_ts[k] = ts[i]
+
+
+@nb.njit(cache=True)
+def _advance_base(new_head, head, base_cnt, base_sum, c_cnt, c_sum):
+    for k in range(head.shape[0]):
+        if new_head[k] > head[k]:
+            base_cnt[k] = c_cnt[new_head[k] - 1]
+            for c in range(c_sum.shape[1]):
+                base_sum[k, c] = c_sum[new_head[k] - 1, c]
+
+
+@nb.njit(cache=True)
+def _bounds_time(keys, lo, hi, head, end, c_ts):
+    """Row index ranges [i1, i2) of the windows (lo, hi]; (0, 0) for unknown keys."""
+    m = keys.shape[0]
+    K = head.shape[0]
+    i1 = np.zeros(m, np.int64)
+    i2 = np.zeros(m, np.int64)
+    for j in range(m):
+        k = keys[j]
+        if k >= K:
+            continue
+        h = head[k]
+        e = end[k]
+        if hi[j] <= lo[j]:
+            i1[j] = h
+            i2[j] = h
+            continue
+        b = search_after(c_ts, h, e, hi[j])
+        i1[j] = search_after(c_ts, h, b, lo[j])
+        i2[j] = b
+    return i1, i2
+
+
+@nb.njit(cache=True)
+def _bounds_rows(keys, n, head, end):
+    m = keys.shape[0]
+    K = head.shape[0]
+    i1 = np.zeros(m, np.int64)
+    i2 = np.zeros(m, np.int64)
+    for j in range(m):
+        k = keys[j]
+        if k >= K:
+            continue
+        e = end[k]
+        i1[j] = max(head[k], e - max(n[j], 0))
+        i2[j] = e
+    return i1, i2
+
+
+@nb.njit(cache=True)
+def _aggregate(keys, i1, i2, head, base_cnt, base_sum, c_cnt, c_sum):
+    m = keys.shape[0]
+    ncol = c_sum.shape[1]
+    counts = np.zeros(m, np.int64)
+    sums = np.zeros((m, ncol), np.float64)
+    for j in range(m):
+        a = i1[j]
+        b = i2[j]
+        if b <= a:
+            continue
+        k = keys[j]
+        if a > head[k]:
+            counts[j] = c_cnt[b - 1] - c_cnt[a - 1]
+            for c in range(ncol):
+                sums[j, c] = c_sum[b - 1, c] - c_sum[a - 1, c]
+        else:
+            counts[j] = c_cnt[b - 1] - base_cnt[k]
+            for c in range(ncol):
+                sums[j, c] = c_sum[b - 1, c] - base_sum[k, c]
+    return counts, sums
+
+
+@nb.njit(cache=True)
+def _first_last(i1, i2, c_val, col):
+    m = i1.shape[0]
+    first = np.full(m, np.nan)
+    last = np.full(m, np.nan)
+    for j in range(m):
+        if i2[j] > i1[j]:
+            first[j] = c_val[i1[j], col]
+            last[j] = c_val[i2[j] - 1, col]
+    return first, last
+
+
+@nb.njit(cache=True, inline="always")
+def kth_one(k, need, head, end, base_cnt, c_cnt, c_ts):
+    """Timestamp of key k's need-th newest unit (INT64_MIN if fewer; INT64_MAX for need <= 0)."""
+    h = head[k]
+    e = end[k]
+    if need <= 0:
+        return np.iinfo(np.int64).max  # the 0-th newest event: "inside" any window
+    if e <= h:
+        return INT64_MIN
+    total = c_cnt[e - 1]
+    target = total - need  # the answer is the first row whose running count exceeds target
+    if target < base_cnt[k]:
+        return INT64_MIN  # fewer than need live units
+    g = e - need  # fast path: the newest need rows are single events
+    if g >= h and c_cnt[g] > target and (c_cnt[g - 1] if g > h else base_cnt[k]) <= target:
+        return c_ts[g]
+    lo = h
+    hi = e
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if c_cnt[mid] <= target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return c_ts[lo]
+
+
+@nb.njit(cache=True)
+def _kth_newest(keys, kk, head, end, base_cnt, c_cnt, c_ts):
+    m = keys.shape[0]
+    K = head.shape[0]
+    out = np.full(m, INT64_MIN, np.int64)
+    for j in range(m):
+        k = keys[j]
+        if k < K:
+            out[j] = kth_one(k, kk[j], head, end, base_cnt, c_cnt, c_ts)
+    return out
+
+
+@nb.njit(cache=True)
+def count_filter(cand, n, u, w, t, head, end, base_cnt, c_cnt, c_ts):
+    """Exact post-check in place: keep among cand[:n] the keys with u <= COUNT(t, now] <= w
+    (u <= 0 / w < 0: no bound), using COUNT >= x <=> x-th newest ts > t. Returns the new n."""
+    K = head.shape[0]
+    j = 0
+    for i in range(n):
+        k = cand[i]
+        if k >= K:
+            continue
+        if u > 0 and kth_one(k, u, head, end, base_cnt, c_cnt, c_ts) <= t:
+            continue
+        if w >= 0 and kth_one(k, w + 1, head, end, base_cnt, c_cnt, c_ts) > t:
+            continue
+        cand[j] = k
+        j += 1
+    return j
+
+
+@nb.njit(cache=True)
+def _last_ts(keys, head, end, c_ts):
+    m = keys.shape[0]
+    K = head.shape[0]
+    out = np.full(m, INT64_MIN, np.int64)
+    for j in range(m):
+        k = keys[j]
+        if k < K and end[k] > head[k]:
+            out[j] = c_ts[end[k] - 1]
+    return out
+
+
+class RInt(PooledStructure):
+    """R-INT over all keys: COUNT and SUM of ``n_cols`` value columns for any time window
+    ``(lo, hi]`` or the last n rows, FIRST/LAST, and the k-th newest timestamp."""
+
+    _kind = "rint"
+
+    def __init__(self, n_cols: int = 0, min_cap: int = 4) -> None:
+        super().__init__(min_cap)
+        self.n_cols = int(n_cols)
+        self._add_col("ts", np.int64, None, 0)
+        self._add_col("cnt", np.int64, None, 0)
+        self._add_col("sum", np.float64, self.n_cols, 0.0)
+        self._add_col("val", np.float64, self.n_cols, 0.0)
+        self._add_kcol("base_cnt", np.int64, None, 0)
+        self._add_kcol("base_sum", np.float64, self.n_cols, 0.0)
+
+    # ----------------------------------------------------------------- updates
+    def append(
+        self,
+        key_ids: np.ndarray,
+        ts: np.ndarray,
+        values: np.ndarray | None = None,
+        mult: np.ndarray | None = None,
+    ) -> None:
+        """Apply a batch of rows (any order across keys; per key by ts, ties in array order)."""
+        keys = as_keys(key_ids)
+        t = np.ascontiguousarray(ts, dtype=np.int64)
+        n = keys.shape[0]
+        if values is None:
+            if self.n_cols:
+                raise ValueError(f"values[n, {self.n_cols}] required")
+            v = np.zeros((n, 0), np.float64)
+        else:
+            v = np.ascontiguousarray(values, dtype=np.float64).reshape(n, self.n_cols)
+        mu = np.ones(n, np.int64) if mult is None else np.ascontiguousarray(mult, dtype=np.int64)
+        if mu.shape[0] != n:
+            raise ValueError("mult must have one entry per row")
+        self._prepare(keys, t)
+        kc = self._kcols
+        order = order_batch(keys, t, kc["last_ts"])
+        if order is not None:
+            keys, t, v, mu = keys[order], t[order], v[order], mu[order]
+        c = self._cols
+        p = self._pool
+        _append(
+            keys, t, v, mu, p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"],
+            c["ts"], c["cnt"], c["sum"], c["val"],
+        )  # fmt: skip
+
+    def _on_expire(self, new_head: np.ndarray) -> None:
+        _advance_base(
+            new_head, self._pool.head, self._kcols["base_cnt"], self._kcols["base_sum"],
+            self._cols["cnt"], self._cols["sum"],
+        )  # fmt: skip
+
+    # ----------------------------------------------------------------- lookups
+    def _time_bounds(self, keys: np.ndarray, lo: object, hi: object) -> tuple[np.ndarray, np.ndarray]:
+        m = keys.shape[0]
+        return _bounds_time(
+            keys, broadcast_i64(lo, m), broadcast_i64(hi, m), self._pool.head, self._pool.end,
+            self._cols["ts"],
+        )  # fmt: skip
+
+    def _agg(self, keys: np.ndarray, i1: np.ndarray, i2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        kc = self._kcols
+        return _aggregate(
+            keys, i1, i2, self._pool.head, kc["base_cnt"], kc["base_sum"], self._cols["cnt"], self._cols["sum"]
+        )
+
+    def window(self, key_ids: np.ndarray, lo: object, hi: object) -> tuple[np.ndarray, np.ndarray]:
+        """COUNT (int64[m]) and SUMs (float64[m, n_cols]) over rows with lo < ts <= hi."""
+        keys = as_keys(key_ids)
+        i1, i2 = self._time_bounds(keys, lo, hi)
+        return self._agg(keys, i1, i2)
+
+    def rows(self, key_ids: np.ndarray, n: object) -> tuple[np.ndarray, np.ndarray]:
+        """COUNT and SUMs over each key's last n rows (tuple-based window)."""
+        keys = as_keys(key_ids)
+        i1, i2 = _bounds_rows(keys, broadcast_i64(n, keys.shape[0]), self._pool.head, self._pool.end)
+        return self._agg(keys, i1, i2)
+
+    def first_last(self, key_ids: np.ndarray, lo: object, hi: object, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Value of column col at the earliest / latest row in (lo, hi]; NaN when empty."""
+        keys = as_keys(key_ids)
+        i1, i2 = self._time_bounds(keys, lo, hi)
+        return _first_last(i1, i2, self._cols["val"], int(col))
+
+    def first_last_rows(self, key_ids: np.ndarray, n: object, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Value of column col at the earliest / latest of the key's last n rows; NaN when empty."""
+        keys = as_keys(key_ids)
+        i1, i2 = _bounds_rows(keys, broadcast_i64(n, keys.shape[0]), self._pool.head, self._pool.end)
+        return _first_last(i1, i2, self._cols["val"], int(col))
+
+    def last_ts(self, key_ids: np.ndarray) -> np.ndarray:
+        """Timestamp of each key's newest live row (INT64_MIN if none)."""
+        return _last_ts(as_keys(key_ids), self._pool.head, self._pool.end, self._cols["ts"])
+
+    def kth_newest_ts(self, key_ids: np.ndarray, k: object) -> np.ndarray:
+        """Timestamp of the k-th newest unit of count (INT64_MIN if fewer than k live units).
+
+        ``COUNT(now - T, now] >= k`` exactly when ``kth_newest_ts(k) > now - T`` (all ts <= now).
+        Constant time when the newest k rows are single events, O(log n) otherwise.
+        """
+        keys = as_keys(key_ids)
+        kc = self._kcols
+        return _kth_newest(
+            keys, broadcast_i64(k, keys.shape[0]), self._pool.head, self._pool.end, kc["base_cnt"],
+            self._cols["cnt"], self._cols["ts"],
+        )  # fmt: skip
+
+    # ----------------------------------------------------------------- state
+    def _meta(self) -> dict[str, int | float]:
+        return {"n_cols": self.n_cols}
+
+    @classmethod
+    def _empty_from_meta(cls, meta: dict[str, np.ndarray]) -> RInt:
+        return cls(int(meta["n_cols"]))

@@ -1,0 +1,319 @@
+"""The Tidewatch engine: Spark Structured Streaming over Kafka, exact alerts out, exactly once.
+
+Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
+
+* Spark reads ``trades``, ``packets`` and ``subscriptions`` with its Kafka source; every
+  micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).
+* The batch's records reach the driver as Arrow (``DataFrame.toArrow``); they are decoded
+  column-wise by the Numba kernel (:mod:`engine.decode`), bad records become dead letters,
+  and :class:`engine.core.EngineCore` applies subscription changes first (PSoup), feeds the
+  evaluator and looks up every rule at every pane boundary up to *now*.
+* Output, idempotent per batch id: the alert log, current results, batch id and metrics in
+  ONE PostgreSQL transaction (:mod:`engine.store`; a committed batch id is skipped), then
+  alerts / results / dead letters in ONE Kafka transaction with a progress marker
+  (:mod:`engine.publish`).
+* Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
+  before the commit, and the whole driver state is snapshotted every
+  ``snapshot_every_batches`` batches (after the commit).  On start the newest snapshot at or
+  before the last committed batch is loaded and the batches after it are re-read from
+  Kafka by offset and re-run with no output, so the state equals the state at the last
+  committed batch; a committed batch whose Kafka transaction is missing is re-published
+  from PostgreSQL.  Spark's own checkpoint then re-delivers the first uncommitted batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.core import EngineCore, SubscriptionChange, parse_subscription_change
+from engine.publish import Publisher, ensure_topics
+from engine.store import Store
+
+log = logging.getLogger("tidewatch.engine")
+
+RECORD_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:
+    """``{topic: {partition: [first, last]}}`` of a batch of Kafka records."""
+    out: dict[str, dict[str, list[int]]] = {}
+    if tbl.num_rows == 0:
+        return out
+    topics = tbl.column("topic").to_numpy(zero_copy_only=False)
+    parts = tbl.column("partition").to_numpy(zero_copy_only=False)
+    offs = tbl.column("offset").to_numpy(zero_copy_only=False)
+    for t in np.unique(topics):
+        mt = topics == t
+        for p in np.unique(parts[mt]):
+            m = mt & (parts == p)
+            out.setdefault(str(t), {})[str(int(p))] = [int(offs[m].min()), int(offs[m].max())]
+    return out
+
+
+def split_topics(tbl: pa.Table, names: dict[str, str]) -> dict[str, pa.Table]:
+    """Records of each topic (``names``: role -> topic), roles trades, packets, subscriptions."""
+    out = {}
+    for role, topic in names.items():
+        sub = tbl.filter(pc.equal(tbl.column("topic"), topic)) if tbl.num_rows else tbl
+        out[role] = sub
+    return out
+
+
+def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
+    """Parsed subscription changes of a batch, in (partition, offset) order; bad ones logged."""
+    if tbl.num_rows == 0:
+        return []
+    order = np.lexsort(
+        (tbl.column("offset").to_numpy(zero_copy_only=False), tbl.column("partition").to_numpy(zero_copy_only=False))
+    )
+    keys = tbl.column("key").to_pylist()
+    vals = tbl.column("value").to_pylist()
+    out = []
+    for i in order:
+        try:
+            out.append(parse_subscription_change(keys[i], vals[i]))
+        except (ValueError, KeyError) as exc:
+            log.warning("subscription record %d ignored: %s", int(i), exc)
+    return out
+
+
+def default_core(settings: Any) -> EngineCore:
+    """An empty :class:`EngineCore` with the shared-strategy evaluator configured by ``settings``."""
+    from subscriptions.evaluator import Evaluator
+
+    return EngineCore(
+        pane_ms=settings.pane_ms,
+        allowed_lateness_ms=settings.allowed_lateness_ms,
+        max_future_ms=settings.max_future_ms,
+        evaluator_factory=lambda: Evaluator(  # type: ignore[arg-type, return-value]
+            strategy="shared", ci_p=settings.ci_p, history_ms=settings.engine_history_ms
+        ),
+    )
+
+
+class EngineApp:
+    """One engine instance: state, sinks and the ``foreachBatch`` function."""
+
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        bootstrap: str | None = None,
+        pg_url: str | None = None,
+        checkpoint: Path | None = None,
+        engine_id: str = "default",
+        core_factory: Callable[[], EngineCore] | None = None,
+    ) -> None:
+        from tidewatch.db.session import make_engine
+
+        self.settings = settings
+        self.bootstrap = bootstrap or settings.kafka_bootstrap
+        self.checkpoint = Path(checkpoint or settings.checkpoint_dir or (settings.run_dir / "engine-checkpoint"))
+        self.state_dir = self.checkpoint / "tidewatch"
+        self.topics = {
+            "trades": settings.topic_trades,
+            "packets": settings.topic_packets,
+            "subscriptions": settings.topic_subscriptions,
+        }
+        self.engine_id = engine_id
+        self._core_factory = core_factory or (lambda: default_core(settings))
+        self.store = Store(make_engine(pg_url or settings.sqlalchemy_url))
+        ensure_topics(self.bootstrap, settings)
+        self.publisher = Publisher(self.bootstrap, settings, engine_id)
+        self.core = self._core_factory()
+        self.batches_done = 0
+        self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
+
+    # ------------------------------------------------------------------ recovery
+    def _snapshot_path(self, batch_id: int) -> Path:
+        return self.state_dir / "snapshots" / f"{batch_id:012d}.bin"
+
+    def _batch_log(self, batch_id: int) -> Path:
+        return self.state_dir / "batches" / f"{batch_id:012d}.json"
+
+    def recover(self) -> None:
+        """Bring the state to the last committed batch and finish its Kafka publication."""
+        last = self.store.last_committed()
+        snaps = sorted((self.state_dir / "snapshots").glob("*.bin")) if self.state_dir.exists() else []
+        snaps = [s for s in snaps if int(s.stem) <= last]
+        if snaps:
+            self.core = EngineCore.from_bytes(snaps[-1].read_bytes())
+            log.info("restored the state snapshot of batch %d", self.core.last_batch)
+        else:
+            self.core = self._core_factory()
+        first = self.core.last_batch + 1
+        if last >= first:
+            log.info("replaying batches %d..%d from Kafka (no output) to rebuild the state", first, last)
+            for b in range(first, last + 1):
+                path = self._batch_log(b)
+                if not path.exists():
+                    raise RuntimeError(f"batch {b} is committed but its offset log {path} is missing")
+                ranges = json.loads(path.read_text())
+                tbl = read_ranges(self.bootstrap, ranges)
+                self._process(b, tbl)
+        published = self.publisher.last_published()
+        for b in range(published + 1, last + 1):
+            rows = self.store.alerts_of_batch(b)
+            log.info("batch %d was committed but not published to Kafka: publishing its %d alerts", b, len(rows))
+            self.publisher.publish(b, rows)
+        log.info("state at batch %d: %d rules, watermark %s", self.core.last_batch, len(self.core.rules),
+                 self.core.watermark)
+
+    # ------------------------------------------------------------------ batches
+    def _process(self, batch_id: int, tbl: pa.Table) -> Any:
+        parts = split_topics(tbl, self.topics)
+        changes = subscription_changes(parts.pop("subscriptions"))
+        return self.core.process(batch_id, parts, changes)
+
+    def on_batch(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch`` entry point (idempotent per batch id)."""
+        tbl = df.select(*RECORD_COLUMNS).toArrow()
+        self.handle(tbl, int(batch_id))
+
+    def handle(self, tbl: pa.Table, batch_id: int) -> None:
+        """Process one batch of Kafka records (Arrow) and deliver its output exactly once."""
+        if batch_id <= self.core.last_batch:
+            log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
+            return
+        t0 = time.perf_counter()
+        _atomic_write(self._batch_log(batch_id), json.dumps(offset_ranges(tbl)).encode())
+        out = self._process(batch_id, tbl)
+        n_events = sum(out.events.values())
+        core_s = time.perf_counter() - t0
+        metrics = {
+            "events_per_s": n_events / core_s if core_s > 0 else None,
+            "batch_ms": core_s * 1000,
+            "lag_ms": None if self.core.max_ts is None else time.time() * 1000 - self.core.max_ts,
+            "alerts": len(out.alerts),
+            "dead_letters": len(out.dead),
+            "state_bytes": self.core.state_nbytes(),
+        }
+        if not self.store.commit(out, watermark=self.core.watermark, metrics=metrics):
+            log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
+        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed)
+        self.batches_done += 1
+        if self.batches_done % max(1, self.settings.snapshot_every_batches) == 0:
+            self.snapshot()
+        total_s = time.perf_counter() - t0
+        for k, v in (("events", n_events), ("alerts", len(out.alerts)), ("dead_letters", len(out.dead)),
+                     ("seconds", total_s)):
+            self.totals[k] += v
+        dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
+        log.info(
+            "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
+            "committed and published in %.0f ms",
+            batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
+            out.lookups[-1] if out.lookups else "-", len(out.alerts), len(self.core.rules), total_s * 1000,
+        )  # fmt: skip
+
+    def snapshot(self) -> Path:
+        """Write the state snapshot of the last processed batch (keeps the newest three)."""
+        path = self._snapshot_path(self.core.last_batch)
+        _atomic_write(path, self.core.to_bytes())
+        for old in sorted(path.parent.glob("*.bin"))[:-3]:
+            old.unlink(missing_ok=True)
+        log.info("state snapshot of batch %d written (%d bytes)", self.core.last_batch, path.stat().st_size)
+        return path
+
+    # ------------------------------------------------------------------ Spark
+    def start(self, spark: Any, trigger_seconds: float | None = None, max_offsets_per_trigger: int | None = None) -> Any:
+        """Recover, then start the streaming query; returns the ``StreamingQuery``."""
+        self.recover()
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("subscribe", ",".join(self.topics.values()))
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")
+            .option("kafka.isolation.level", "read_committed")
+        )
+        max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
+        if max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+        trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        return (
+            reader.load()
+            .writeStream.foreachBatch(self.on_batch)
+            .option("checkpointLocation", str(self.checkpoint / "spark"))
+            .trigger(processingTime=f"{trig} seconds")
+            .queryName(f"tidewatch-engine-{self.engine_id}")
+            .start()
+        )
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.store.engine.dispose()
+
+
+def read_ranges(bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout_s: float = 60.0) -> pa.Table:
+    """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    cols: dict[str, list[Any]] = {c: [] for c in RECORD_COLUMNS}
+    todo = {(t, int(p)): (a, b) for t, ps in ranges.items() for p, (a, b) in ps.items()}
+    if todo:
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "tidewatch-engine-replay",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            c.assign([TopicPartition(t, p, a) for (t, p), (a, _) in todo.items()])
+            left = dict(todo)
+            deadline = time.monotonic() + timeout_s
+            while left and time.monotonic() < deadline:
+                for m in c.consume(10_000, 1.0):
+                    if m.error():
+                        continue
+                    tp = (m.topic(), m.partition())
+                    if tp not in left:
+                        continue
+                    a, b = left[tp]
+                    off = m.offset()
+                    if a <= off <= b:
+                        cols["topic"].append(m.topic())
+                        cols["partition"].append(m.partition())
+                        cols["offset"].append(off)
+                        cols["timestamp"].append(m.timestamp()[1])
+                        cols["key"].append(m.key())
+                        cols["value"].append(m.value())
+                    if off >= b:
+                        del left[tp]
+                        c.pause([TopicPartition(*tp)])
+            if left:
+                raise RuntimeError(f"replay could not read offsets {left} within {timeout_s} s")
+        finally:
+            c.close()
+    return pa.table(
+        {
+            "topic": pa.array(cols["topic"], pa.string()),
+            "partition": pa.array(cols["partition"], pa.int32()),
+            "offset": pa.array(cols["offset"], pa.int64()),
+            "timestamp": pa.array(cols["timestamp"], pa.int64()),
+            "key": pa.array(cols["key"], pa.binary()),
+            "value": pa.array(cols["value"], pa.binary()),
+        }
+    )

@@ -1,0 +1,138 @@
+"""PostgreSQL side of the engine: the alert log, current results and batch ids in ONE transaction.
+
+A micro-batch is committed by inserting its id into ``engine_batches`` in the same
+transaction as its alerts (primary key: the stable alert id) and its changes to
+``current_results``; a batch id already present means the batch was committed
+before (a re-run after a crash) and nothing is written again (DESIGN.md,
+"Delivery").  Metrics go to ``engine_metrics`` in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, delete, func, insert, select, tuple_
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from engine.core import Alert, BatchOutput
+from tidewatch.db.models import Alert as AlertRow
+from tidewatch.db.models import CurrentResult, EngineBatch, EngineMetric
+
+_NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
+
+
+def subscription_uuid(sid: str) -> uuid.UUID:
+    """The UUID of a subscription id (ids that are not UUIDs map to a stable uuid5)."""
+    try:
+        return uuid.UUID(sid)
+    except ValueError:
+        return uuid.uuid5(_NS, sid)
+
+
+def ms_to_dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def dt_to_ms(dt: datetime) -> int:
+    return round(dt.timestamp() * 1000)
+
+
+class Store:
+    """Engine writes to PostgreSQL (tables from :mod:`tidewatch.db.models`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def last_committed(self) -> int:
+        """The largest committed batch id (-1 when none)."""
+        with self.engine.connect() as conn:
+            v = conn.execute(select(func.max(EngineBatch.batch_id))).scalar()
+        return -1 if v is None else int(v)
+
+    def is_committed(self, batch_id: int) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(select(EngineBatch.batch_id).where(EngineBatch.batch_id == batch_id)).first() is not None
+
+    def commit(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> bool:
+        """Write one batch's output atomically; False (nothing written) if it was committed before."""
+        with self.engine.begin() as conn:
+            got = conn.execute(
+                pg_insert(EngineBatch)
+                .values(
+                    batch_id=out.batch_id,
+                    watermark=None if watermark is None else ms_to_dt(watermark),
+                    events=sum(out.events.values()),
+                    alerts=len(out.alerts),
+                )
+                .on_conflict_do_nothing(index_elements=[EngineBatch.batch_id])
+                .returning(EngineBatch.batch_id)
+            ).first()
+            if got is None:
+                return False
+            if out.alerts:
+                conn.execute(
+                    pg_insert(AlertRow).on_conflict_do_nothing(index_elements=[AlertRow.alert_id]),
+                    [
+                        {
+                            "alert_id": a.id,
+                            "subscription_id": subscription_uuid(a.subscription_id),
+                            "key": a.key,
+                            "kind": a.kind,
+                            "as_of": ms_to_dt(a.as_of),
+                            "values": {},
+                            "batch_id": out.batch_id,
+                        }
+                        for a in out.alerts
+                    ],
+                )
+            for sid in out.removed:
+                conn.execute(delete(CurrentResult).where(CurrentResult.subscription_id == subscription_uuid(sid)))
+            net: dict[tuple[uuid.UUID, str], Alert] = {}
+            for a in out.alerts:
+                net[(subscription_uuid(a.subscription_id), a.key)] = a
+            gone = [k for k, a in net.items() if a.kind == "EXIT"]
+            if gone:
+                conn.execute(
+                    delete(CurrentResult).where(tuple_(CurrentResult.subscription_id, CurrentResult.key).in_(gone))
+                )
+            came = [
+                {"subscription_id": k[0], "key": k[1], "since": ms_to_dt(a.as_of), "values": {}}
+                for k, a in net.items()
+                if a.kind == "ENTER"
+            ]
+            if came:
+                stmt = pg_insert(CurrentResult)
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=[CurrentResult.subscription_id, CurrentResult.key],
+                        set_={"since": stmt.excluded.since, "updated_at": func.now()},
+                    ),
+                    came,
+                )
+            conn.execute(insert(EngineMetric).values(batch_id=out.batch_id, **metrics))
+        return True
+
+    def alerts_of_batch(self, batch_id: int) -> list[dict[str, Any]]:
+        """The alert rows of one committed batch (to re-publish them after a crash)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(AlertRow.alert_id, AlertRow.subscription_id, AlertRow.key, AlertRow.kind, AlertRow.as_of)
+                .where(AlertRow.batch_id == batch_id)
+                .order_by(AlertRow.seq)
+            ).all()
+        return [
+            {"id": r[0], "subscription_id": str(r[1]), "key": r[2], "kind": r[3], "as_of": dt_to_ms(r[4])}
+            for r in rows
+        ]
+
+    def alert_log(self) -> list[tuple[str, str, str, int]]:
+        """(subscription_id, key, kind, as_of ms) of every alert, in as_of, subscription, key order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(AlertRow.subscription_id, AlertRow.key, AlertRow.kind, AlertRow.as_of).order_by(
+                    AlertRow.as_of, AlertRow.subscription_id, AlertRow.key, AlertRow.kind
+                )
+            ).all()
+        return [(str(r[0]), r[1], r[2], dt_to_ms(r[3])) for r in rows]

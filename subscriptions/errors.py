@@ -1,0 +1,63 @@
+"""The one error type of the rule language: where it went wrong, and what was expected."""
+
+from __future__ import annotations
+
+
+class RuleError(ValueError):
+    """A rule that does not parse or type-check.
+
+    ``line`` and ``column`` are 1-based; ``snippet`` is the offending line of the rule text;
+    ``expected`` lists what would have been accepted there (may be empty).
+    ``str(err)`` shows the message, the line and a caret under the column.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        line: int = 1,
+        column: int = 1,
+        snippet: str = "",
+        expected: list[str] | tuple[str, ...] = (),
+    ) -> None:
+        self.message = message
+        self.line = line
+        self.column = column
+        self.snippet = snippet
+        self.expected = list(expected)
+        super().__init__(self.display())
+
+    @classmethod
+    def at(
+        cls, text: str, message: str, pos: tuple[int, int] | None, expected: list[str] | tuple[str, ...] = ()
+    ) -> RuleError:
+        """An error at ``pos`` (line, column) of ``text`` (start of the rule when None)."""
+        line, column = pos if pos is not None else (1, 1)
+        lines = text.splitlines() or [""]
+        snippet = lines[line - 1] if 0 < line <= len(lines) else ""
+        return cls(message, line, column, snippet, expected)
+
+    def display(self) -> str:
+        """Multi-line text: ``line L, column C: message``, the line, a caret, what was expected."""
+        out = [f"line {self.line}, column {self.column}: {self.message}"]
+        if self.snippet:
+            line, col = self.snippet, max(self.column - 1, 0)
+            if len(line) > 100:  # show a window around the column
+                start = max(0, col - 50)
+                piece = line[start : start + 100]
+                prefix = "..." if start > 0 else ""
+                line = prefix + piece + ("..." if start + 100 < len(self.snippet) else "")
+                col = col - start + len(prefix)
+            out.append("  " + line)
+            out.append("  " + " " * col + "^")
+        if self.expected:
+            out.append("expected: " + ", ".join(self.expected))
+        return "\n".join(out)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "message": self.message,
+            "line": self.line,
+            "column": self.column,
+            "snippet": self.snippet,
+            "expected": self.expected,
+        }

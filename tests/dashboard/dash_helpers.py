@@ -1,0 +1,73 @@
+"""Helpers of the dashboard tests (imported by the test modules and conftest)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from subscriptions.service import SubscriptionService, SubscriptionView
+from tidewatch.db.models import Alert, CurrentResult, EngineBatch
+
+PASSWORD = "correct horse battery"
+
+
+def unique(prefix: str = "u") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+RULE = "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDS > 1000"
+
+
+def subscribe(
+    svc: SubscriptionService, user: str, name: str = "volume", rule: str = RULE
+) -> SubscriptionView:
+    return svc.create(user, rule, name=name)
+
+
+_batch = [10_000]
+
+
+def add_alerts(
+    sm: sessionmaker[Session],
+    sub_id: uuid.UUID,
+    items: list[tuple[str, str]],
+    *,
+    values: dict[str, Any] | None = None,
+    as_of: datetime | None = None,
+) -> list[int]:
+    """Write alerts ``(key, kind)`` of one subscription in one batch, like the engine; returns their seqs.
+    ENTER keys go into ``current_results``, EXIT keys leave it."""
+    _batch[0] += 1
+    bid = _batch[0]
+    t = as_of or datetime.now(UTC)
+    seqs = []
+    with sm.begin() as s:
+        s.add(EngineBatch(batch_id=bid, watermark=t, events=0, alerts=len(items)))
+        for key, kind in items:
+            aid = f"{sub_id}|{key}|{kind}|{bid}"
+            s.add(
+                Alert(
+                    alert_id=aid,
+                    subscription_id=sub_id,
+                    key=key,
+                    kind=kind,
+                    as_of=t,
+                    values=values or {},
+                    batch_id=bid,
+                )
+            )
+            s.flush()
+            seqs.append(s.scalar(sa.select(Alert.seq).where(Alert.alert_id == aid)))
+            if kind == "ENTER":
+                s.merge(CurrentResult(subscription_id=sub_id, key=key, since=t, values=values or {}))
+            else:
+                s.execute(
+                    sa.delete(CurrentResult).where(
+                        CurrentResult.subscription_id == sub_id, CurrentResult.key == key
+                    )
+                )
+    return seqs

@@ -1,0 +1,132 @@
+"""Alert queries and health against a real PostgreSQL: filters, ownership, metacharacters."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from dash_helpers import add_alerts, subscribe
+from sqlalchemy.orm import Session, sessionmaker
+
+from dashboard import queries
+from subscriptions.service import NotFound, SubscriptionService
+from tidewatch.db.models import EngineMetric
+from tidewatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+NASTY_NAME = "<script>alert('x')</script> '; DROP TABLE alerts; -- 100%_"
+NASTY_KEY = "a'b\"c;--%_\\<img src=x onerror=alert(1)>"
+
+
+def test_filters_by_subscription_key_and_kind(
+    sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    u = new_user()
+    s1, s2 = subscribe(svc, u, "one"), subscribe(svc, u, "two")
+    add_alerts(sm, s1.id, [("AAPL", "ENTER"), ("MSFT", "ENTER")])
+    add_alerts(sm, s2.id, [("AAPL", "ENTER")])
+    add_alerts(sm, s1.id, [("AAPL", "EXIT")])
+    rows = queries.alerts(sm, u)
+    assert [(r.subscription, r.key, r.kind) for r in rows] == [
+        ("one", "AAPL", "EXIT"),
+        ("two", "AAPL", "ENTER"),
+        ("one", "MSFT", "ENTER"),
+        ("one", "AAPL", "ENTER"),
+    ]
+    assert {r.subscription for r in queries.alerts(sm, u, subscription_ids=[s2.id])} == {"two"}
+    assert {r.key for r in queries.alerts(sm, u, key="ms")} == {"MSFT"}  # substring, case-insensitive
+    assert [r.kind for r in queries.alerts(sm, u, kinds=["EXIT"])] == ["EXIT"]
+    assert len(queries.alerts(sm, u, limit=2)) == 2
+    assert queries.newest_seq(sm, u) == rows[0].seq
+    assert queries.count_after(sm, u, rows[2].seq) == 2
+
+
+def test_user_b_cannot_read_or_change_user_a(
+    sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    a, b = new_user("a"), new_user("b")
+    sub_a = subscribe(svc, a, "mine")
+    add_alerts(sm, sub_a.id, [("AAPL", "ENTER")])
+    # B passing A's subscription id as a filter gets nothing
+    assert queries.alerts(sm, b, subscription_ids=[sub_a.id]) == []
+    assert queries.alerts(sm, b, key="AAPL") == []
+    assert queries.known_keys(sm, b) == []
+    assert queries.key_results(sm, b, "AAPL") == []
+    assert queries.newest_seq(sm, b) == 0
+    # ...and cannot change it through the service the pages use
+    for action in (svc.pause, svc.resume, svc.delete):
+        with pytest.raises(NotFound):
+            action(b, sub_a.id)
+    with pytest.raises(NotFound):
+        svc.update(b, sub_a.id, name="stolen")
+    assert svc.get(a, sub_a.id).state == "active" and svc.get(a, sub_a.id).name == "mine"
+    assert [r.key for r in queries.alerts(sm, a)] == ["AAPL"]
+
+
+def test_metacharacters_are_stored_and_matched_verbatim(
+    sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    u = new_user()
+    sub = subscribe(svc, u, NASTY_NAME)
+    add_alerts(sm, sub.id, [(NASTY_KEY, "ENTER"), ("plain", "ENTER")])
+    assert svc.get(u, sub.id).name == NASTY_NAME
+    rows = queries.alerts(sm, u)
+    assert {r.key for r in rows} == {NASTY_KEY, "plain"} and {r.subscription for r in rows} == {NASTY_NAME}
+    # LIKE wildcards in the filter match themselves only
+    assert [r.key for r in queries.alerts(sm, u, key="%")] == [NASTY_KEY]
+    assert [r.key for r in queries.alerts(sm, u, key="_")] == [NASTY_KEY]
+    assert [r.key for r in queries.alerts(sm, u, key="' OR '1'='1")] == []
+    assert [r.key for r in queries.alerts(sm, u, key=NASTY_KEY, exact_key=True)] == [NASTY_KEY]
+    assert queries.known_keys(sm, u) == sorted([NASTY_KEY, "plain"])
+    (kr,) = queries.key_results(sm, u, NASTY_KEY)
+    assert kr.in_result and kr.subscription == NASTY_NAME
+
+
+def test_key_results_show_membership_per_subscription(
+    sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    u = new_user()
+    s1, s2 = subscribe(svc, u, "one"), subscribe(svc, u, "two")
+    add_alerts(sm, s1.id, [("AAPL", "ENTER")])
+    add_alerts(sm, s2.id, [("AAPL", "ENTER")])
+    add_alerts(sm, s2.id, [("AAPL", "EXIT")])
+    got = {r.subscription: r.in_result for r in queries.key_results(sm, u, "AAPL")}
+    assert got == {"one": True, "two": False}
+
+
+def test_health_from_engine_metrics(sm: sessionmaker[Session]) -> None:
+    s = Settings(engine_behind_lag_ms=10_000, engine_down_after_s=60)
+    now = datetime.now(UTC)
+    with sm.begin() as db:
+        db.add(
+            EngineMetric(
+                ts=now - timedelta(seconds=3),
+                batch_id=1,
+                events_per_s=900.0,
+                batch_ms=350.0,
+                lag_ms=800.0,
+                alerts=2,
+                dead_letters=4,
+            )
+        )
+        db.add(
+            EngineMetric(
+                ts=now - timedelta(seconds=1),
+                batch_id=2,
+                events_per_s=1200.0,
+                batch_ms=420.0,
+                lag_ms=1500.0,
+                alerts=0,
+                dead_letters=1,
+            )
+        )
+    h = queries.health(sm, s, now=now)
+    assert h.status == "ok" and h.events_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
+    assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2
+    assert queries.health(sm, s, now=now + timedelta(minutes=10)).status == "down"
+    with sm.begin() as db:
+        db.add(EngineMetric(ts=now, batch_id=3, events_per_s=10.0, batch_ms=9000.0, lag_ms=45_000.0))
+    behind = queries.health(sm, s, now=now)
+    assert behind.status == "behind" and "45.0 s" in behind.banner

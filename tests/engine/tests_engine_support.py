@@ -1,0 +1,162 @@
+"""A reproducible engine scenario shared by the integration tests and the crash test.
+
+Events, bad records and rules; helpers to produce them to Kafka, to run the backtest on the
+same events, and to read the engine's Kafka output back with ``read_committed``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from ingest.avro import decode, encode, encode_batch
+
+G = 1000
+RULES = {
+    "count": "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS > 12",
+    "sum": "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 20 SECONDS >= 900",
+    "ask": "SELECT symbol FROM trades WHERE side = 'ASK' GROUP BY symbol "
+    "HAVING SUM(size) OVER LAST 5 SECONDS > 200 AND AVG(price) OVER LAST 30 SECONDS < 55",
+    "range": "SELECT symbol FROM trades GROUP BY symbol HAVING MAX(price) OVER LAST 15 SECONDS "
+    "- MIN(price) OVER LAST 15 SECONDS > 20",
+    "drop": "SELECT symbol FROM trades GROUP BY symbol HAVING LAST(price) OVER LAST 8 SECONDS "
+    "< FIRST(price) OVER LAST 8 SECONDS",
+    "scan": "SELECT src_ip FROM packets GROUP BY src_ip HAVING COUNT(DISTINCT dst_port) OVER LAST 10 SECONDS > 8",
+    "heavy": "SELECT src_ip FROM packets WHERE protocol = 'TCP' GROUP BY src_ip "
+    "HAVING SUM(length) OVER LAST 5 SECONDS > 6000",
+}
+LATE_RULE = ("late", "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 30 SECONDS > 1500")
+
+
+@dataclass
+class Scenario:
+    t0: int
+    trades: dict[str, np.ndarray]
+    packets: dict[str, np.ndarray]
+    bad_trades: list[tuple[bytes, str]]  # (raw value, expected reason)
+    sub_ids: dict[str, str] = field(default_factory=dict)  # rule name -> subscription id (uuid)
+
+    @property
+    def max_ts(self) -> int:
+        return int(max(self.trades["ts"].max(), self.packets["ts"].max()))
+
+
+def make_scenario(n_trades: int = 6000, n_packets: int = 4000, seconds: int = 150, seed: int = 0) -> Scenario:
+    rng = np.random.default_rng(seed)
+    t0 = (int(time.time() * 1000) - 20 * 60_000) // G * G  # 20 minutes ago: never "future"
+    ts = t0 + np.sort(rng.integers(1, seconds * G, n_trades))
+    trades = {
+        "symbol": np.array([f"S{i}" for i in rng.integers(0, 12, n_trades)], dtype=object),
+        "ts": ts.astype(np.int64),
+        "price": np.round(rng.uniform(30, 80, n_trades), 2),
+        "size": rng.integers(0, 100, n_trades).astype(np.int64),
+        "side": rng.choice(np.array(["BID", "ASK"], dtype=object), n_trades),
+        "exchange": np.array(["NASDAQ"] * n_trades, dtype=object),
+    }
+    pts = t0 + np.sort(rng.integers(1, seconds * G, n_packets))
+    packets = {
+        "ts": pts.astype(np.int64),
+        "src_ip": np.array([f"10.0.0.{i}" for i in rng.integers(0, 8, n_packets)], dtype=object),
+        "dst_ip": np.array([f"10.1.0.{i}" for i in rng.integers(0, 4, n_packets)], dtype=object),
+        "src_port": rng.integers(1024, 65000, n_packets).astype(np.int64),
+        "dst_port": rng.integers(1, 40, n_packets).astype(np.int64),
+        "protocol": rng.choice(np.array(["TCP", "UDP"], dtype=object), n_packets),
+        "length": rng.integers(40, 1500, n_packets).astype(np.int64),
+        "tcp_flags": np.array(["S"] * n_packets, dtype=object),
+    }
+    base = {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in trades.items()}
+    bad = [
+        (b"\x00\x00\x00\x00\x01garbage", "undecodable"),
+        (b"not avro at all", "undecodable"),
+        (encode("trades", {**base, "size": -5}), "invalid"),
+        (encode("trades", {**base, "price": float("nan")}), "invalid"),
+        (encode("trades", {**base, "symbol": ""}), "invalid"),
+        (encode("trades", {**base, "ts": int(time.time() * 1000) + 3_600_000}), "future"),
+    ]
+    return Scenario(t0, trades, packets, bad)
+
+
+def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
+    """Subscribe every rule of :data:`RULES` (JSON records on the subscriptions topic)."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for name, text in RULES.items():
+        sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
+        p.produce(topic, key=sid.encode(),
+                  value=json.dumps({"id": sid, "name": name, "rule": text, "status": "active"}).encode())
+    p.flush()
+
+
+def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
+    """Trades (bad records mixed in) and packets, keyed by their key field."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    tv = encode_batch("trades", sc.trades).messages()
+    every = len(tv) // (len(sc.bad_trades) + 1)
+    bad = list(sc.bad_trades)
+    for i, (sym, v) in enumerate(zip(sc.trades["symbol"], tv, strict=True)):
+        p.produce(topics["trades"], key=str(sym).encode(), value=v)
+        if i and i % every == 0 and bad:
+            p.produce(topics["trades"], key=b"S0", value=bad.pop(0)[0])
+        if i % 1000 == 0:
+            p.poll(0)
+    for src, v in zip(sc.packets["src_ip"], encode_batch("packets", sc.packets).messages(), strict=True):
+        p.produce(topics["packets"], key=str(src).encode(), value=v)
+    p.flush()
+
+
+def add_rule(sc: Scenario, bootstrap: str, topic: str, name: str, text: str) -> str:
+    sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topic, key=sid.encode(), value=json.dumps({"id": sid, "name": name, "rule": text}).encode())
+    p.flush()
+    return sid
+
+
+def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str, str, str, int]]:
+    """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <= until."""
+    from subscriptions.backtest import EventFile, iter_alerts
+    from subscriptions.compiler import compile_rule
+
+    plans = [(sc.sub_ids[n], t, compile_rule(t)) for n, t in rules.items()]
+    files = [EventFile("trades", dict(sc.trades)), EventFile("packets", dict(sc.packets))]
+    return sorted(
+        (rule, key, kind, int(as_of))
+        for as_of, rule, key, kind in iter_alerts(plans, files, G)
+        if as_of <= until
+    )
+
+
+def read_topic(bootstrap: str, topic: str, schema: str | None, timeout: float = 20.0) -> list[Any]:
+    """Every committed record of a topic (decoded when ``schema`` is given), read_committed."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    tps = [TopicPartition(topic, p) for p in md.partitions]
+    ends = {}
+    for tp in tps:
+        lo, hi = c.get_watermark_offsets(tp, timeout=10)
+        ends[tp.partition] = hi
+    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    out: list[Any] = []
+    done = {p for p, hi in ends.items() if hi == 0}
+    deadline = time.monotonic() + timeout
+    while len(done) < len(ends) and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            if m.error():
+                continue
+            if m.value() is not None:
+                out.append(decode(m.value(), schema) if schema else m.value())
+            if m.offset() >= ends[m.partition()] - 1:
+                done.add(m.partition())
+        # transaction markers: the last offset may be a control record
+        for p, hi in ends.items():
+            pos = c.position([TopicPartition(topic, p)])[0].offset
+            if pos >= hi:
+                done.add(p)
+    c.close()
+    return out

@@ -1,0 +1,61 @@
+"""PID records and process-tree stopping (tidewatch.services.process)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+
+from tidewatch.services import process
+
+# a parent that starts a child and both sleep: ``stop`` must end the whole tree
+_TREE = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+
+
+def test_spawn_records_and_stop_kills_children(tmp_path):
+    rec = process.spawn(tmp_path, "tree", [sys.executable, "-c", _TREE], log=tmp_path / "tree.log")
+    parent = psutil.Process(rec.pid)
+    deadline = time.monotonic() + 10
+    while not parent.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    children = parent.children(recursive=True)
+    assert children, "the child process did not start"
+    assert process.is_running(process.read_record(tmp_path, "tree"))
+
+    assert process.stop(tmp_path, "tree", timeout=5) is True
+    for p in [parent, *children]:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    assert process.read_record(tmp_path, "tree") is None
+    assert process.stop(tmp_path, "tree") is False  # nothing recorded any more
+
+
+def test_stale_record_with_reused_pid_is_not_running(tmp_path):
+    me = psutil.Process()
+    rec = process.ProcessRecord(name="x", pid=me.pid, create_time=me.create_time() - 1000, argv=["x"])
+    process.write_record(tmp_path, rec)
+    # same PID, different start time: a recycled PID must never be signalled
+    assert process.process_of(rec) is None
+    assert process.stop(tmp_path, "x") is False
+    assert me.is_running()
+
+
+def test_wait_until_times_out_and_names_what(tmp_path):
+    try:
+        process.wait_until(lambda: False, timeout=0.3, interval=0.05, what="the moon")
+    except TimeoutError as exc:
+        assert "the moon" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("wait_until did not time out")
+
+
+def test_wait_until_stops_at_startup_failure():
+    def dead() -> bool:
+        raise process.StartupFailed("died")
+
+    t0 = time.monotonic()
+    try:
+        process.wait_until(dead, timeout=10, what="x")
+    except process.StartupFailed:
+        pass
+    assert time.monotonic() - t0 < 2

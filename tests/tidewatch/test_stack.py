@@ -1,0 +1,30 @@
+"""The data-driven app list and status of ``tidewatch up`` (no services started)."""
+
+from __future__ import annotations
+
+from tidewatch import stack
+from tidewatch.settings import Settings
+
+
+def test_cli_paths_are_detected():
+    assert stack._cli_has("up")
+    assert stack._cli_has("db", "upgrade")
+    assert not stack._cli_has("no-such-command")
+    assert not stack._cli_has("up", "deeper")
+
+
+def test_apps_have_distinct_names_and_loopback_dashboard():
+    names = [a.name for a in stack.APPS]
+    assert len(names) == len(set(names)) and {"engine", "dashboard", "feed"} <= set(names)
+    dash = next(a for a in stack.APPS if a.name == "dashboard")
+    argv = dash.argv(Settings(dashboard_port=18555))
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[argv.index("--server.port") + 1] == "18555"
+
+
+def test_status_of_an_empty_run_dir_says_nothing_runs(tmp_path):
+    rows = {r["name"]: r for r in stack.status_rows(Settings(run_dir=tmp_path))}
+    assert rows["postgres"]["state"] == "stopped" and rows["kafka"]["state"] == "stopped"
+    assert all(r["pid"] == "-" for r in rows.values())
+    for app in stack.APPS:
+        assert rows[app.name]["state"] in ("stopped", "not built yet")

@@ -1,0 +1,276 @@
+"""SQLAlchemy 2 typed models of every Tidewatch table.
+
+Who writes what:
+
+* dashboard / CLI through :mod:`subscriptions.service`: ``users``, ``user_sessions``,
+  ``login_attempts``, ``subscriptions``, ``subscription_versions``, ``outbox``,
+  ``client_cursors``;
+* the outbox relay (:mod:`subscriptions.outbox`): ``outbox.published_at`` and offsets;
+* the engine: ``alerts``, ``current_results``, ``engine_batches``, ``engine_metrics`` --
+  idempotent per micro-batch: an alert's primary key is its stable id
+  (subscription, key, kind, as_of), so writing the same batch twice changes nothing
+  (DESIGN.md, "Delivery").
+
+``alerts`` and ``current_results`` carry no foreign key to ``subscriptions`` on purpose:
+the engine writes them from its own state and must never fail a batch on a subscription
+row (subscriptions are soft-deleted, never removed, so joins still work).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names, so Alembic migrations can drop what they create.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+SUBSCRIPTION_STATES = ("active", "paused", "deleted")
+ALERT_KINDS = ("ENTER", "EXIT")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB, datetime: DateTime(timezone=True)}
+
+
+def _now() -> Any:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+# --- users and sessions -------------------------------------------------------------------
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    #: argon2 hash; NULL for a user created from the CLI who has not set a password yet
+    password_hash: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class UserSession(Base):
+    """A dashboard login; only a hash of the bearer token is stored."""
+
+    __tablename__ = "user_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(128), primary_key=True)
+    user_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("users.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    created_at: Mapped[datetime] = _now()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class LoginAttempt(Base):
+    """Every login attempt, for rate limiting by user name and by client address."""
+
+    __tablename__ = "login_attempts"
+    __table_args__ = (Index("ix_login_attempts_username_at", "username", "attempted_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), nullable=False)
+    client: Mapped[str | None] = mapped_column(String(128))
+    succeeded: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    attempted_at: Mapped[datetime] = _now()
+
+
+# --- subscriptions and their changelog ----------------------------------------------------
+
+
+class Subscription(Base):
+    """A user's standing rule.  ``version`` grows by one with every change."""
+
+    __tablename__ = "subscriptions"
+    __table_args__ = (
+        CheckConstraint("state IN ('active', 'paused', 'deleted')", name="state"),
+        CheckConstraint("version >= 1", name="version_positive"),
+        # a name is unique per owner among the subscriptions that are not deleted
+        Index(
+            "uq_subscriptions_owner_name_live",
+            "owner",
+            "name",
+            unique=True,
+            postgresql_where=text("state <> 'deleted'"),
+        ),
+        Index("ix_subscriptions_owner_state", "owner", "state"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+    owner: Mapped[str] = mapped_column(
+        String(64), ForeignKey("users.username", onupdate="CASCADE"), nullable=False
+    )
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    rule_text: Mapped[str] = mapped_column(Text, nullable=False)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, server_default="active")
+    version: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class SubscriptionVersion(Base):
+    """History: one row per (subscription, version), written with the change."""
+
+    __tablename__ = "subscription_versions"
+
+    subscription_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("subscriptions.id", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    change: Mapped[str] = mapped_column(String(16), nullable=False)  # create/update/pause/resume/delete
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    rule_text: Mapped[str] = mapped_column(Text, nullable=False)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    changed_by: Mapped[str] = mapped_column(String(64), nullable=False)
+    changed_at: Mapped[datetime] = _now()
+
+
+class Outbox(Base):
+    """Transactional outbox: a row per change, written in the change's transaction.
+
+    The relay publishes unpublished rows in ``id`` order and records where each landed
+    (``kafka_partition``, ``kafka_offset``), which its crash recovery relies on.
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+        Index("ix_outbox_topic_partition_offset", "topic", "kafka_partition", "kafka_offset"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(249), nullable=False)
+    key: Mapped[str] = mapped_column(Text, nullable=False)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
+    payload_bytes: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _now()
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    kafka_partition: Mapped[int | None] = mapped_column(Integer)
+    kafka_offset: Mapped[int | None] = mapped_column(BigInteger)
+
+
+# --- engine output --------------------------------------------------------------------------
+
+
+class Alert(Base):
+    """The alert log; ``alert_id`` is the stable id (subscription, key, kind, as_of)."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        CheckConstraint("kind IN ('ENTER', 'EXIT')", name="kind"),
+        Index("ix_alerts_subscription_as_of", "subscription_id", "as_of"),
+    )
+
+    alert_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: insertion order, for client cursors ("every alert after seq N")
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(), unique=True, nullable=False)
+    subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    key: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(String(5), nullable=False)
+    as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    values: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    batch_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    created_at: Mapped[datetime] = _now()
+
+
+class CurrentResult(Base):
+    """The materialized result set of each subscription (PSoup): keys satisfying it now."""
+
+    __tablename__ = "current_results"
+
+    subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    values: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class ClientCursor(Base):
+    """Where a user's client stopped reading alerts; on reconnect it gets everything after."""
+
+    __tablename__ = "client_cursors"
+
+    username: Mapped[str] = mapped_column(
+        String(64), ForeignKey("users.username", ondelete="CASCADE", onupdate="CASCADE"), primary_key=True
+    )
+    client_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    last_alert_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    updated_at: Mapped[datetime] = _now()
+
+
+class EngineBatch(Base):
+    """Micro-batches whose output is committed; a batch id present here is never applied again."""
+
+    __tablename__ = "engine_batches"
+
+    batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    committed_at: Mapped[datetime] = _now()
+    watermark: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    events: Mapped[int | None] = mapped_column(BigInteger)
+    alerts: Mapped[int | None] = mapped_column(Integer)
+
+
+class EngineMetric(Base):
+    """One row per micro-batch of engine health figures, for the dashboard."""
+
+    __tablename__ = "engine_metrics"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    ts: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now(), index=True
+    )
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    events_per_s: Mapped[float | None] = mapped_column(Float)
+    batch_ms: Mapped[float | None] = mapped_column(Float)
+    lag_ms: Mapped[float | None] = mapped_column(Float)
+    alerts: Mapped[int | None] = mapped_column(Integer)
+    dead_letters: Mapped[int | None] = mapped_column(Integer)
+    state_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+__all__ = [
+    "ALERT_KINDS",
+    "SUBSCRIPTION_STATES",
+    "Alert",
+    "Base",
+    "ClientCursor",
+    "CurrentResult",
+    "EngineBatch",
+    "EngineMetric",
+    "LoginAttempt",
+    "Outbox",
+    "Subscription",
+    "SubscriptionVersion",
+    "User",
+    "UserSession",
+]

@@ -1,0 +1,1 @@
+"""Kafka helpers shared by every area (topic administration)."""

@@ -1,0 +1,219 @@
+"""PID files and process-tree control for the embedded stack.
+
+Every process ``tidewatch up`` starts is recorded in ``<run_dir>/pids/<name>.json``
+(pid, process start time, command, port).  ``stop`` signals exactly that process and
+its descendants, never anything found by name; the start time guards against a
+recycled PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+
+@dataclass
+class ProcessRecord:
+    """What we know about one process we started."""
+
+    name: str
+    pid: int
+    create_time: float
+    argv: list[str]
+    port: int | None = None
+    log: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def pid_dir(run_dir: Path) -> Path:
+    d = run_dir / "pids"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def record_path(run_dir: Path, name: str) -> Path:
+    return pid_dir(run_dir) / f"{name}.json"
+
+
+def write_record(run_dir: Path, rec: ProcessRecord) -> None:
+    path = record_path(run_dir, rec.name)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(rec), indent=2))
+    tmp.replace(path)
+
+
+def read_record(run_dir: Path, name: str) -> ProcessRecord | None:
+    path = record_path(run_dir, name)
+    try:
+        return ProcessRecord(**json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def remove_record(run_dir: Path, name: str) -> None:
+    record_path(run_dir, name).unlink(missing_ok=True)
+
+
+def all_records(run_dir: Path) -> list[ProcessRecord]:
+    out = []
+    for path in sorted(pid_dir(run_dir).glob("*.json")):
+        rec = read_record(run_dir, path.stem)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def process_of(rec: ProcessRecord) -> psutil.Process | None:
+    """The live process a record names, or ``None`` (dead, zombie, or PID reused)."""
+    try:
+        proc = psutil.Process(rec.pid)
+        if abs(proc.create_time() - rec.create_time) > 1.0:
+            return None
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def is_running(rec: ProcessRecord | None) -> bool:
+    return rec is not None and process_of(rec) is not None
+
+
+def spawn(
+    run_dir: Path,
+    name: str,
+    argv: Sequence[str],
+    *,
+    log: Path,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+) -> ProcessRecord:
+    """Start ``argv`` detached in its own session (so ``down`` can signal its group), log to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+        )
+    rec = ProcessRecord(
+        name=name,
+        pid=proc.pid,
+        create_time=psutil.Process(proc.pid).create_time(),
+        argv=list(argv),
+        port=port,
+        log=str(log),
+    )
+    write_record(run_dir, rec)
+    return rec
+
+
+def adopt(
+    run_dir: Path, name: str, pid: int, argv: Sequence[str], *, port: int | None, log: Path
+) -> ProcessRecord:
+    """Record a process started by someone else on our behalf (e.g. ``pg_ctl`` starting postgres)."""
+    rec = ProcessRecord(
+        name=name,
+        pid=pid,
+        create_time=psutil.Process(pid).create_time(),
+        argv=list(argv),
+        port=port,
+        log=str(log),
+    )
+    write_record(run_dir, rec)
+    return rec
+
+
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def terminate_tree(proc: psutil.Process, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+    """Send ``sig`` to ``proc`` and all its descendants; SIGKILL whatever is left after ``timeout``."""
+    procs = _tree(proc)
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    # descendants may have spawned more children meanwhile
+    extra = []
+    for p in alive:
+        extra.extend(_tree(p))
+    for p in {*alive, *extra}:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(list({*alive, *extra}), timeout=5)
+
+
+def stop(run_dir: Path, name: str, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
+    """Stop the recorded process ``name`` and its children; return whether one was running."""
+    rec = read_record(run_dir, name)
+    if rec is None:
+        return False
+    proc = process_of(rec)
+    if proc is not None:
+        terminate_tree(proc, sig=sig, timeout=timeout)
+    remove_record(run_dir, name)
+    return proc is not None
+
+
+class StartupFailed(RuntimeError):
+    """A service died while we waited for it; stops :func:`wait_until` at once."""
+
+
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float, interval: float = 0.25, what: str = "condition"
+) -> None:
+    """Poll ``predicate()`` until true; raise ``TimeoutError`` naming ``what``.
+
+    Exceptions from ``predicate`` count as "not yet", except :class:`StartupFailed`.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except StartupFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure just means "not yet"
+            last_exc = exc
+        time.sleep(interval)
+    raise TimeoutError(
+        f"timed out after {timeout:.0f}s waiting for {what}" + (f": {last_exc}" if last_exc else "")
+    )
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def am_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
