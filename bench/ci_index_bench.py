@@ -9,7 +9,8 @@ on the same inputs, each from its own copy of the warm state:
 
 * ``paper-naive``: R-INT per key (timestamps and running counts), the window start found by
   binary search, every key checked at every lookup (the paper's baseline);
-* ``best-naive``: the structure our post-check uses, every key checked: COUNT > v exactly when
+* ``best-naive``: the structure our post-check uses, every key checked: a dense pre-filter on the
+  key's live count, then COUNT > v exactly when
   the key's (v+1)-th newest timestamp is later than now - T (O(1) per key);
 * ``ci``: CI-COUNT (or CI-SUM) candidates + exact post-check with R-INT.
 
@@ -31,6 +32,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -39,13 +41,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.algorithms import CICount, CISum, RInt, post_check_count  # noqa: E402
-from engine.algorithms._levels import choose_slots, levels_lookup, levels_update  # noqa: E402
+from engine.algorithms import CICount, CISum, RInt, exact_count  # noqa: E402
+from engine.algorithms._levels import levels_lookup, levels_update  # noqa: E402
 from engine.algorithms._pool import search_after  # noqa: E402
 from engine.algorithms.ci_count import _touch_act  # noqa: E402
 from engine.algorithms.ci_sum import _units  # noqa: E402
 from engine.algorithms.rint import _append as rint_append  # noqa: E402
-from engine.algorithms.rint import count_filter, kth_one  # noqa: E402
+from engine.algorithms.rint import kth_one  # noqa: E402
 
 DAY_MS = int(6.5 * 3600 * 1000)
 MIN_T, MAX_T = 15 * 60 * 1000, 3 * 3600 * 1000
@@ -67,11 +69,24 @@ class Workload:
     selectivity: float
 
 
-def make_workload(K: int, n: int, selectivity: float, n_rules: int, seed: int, zipf_s: float = 1.1) -> Workload:
+def make_workload(
+    K: int, n: int, selectivity: float, n_rules: int, seed: int, zipf_s: float = 1.1, first_seen: bool = False
+) -> Workload:
+    """first_seen=False scatters the hot keys uniformly over the id space (the conservative
+    case for the index's block summaries); True numbers keys in order of first appearance, as
+    :class:`KeyInterner` does in the engine (hot keys then tend to have small ids)."""
     rng = np.random.default_rng(seed)
     w = 1.0 / np.arange(1, K + 1) ** zipf_s
     ids = rng.permutation(K)  # hot keys scattered over the id space
     keys = ids[rng.choice(K, size=n, p=w / w.sum())].astype(np.int64)
+    if first_seen:
+        _, first = np.unique(keys, return_index=True)
+        order = np.full(K, -1, np.int64)
+        seen = keys[np.sort(first)]
+        order[seen] = np.arange(seen.shape[0])
+        unseen = np.flatnonzero(order < 0)
+        order[unseen] = seen.shape[0] + np.arange(unseen.shape[0])
+        keys = order[keys]
     ts = np.sort(rng.integers(0, DAY_MS, n)).astype(np.int64)
     vol = (np.ceil(rng.lognormal(0.5, 1.2, n)) * 100).astype(np.float64)
     warm = int(np.searchsorted(ts, DAY_MS // 2))
@@ -96,22 +111,24 @@ def make_workload(K: int, n: int, selectivity: float, n_rules: int, seed: int, z
 
 # ---------------------------------------------------------------------------- drivers
 @nb.njit(cache=True)
-def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_slo,
-                head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val,
-                m, TS, BM, act, bma, p, L, K, out, fixed_now):  # fmt: skip
+def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_slo, q_sure,
+                head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val,
+                m, TS, BM, BM2, act, bma, bma2, p, L, K, out, sure, fixed_now):  # fmt: skip
     """Inputs a..b-1: event i (if do_update) then a lookup of rule i % R at the event's time
-    (at fixed_now when not updating). Returns (exact hits, candidates, checksum of hits)."""
+    (at fixed_now when not updating). Returns (exact hits, candidates, checksum of hits,
+    candidates post-checked with R-INT)."""
     R = q_T.shape[0]
     hits = 0
     cands = 0
     chk = 0
+    checked = 0
     for i in range(a, b):
         if do_update:
             rint_append(ev_k[i : i + 1], ev_t[i : i + 1], novals[i : i + 1], ones[i : i + 1],
-                        head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+                        head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
             if method == 2:
-                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], ones[i : i + 1], m, TS, BM, p, L)
-                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma)
+                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], ones[i : i + 1], m, TS, BM, BM2, p, L)
+                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma, bma2)
             now = ev_t[i]
         else:
             now = fixed_now
@@ -130,38 +147,46 @@ def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_s
                     hits += 1
                     chk += k
         elif method == 1:
+            # dense pre-filter on the live count, then the O(1) exact check
             for k in range(K):
-                if kth_one(k, u, head, end, base_cnt, c_cnt, c_ts) > t:
+                if tot[k] >= u and kth_one(k, u, head, end, base_cnt, tot, unit, c_ts, c_cnt) > t:
                     hits += 1
                     chk += k
         else:
-            n = levels_lookup(q_slo[q], -1, t, K, TS, BM, act, bma, out)
+            n = levels_lookup(q_slo[q], -1, q_sure[q], -1, t, K, TS, BM, BM2, act, bma, bma2, out, sure)
             cands += n
-            n2 = count_filter(out, n, u, -1, t, head, end, base_cnt, c_cnt, c_ts)
-            hits += n2
-            for j in range(n2):
-                chk += out[j]
-    return hits, cands, chk
+            for j in range(n):
+                k = out[j]
+                if sure[j]:
+                    hits += 1
+                    chk += k
+                else:
+                    checked += 1
+                    if kth_one(k, u, head, end, base_cnt, tot, unit, c_ts, c_cnt) > t:
+                        hits += 1
+                        chk += k
+    return hits, cands, chk, checked
 
 
 @nb.njit(cache=True)
-def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, unit,
-              head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val,
-              m, TS, BM, act, bma, csum, p, L, K, out, fixed_now):  # fmt: skip
+def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, q_sure, vunit,
+              head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val,
+              m, TS, BM, BM2, act, bma, bma2, csum, p, L, K, out, sure, fixed_now):  # fmt: skip
     """As drive_count for SUM(volume) > v: naive = R-INT window sums of every key (binary search
     of the window start); ci = CI-SUM candidates + the same exact R-INT check on them."""
     R = q_T.shape[0]
     hits = 0
     cands = 0
     chk = 0
+    checked = 0
     for i in range(a, b):
         if do_update:
             rint_append(ev_k[i : i + 1], ev_t[i : i + 1], vals[i : i + 1], ones[i : i + 1],
-                        head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+                        head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
             if method == 2:
-                units = _units(ev_k[i : i + 1], vals[i : i + 1, 0], unit, csum)
-                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], units, m, TS, BM, p, L)
-                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma)
+                units = _units(ev_k[i : i + 1], vals[i : i + 1, 0], vunit, csum)
+                levels_update(ev_k[i : i + 1], ev_t[i : i + 1], units, m, TS, BM, BM2, p, L)
+                _touch_act(ev_k[i : i + 1], ev_t[i : i + 1], act, bma, bma2)
             now = ev_t[i]
         else:
             now = fixed_now
@@ -169,12 +194,17 @@ def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, 
         t = now - q_T[q]
         v = q_v[q]
         if method == 2:
-            n = levels_lookup(q_slo[q], -1, t, K, TS, BM, act, bma, out)
+            n = levels_lookup(q_slo[q], -1, q_sure[q], -1, t, K, TS, BM, BM2, act, bma, bma2, out, sure)
             cands += n
         else:
             n = K
         for j in range(n):
             k = out[j] if method == 2 else j
+            if method == 2 and sure[j]:
+                hits += 1
+                chk += k
+                continue
+            checked += 1
             h = head[k]
             e = end[k]
             if e == h:
@@ -184,7 +214,7 @@ def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, 
             if s > v:
                 hits += 1
                 chk += k
-    return hits, cands, chk
+    return hits, cands, chk, checked
 
 
 # ---------------------------------------------------------------------------- runs
@@ -204,17 +234,54 @@ class Run:
     extra: dict = field(default_factory=dict)
 
 
+def _caller(driver, meth: int, head_args: tuple, tail_args: tuple):
+    """driver(meth, a, b, do_update, *head_args, *tail_args, fixed_now) as f(a, b, do_update, now)."""
+
+    def call(a: int, b: int, upd: bool, now: int):
+        return driver(meth, a, b, upd, *head_args, *tail_args, np.int64(now))
+
+    return call
+
+
 def _clone(obj):
     return type(obj).from_bytes(obj.to_bytes())
 
 
 def _rint_args(r: RInt):
     p, kc, c = r._pool, r._kcols, r._cols
-    return (p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], c["ts"], c["cnt"], c["sum"], c["val"])
+    return (p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], kc["tot"], kc["unit"], c["ts"], c["cnt"], c["sum"],
+            c["val"])  # fmt: skip
+
+
+@dataclass
+class _Racer:
+    """One method's state and progress in a race."""
+
+    meth: int
+    p: int | None
+    call: Any
+    start: int
+    extra: dict
+    keep: tuple = ()  # the arrays the driver mutates (kept alive)
+    i: int = -1
+    j: int = 0
+    spent: float = 0.0
+    hits: int = 0
+    cands: int = 0
+    checked: int = 0
+    chk_sum: int = 0
+    lk_done: int = 0
+    lk_spent: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.i = self.start
 
 
 class Bench:
-    def __init__(self, budget_s: float, chunk: int, verbose: bool = True) -> None:
+    def __init__(self, budget_s: float, chunk: int, wall: bool = False, verbose: bool = True) -> None:
+        # CPU time of this process by default: the machine's 2 cores are shared, and wall-clock
+        # rates would measure the neighbours' load as much as the algorithms.
+        self.clock = time.perf_counter if wall else time.process_time
         self.budget_s = budget_s
         self.chunk = chunk
         self.runs: list[Run] = []
@@ -224,72 +291,9 @@ class Bench:
         if self.verbose:
             print(*a, flush=True)
 
-    # -------------------------------------------------------------- interleaved COUNT
-    def count_runs(self, wl: Workload, ps: list[int], methods: list[int], label: str = "count") -> None:
-        rw = RInt(0)
-        rw.append(wl.keys[: wl.warm], wl.ts[: wl.warm])
-        rest_k, rest_t = wl.keys[wl.warm :], wl.ts[wl.warm :]
-        n = wl.keys.shape[0]
-        ones = np.ones(n, np.int64)
-        novals = np.zeros((n, 0))
-        q_u = wl.rule_v + 1
-        ref: dict = {}  # chunk end -> (hits, checksum) of the first method to get there
-
-        todo = [(meth, None) for meth in methods if meth != CI] + [(CI, p) for p in (ps if CI in methods else [])]
-        for meth, p in todo:
-            r = _clone(rw)
-            r._prepare(rest_k, rest_t)  # room for every remaining event: the loop only appends
-            if meth == CI:
-                ci = CICount(p)
-                t0 = time.perf_counter()
-                ci.update(wl.keys[: wl.warm], wl.ts[: wl.warm])
-                warm_s = time.perf_counter() - t0
-                ci._grow(wl.K, int(ci.m.max()) + len(rest_k))
-                slo = np.array([choose_slots(p, ci.L, int(u), None)[0] for u in q_u], np.int64)
-                cstate = (ci.m, ci.TS, ci.BM, ci.act, ci.bma, np.int64(p), np.int64(ci.L))
-            else:
-                ci, warm_s = None, 0.0
-                slo = np.zeros(len(q_u), np.int64)
-                dummy = np.zeros((1, 1), np.int64)
-                cstate = (np.zeros(1, np.int64), dummy, dummy, np.zeros(1, np.int64), np.zeros(1, np.int64),
-                          np.int64(1), np.int64(1))  # fmt: skip
-            out = np.empty(wl.K, np.int64)
-            args = lambda a, b, upd, now: drive_count(  # noqa: E731
-                meth, a, b, upd, wl.keys, wl.ts, ones, novals, wl.rule_T, q_u, slo, *_rint_args(r), *cstate,
-                np.int64(wl.K), out, np.int64(now),
-            )
-            args(wl.warm, wl.warm, True, 0)  # compile / load from cache outside the clock
-            hits = cands = 0
-            i = wl.warm
-            t0 = time.perf_counter()
-            while i < n and time.perf_counter() - t0 < self.budget_s:
-                b = min(n, i + self.chunk)
-                h, c, chk = args(i, b, True, 0)
-                hits += h
-                cands += c
-                i = b
-                self._check(ref, i, hits, chk, meth)
-            dt = time.perf_counter() - t0
-            lookups = i - wl.warm
-            run = Run(
-                label, METHODS[meth], wl.K, wl.selectivity, p or 0, 2 * lookups, dt, 2 * lookups / dt,
-                hits / max(lookups, 1), (cands / max(lookups, 1)) if meth == CI else float(wl.K),
-                hits / max(lookups, 1) / wl.K,
-            )  # fmt: skip
-            # lookups only, at the end state: exact lookups/s
-            nl = min(20_000, max(200, int(lookups)))
-            t1 = time.perf_counter()
-            done = 0
-            while done < nl and time.perf_counter() - t1 < self.budget_s / 2:
-                args(done, done + min(self.chunk, nl - done), False, int(wl.ts[i - 1]))
-                done += min(self.chunk, nl - done)
-            run.extra["lookups_per_s"] = done / (time.perf_counter() - t1)
-            if ci is not None:
-                run.extra["warm_batch_updates_per_s"] = wl.warm / warm_s
-                run.extra["bytes_per_key"] = ci.bytes_per_key()
-                run.extra["levels"] = ci.L
-            self.runs.append(run)
-            self.log(self._fmt(run))
+    def _chunk(self, j: int) -> int:
+        """Inputs per driver call: growing from 8, so slow methods stop near the budget."""
+        return min(self.chunk, 8 << j)
 
     @staticmethod
     def _check(ref: dict, i: int, hits: int, chk: int, meth: int) -> None:
@@ -300,6 +304,106 @@ class Bench:
         else:
             ref[i] = (hits, chk)
 
+    # -------------------------------------------------------------- the race
+    def _race(self, racers: list[_Racer], n: int, ref: dict, ts: np.ndarray) -> None:
+        """Run all methods round-robin, one chunk each in turn, so that they share the same
+        machine conditions (the 2 cores are shared); each stops at its budget or at the end."""
+        while True:
+            moved = False
+            for rc in racers:
+                if rc.i >= n or rc.spent >= self.budget_s:
+                    continue
+                b = min(n, rc.i + self._chunk(rc.j))  # same boundaries for every method (checked)
+                rc.j += 1
+                t0 = self.clock()
+                h, c, chk, ck = rc.call(rc.i, b, True, 0)
+                rc.spent += self.clock() - t0
+                rc.hits += h
+                rc.cands += c
+                rc.checked += ck
+                rc.chk_sum += chk
+                rc.i = b
+                self._check(ref, b, rc.hits, rc.chk_sum, rc.meth)
+                moved = True
+            if not moved:
+                break
+        # lookups only, each at its own end state: exact lookups/s
+        for rc in racers:
+            rc.j = 0
+        while True:
+            moved = False
+            for rc in racers:
+                nl = min(20_000, max(200, rc.i - rc.start))
+                if rc.lk_done >= nl or rc.lk_spent >= self.budget_s / 2:
+                    continue
+                c = min(self._chunk(rc.j), nl - rc.lk_done)
+                rc.j += 1
+                t0 = self.clock()
+                rc.call(rc.lk_done, rc.lk_done + c, False, int(ts[rc.i - 1]))
+                rc.lk_spent += self.clock() - t0
+                rc.lk_done += c
+                moved = True
+            if not moved:
+                break
+
+    def _record(self, label: str, wl: Workload, rc: _Racer, name: str) -> None:
+        lookups = rc.i - rc.start
+        run = Run(
+            label, name, wl.K, wl.selectivity, rc.p or 0, 2 * lookups, rc.spent, 2 * lookups / rc.spent,
+            rc.hits / max(lookups, 1), (rc.cands / max(lookups, 1)) if rc.meth == CI else float(wl.K),
+            rc.hits / max(lookups, 1) / wl.K,
+        )  # fmt: skip
+        run.extra["checked_per_lookup"] = rc.checked / max(lookups, 1)
+        if rc.lk_spent > 0:
+            run.extra["lookups_per_s"] = rc.lk_done / rc.lk_spent
+        run.extra.update(rc.extra)
+        self.runs.append(run)
+        self.log(self._fmt(run))
+
+    # -------------------------------------------------------------- interleaved COUNT
+    def count_runs(self, wl: Workload, ps: list[int], methods: list[int], label: str = "count") -> None:
+        rw = RInt(0)
+        rw.append(wl.keys[: wl.warm], wl.ts[: wl.warm])
+        rest_k, rest_t = wl.keys[wl.warm :], wl.ts[wl.warm :]
+        n = wl.keys.shape[0]
+        ones = np.ones(n, np.int64)
+        novals = np.zeros((n, 0))
+        q_u = wl.rule_v + 1
+        todo = [(meth, None) for meth in methods if meth != CI] + [
+            (CI, p) for p in (ps if CI in methods else [])
+        ]
+        racers = []
+        for meth, p in todo:
+            r = _clone(rw)
+            r._prepare(rest_k, rest_t)  # room for every remaining event: the loop only appends
+            extra: dict = {}
+            if meth == CI:
+                ci = CICount(p)
+                t0 = self.clock()
+                ci.update(wl.keys[: wl.warm], wl.ts[: wl.warm])
+                extra["warm_batch_updates_per_s"] = wl.warm / max(self.clock() - t0, 1e-9)
+                extra["bytes_per_key"] = ci.bytes_per_key()
+                ci._grow(wl.K, int(ci.m.max()) + len(rest_k))
+                plans = [ci.plan(int(v), None) for v in wl.rule_v]
+                slo = np.array([pl.s_lo for pl in plans], np.int64)
+                ssure = np.array([pl.sure_lo for pl in plans], np.int64)
+                cstate = (ci.m, ci.TS, ci.BM, ci.BM2, ci.act, ci.bma, ci.bma2, np.int64(p), np.int64(ci.L))
+            else:
+                slo = ssure = np.zeros(len(q_u), np.int64)
+                dummy = np.zeros((1, 1), np.int64)
+                z = np.zeros(1, np.int64)
+                cstate = (z, dummy, dummy, dummy, z, z, z, np.int64(1), np.int64(1))
+            out = np.empty(wl.K, np.int64)
+            sure = np.empty(wl.K, np.bool_)
+            head_args = (wl.keys, wl.ts, ones, novals, wl.rule_T, q_u, slo, ssure)
+            tail_args = (*_rint_args(r), *cstate, np.int64(wl.K), out, sure)
+            call = _caller(drive_count, meth, head_args, tail_args)
+            call(wl.warm, wl.warm, True, 0)  # compile / load from cache outside the clock
+            racers.append(_Racer(meth, p, call, wl.warm, extra, keep=(r, cstate)))
+        self._race(racers, n, {}, wl.ts)
+        for rc in racers:
+            self._record(label, wl, rc, METHODS[rc.meth])
+
     # -------------------------------------------------------------- interleaved SUM
     def sum_runs(self, wl: Workload, ps: list[int]) -> None:
         rw = RInt(1)
@@ -308,53 +412,48 @@ class Bench:
         n = wl.keys.shape[0]
         ones = np.ones(n, np.int64)
         vals = wl.vol[:, None].copy()
-        ref: dict = {}
+        racers = []
         for meth, p in [(PAPER_NAIVE, None)] + [(CI, p) for p in ps]:
             r = _clone(rw)
             r._prepare(rest_k, rest_t)
+            extra: dict = {}
             if meth == CI:
                 ci = CISum(p, unit=100.0)
                 ci.update(wl.keys[: wl.warm], wl.ts[: wl.warm], wl.vol[: wl.warm])
+                extra["bytes_per_key"] = ci.bytes_per_key()
                 ci._grow(wl.K, int(ci.m.max()) + int(wl.vol[wl.warm :].sum() / 100) + 1)
-                slo = np.array(
-                    [choose_slots(p, ci.L, ci._unit_range(float(v), None, True, True)[0], None)[0] for v in wl.rule_sv],
-                    np.int64,
+                plans = [ci.plan(float(v), None) for v in wl.rule_sv]
+                slo = np.array([pl.s_lo for pl in plans], np.int64)
+                ssure = np.array([pl.sure_lo for pl in plans], np.int64)
+                cstate = (
+                    ci.m,
+                    ci.TS,
+                    ci.BM,
+                    ci.BM2,
+                    ci.act,
+                    ci.bma,
+                    ci.bma2,
+                    ci.csum,
+                    np.int64(p),
+                    np.int64(ci.L),
                 )
-                cstate = (ci.m, ci.TS, ci.BM, ci.act, ci.bma, ci.csum, np.int64(p), np.int64(ci.L))
                 unit = ci.unit
             else:
-                ci, unit = None, 100.0
-                slo = np.zeros(len(wl.rule_sv), np.int64)
+                unit = 100.0
+                slo = ssure = np.zeros(len(wl.rule_sv), np.int64)
                 dummy = np.zeros((1, 1), np.int64)
-                cstate = (np.zeros(1, np.int64), dummy, dummy, np.zeros(1, np.int64), np.zeros(1, np.int64),
-                          np.zeros(1), np.int64(1), np.int64(1))  # fmt: skip
+                z = np.zeros(1, np.int64)
+                cstate = (z, dummy, dummy, dummy, z, z, z, np.zeros(1), np.int64(1), np.int64(1))
             out = np.empty(wl.K, np.int64)
-            args = lambda a, b, upd, now: drive_sum(  # noqa: E731
-                meth, a, b, upd, wl.keys, wl.ts, vals, ones, wl.rule_T, wl.rule_sv, slo, unit, *_rint_args(r),
-                *cstate, np.int64(wl.K), out, np.int64(now),
-            )
-            args(wl.warm, wl.warm, True, 0)
-            hits = cands = 0
-            i = wl.warm
-            t0 = time.perf_counter()
-            while i < n and time.perf_counter() - t0 < self.budget_s:
-                b = min(n, i + self.chunk)
-                h, c, chk = args(i, b, True, 0)
-                hits += h
-                cands += c
-                i = b
-                self._check(ref, i, hits, chk, meth)
-            dt = time.perf_counter() - t0
-            lookups = i - wl.warm
-            run = Run(
-                "sum", "naive" if meth != CI else "ci", wl.K, wl.selectivity, p or 0, 2 * lookups, dt,
-                2 * lookups / dt, hits / max(lookups, 1), (cands / max(lookups, 1)) if meth == CI else float(wl.K),
-                hits / max(lookups, 1) / wl.K,
-            )  # fmt: skip
-            if ci is not None:
-                run.extra["bytes_per_key"] = ci.bytes_per_key()
-            self.runs.append(run)
-            self.log(self._fmt(run))
+            sure = np.empty(wl.K, np.bool_)
+            head_args = (wl.keys, wl.ts, vals, ones, wl.rule_T, wl.rule_sv, slo, ssure, unit)
+            tail_args = (*_rint_args(r), *cstate, np.int64(wl.K), out, sure)
+            call = _caller(drive_sum, meth, head_args, tail_args)
+            call(wl.warm, wl.warm, True, 0)
+            racers.append(_Racer(meth, p, call, wl.warm, extra, keep=(r, cstate)))
+        self._race(racers, n, {}, wl.ts)
+        for rc in racers:
+            self._record("sum", wl, rc, "naive" if rc.meth != CI else "ci")
 
     # -------------------------------------------------------------- absolute figures
     def absolute(self, wl: Workload, p: int = 8) -> dict:
@@ -362,31 +461,32 @@ class Bench:
         ci = CICount(p)
         ci.update(wl.keys[:1000], wl.ts[:1000])  # compile outside the clock
         ci = CICount(p)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for a in range(0, wl.keys.shape[0], 100_000):
             ci.update(wl.keys[a : a + 100_000], wl.ts[a : a + 100_000])
-        dt = time.perf_counter() - t0
+        dt = self.clock() - t0
         res["ci_count_api_batched_updates_per_s"] = wl.keys.shape[0] / dt
         ones = np.ones(wl.keys.shape[0], np.int64)
         ci2 = CICount(p)
         ci2._grow(wl.K, wl.keys.shape[0])
-        levels_update(wl.keys[:10], wl.ts[:10], ones[:10], ci2.m, ci2.TS, ci2.BM, p, ci2.L)
+        levels_update(wl.keys[:10], wl.ts[:10], ones[:10], ci2.m, ci2.TS, ci2.BM, ci2.BM2, p, ci2.L)
         ci2 = CICount(p)
         ci2._grow(wl.K, wl.keys.shape[0])
-        t0 = time.perf_counter()
-        levels_update(wl.keys, wl.ts, ones, ci2.m, ci2.TS, ci2.BM, p, ci2.L)
-        res["ci_count_kernel_updates_per_s"] = wl.keys.shape[0] / (time.perf_counter() - t0)
+        t0 = self.clock()
+        levels_update(wl.keys, wl.ts, ones, ci2.m, ci2.TS, ci2.BM, ci2.BM2, p, ci2.L)
+        res["ci_count_kernel_updates_per_s"] = wl.keys.shape[0] / (self.clock() - t0)
         r = RInt(0)
         r.append(wl.keys, wl.ts)
         now = int(wl.ts[-1])
+        exact_count(ci, r, int(wl.rule_T[0]), now, int(wl.rule_v[0]), None)  # compile outside the clock
         # one exact lookup through the public Python API (candidates + post-check)
         reps = 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < min(1.0, self.budget_s):
+        t0 = self.clock()
+        while self.clock() - t0 < min(1.0, self.budget_s):
             for T, v in zip(wl.rule_T, wl.rule_v, strict=True):
-                post_check_count(r, ci.candidates(int(T), now, int(v), None), int(T), now, int(v), None)
+                exact_count(ci, r, int(T), now, int(v), None)
             reps += len(wl.rule_T)
-        res["ci_count_api_exact_lookups_per_s"] = reps / (time.perf_counter() - t0)
+        res["ci_count_api_exact_lookups_per_s"] = reps / (self.clock() - t0)
         res["ci_count_bytes_per_key"] = ci.bytes_per_key()
         res["ci_count_levels"] = ci.L
         res["ci_count_p1_bytes_per_key"] = _bpk(wl, 1)
@@ -395,9 +495,7 @@ class Bench:
 
     @staticmethod
     def _fmt(r: Run) -> str:
-        extra = " ".join(
-            f"{k}={v:,.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.extra.items()
-        )
+        extra = " ".join(f"{k}={v:,.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.extra.items())
         return (
             f"{r.bench:5s} K={r.K:>7,d} sel={r.selectivity:6.2%} {r.method:11s} p={r.p:<2d} "
             f"{r.inputs_per_s:>12,.0f} inputs/s  ({r.inputs:,} inputs in {r.seconds:.2f}s; "
@@ -504,27 +602,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="directory of the PNG plots")
     ap.add_argument("--json", type=Path, default=None, help="write all measurements as JSON here")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--wall", action="store_true", help="measure wall-clock instead of process CPU time")
+    ap.add_argument(
+        "--only-heavy", action="store_true", help="only the 500,000-key / 0.1%% section with p = 8, 16, 32"
+    )
     args = ap.parse_args(argv)
     quick = args.quick
     budget = args.budget if args.budget is not None else (0.4 if quick else 2.5)
-    bench = Bench(budget, chunk=500 if quick else 2000)
-    cmd = "python bench/ci_index_bench.py" + (" --quick" if quick else "")
-    print(f"# {cmd}  (budget {budget}s per run; {platform.processor() or platform.machine()}, numba {nb.__version__})")
+    bench = Bench(budget, chunk=16_384, wall=args.wall)
+    cmd = (
+        "python bench/ci_index_bench.py"
+        + (" --quick" if quick else "")
+        + (" --only-heavy" if args.only_heavy else "")
+    )
+    clock = "wall-clock" if args.wall else "process CPU time"
+    print(f"# {cmd}  (budget {budget}s {clock} per run; {platform.machine()}, numba {nb.__version__})")
     t_start = time.perf_counter()
 
     n5k = 300_000 if quick else 2_000_000
     ps = [1, 8] if quick else [1, 2, 4, 8, 16, 32, 64]
-    wl = make_workload(5000, n5k, 0.04, 64, args.seed)
-    print(f"\n## CI-COUNT vs p: 5,000 keys, {n5k:,} events, 4% selectivity (paper section 6.3, Figure 12)")
-    bench.count_runs(wl, ps, [PAPER_NAIVE, BEST_NAIVE, CI], label="p")
-    print(f"\n## CI-SUM vs p: 5,000 keys, share volumes, 4% selectivity")
-    bench.sum_runs(wl, [8] if quick else [1, 2, 4, 8, 16, 32])
-    absolute = bench.absolute(wl)
-    print("\n## absolute (5,000 keys, p = 8)")
-    for k, v in absolute.items():
-        print(f"  {k}: {v:,.1f}")
+    absolute: dict = {}
+    if not args.only_heavy:
+        wl = make_workload(5000, n5k, 0.04, 64, args.seed)
+        print(
+            f"\n## CI-COUNT vs p: 5,000 keys, {n5k:,} events, 4% selectivity (paper section 6.3, Figure 12)"
+        )
+        bench.count_runs(wl, ps, [PAPER_NAIVE, BEST_NAIVE, CI], label="p")
+        print("\n## CI-SUM vs p: 5,000 keys, share volumes, 4% selectivity")
+        bench.sum_runs(wl, [8] if quick else [1, 2, 4, 8, 16, 32])
+        absolute = bench.absolute(wl)
+        print("\n## absolute (5,000 keys, p = 8)")
+        for k, v in absolute.items():
+            print(f"  {k}: {v:,.1f}")
 
     if not quick:
+        for first_seen, hps in ((False, [8, 16, 32]), (True, [8])):
+            order = "ids in first-seen order" if first_seen else "hot keys scattered over the ids"
+            print(f"\n## heavy hitters: 500,000 keys, 0.1% selectivity, {order}, p = {hps}")
+            w2 = make_workload(500_000, 8_000_000, 0.001, 32, args.seed + 500_000, first_seen=first_seen)
+            bench.count_runs(
+                w2, hps, [PAPER_NAIVE, BEST_NAIVE, CI], label="heavy-1st" if first_seen else "heavy"
+            )
+            del w2
+
+    if not quick and not args.only_heavy:
         print("\n## scale: keys x selectivity, p = 8")
         for K, n in ((5000, 2_000_000), (50_000, 4_000_000), (500_000, 8_000_000)):
             for sel in (0.05, 0.01, 0.001):
@@ -535,11 +656,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n## table\n")
     print(table(bench.runs))
     print(f"\ntotal {time.perf_counter() - t_start:.0f}s")
-    if not quick:
+    if not quick and not args.only_heavy:
         for p in plots(bench.runs, args.out, ps):
             print(f"wrote {p}")
     if args.json:
-        args.json.write_text(json.dumps({"command": cmd, "runs": [asdict(r) for r in bench.runs], "absolute": absolute}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"command": cmd, "runs": [asdict(r) for r in bench.runs], "absolute": absolute}, indent=1
+            )
+        )
     return 0
 
 

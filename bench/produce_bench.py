@@ -25,6 +25,7 @@ import shlex
 import sys
 import time
 import uuid
+from typing import Any
 
 import fastavro
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -36,7 +37,7 @@ from ingest.trades_gen import TradeConfig, TradeGenerator
 from tidewatch.settings import get_settings
 
 
-def make_chunks(n: int, chunk: int, seed: int) -> list[dict]:
+def make_chunks(n: int, chunk: int, seed: int) -> list[dict[str, Any]]:
     gen = TradeGenerator(TradeConfig(rate=chunk, intraday=False), seed=seed)
     out, got, t = [], 0, 0
     while got < n:
@@ -109,8 +110,15 @@ def run_baseline(bootstrap: str, topic: str, chunks: list[dict]) -> dict:
     t_sent = time.perf_counter()
     left = p.flush(120)
     t1, c1 = time.perf_counter(), time.process_time()
-    return {"n": n, "wall": t1 - t0, "cpu": c1 - c0, "send": t_sent - t0, "failed": len(failed),
-            "unconfirmed": left, "bytes": nbytes}
+    return {
+        "n": n,
+        "wall": t1 - t0,
+        "cpu": c1 - c0,
+        "send": t_sent - t0,
+        "failed": len(failed),
+        "unconfirmed": left,
+        "bytes": nbytes,
+    }
 
 
 def warm_up(bootstrap: str) -> None:
@@ -148,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=1, help="pin the process to this many cores (0: no pinning)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    cmd = "python bench/produce_bench.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python bench/produce_bench.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     if args.cores:
         cpus = sorted(os.sched_getaffinity(0))[: args.cores]
         os.sched_setaffinity(0, set(cpus))
@@ -170,17 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     on_broker_t = end_offsets(args.bootstrap, tw_topic)
     on_broker_b = end_offsets(args.bootstrap, base_topic)
     print(f"command: {cmd}")
-    print(f"broker {args.bootstrap}; pinned to {args.cores or 'all'} core(s) of {os.cpu_count()}; "
-          f"{t['bytes'] / max(t['n'], 1):.1f} bytes/record (framed Avro)")
-    print(f"encode only (no Kafka):  encode_batch {vec:,.0f} rec/s   fastavro per record {base:,.0f} rec/s   "
-          f"ratio {vec / base:.1f}x")
-    for name, r, ob in (("baseline fastavro+produce", b, on_broker_b), ("tidewatch KafkaFeed", t, on_broker_t)):
-        print(f"{name:27s} {r['n']:>10,} trades  {r['n'] / r['wall']:>10,.0f} trades/s (wall, to acked)  "
-              f"{r['n'] / r['cpu']:>10,.0f} trades per CPU-s  failed {r['failed']}  unconfirmed {r['unconfirmed']}  "
-              f"on broker {ob:,}  (send {r['send']:.2f} s + flush {r['wall'] - r['send']:.2f} s)")
+    print(
+        f"broker {args.bootstrap}; pinned to {args.cores or 'all'} core(s) of {os.cpu_count()}; "
+        f"{t['bytes'] / max(t['n'], 1):.1f} bytes/record (framed Avro)"
+    )
+    print(
+        f"encode only (no Kafka):  encode_batch {vec:,.0f} rec/s   fastavro per record {base:,.0f} rec/s   "
+        f"ratio {vec / base:.1f}x"
+    )
+    for name, r, ob in (
+        ("baseline fastavro+produce", b, on_broker_b),
+        ("tidewatch KafkaFeed", t, on_broker_t),
+    ):
+        print(
+            f"{name:27s} {r['n']:>10,} trades  {r['n'] / r['wall']:>10,.0f} trades/s (wall, to acked)  "
+            f"{r['n'] / r['cpu']:>10,.0f} trades per CPU-s  failed {r['failed']}  unconfirmed {r['unconfirmed']}  "
+            f"on broker {ob:,}  (send {r['send']:.2f} s + flush {r['wall'] - r['send']:.2f} s)"
+        )
     ratio = (t["n"] / t["wall"]) / (b["n"] / b["wall"])
-    print(f"produce rate tidewatch / baseline: {ratio:.1f}x; target >= 200,000 trades/s: "
-          f"{'MET' if t['n'] / t['wall'] >= 200_000 else 'NOT MET'} ({t['n'] / t['wall']:,.0f})")
+    print(
+        f"produce rate tidewatch / baseline: {ratio:.1f}x; target >= 200,000 trades/s: "
+        f"{'MET' if t['n'] / t['wall'] >= 200_000 else 'NOT MET'} ({t['n'] / t['wall']:,.0f})"
+    )
     ok = on_broker_t == t["n"] and t["failed"] == 0 and t["unconfirmed"] == 0
     return 0 if ok else 1
 

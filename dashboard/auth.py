@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -150,7 +150,7 @@ def login(
             failure = AuthError("wrong user name or password")
         else:
             if new_hash is not None:
-                s.execute(User.__table__.update().where(User.id == user_id).values(password_hash=new_hash))
+                s.execute(update(User).where(User.id == user_id).values(password_hash=new_hash))
             token = secrets.token_urlsafe(32)
             now = s.scalar(select(func.now()))
             assert isinstance(now, datetime)

@@ -210,14 +210,14 @@ def acknowledge(sessions: sessionmaker[Session], username: str, client_id: str, 
     """Move the client's cursor forward to ``upto`` (never back); returns the cursor now stored."""
     with sessions.begin() as s:
         stmt = pg_insert(ClientCursor).values(username=username, client_id=client_id, last_alert_seq=upto)
-        stmt = stmt.on_conflict_do_update(
+        upsert = stmt.on_conflict_do_update(
             index_elements=[ClientCursor.username, ClientCursor.client_id],
             set_={
                 "last_alert_seq": func.greatest(ClientCursor.last_alert_seq, stmt.excluded.last_alert_seq),
                 "updated_at": func.now(),
             },
         ).returning(ClientCursor.last_alert_seq)
-        return int(s.execute(stmt).scalar_one())
+        return int(s.execute(upsert).scalar_one())
 
 
 def ensure_cursor(sessions: sessionmaker[Session], username: str, client_id: str) -> int:

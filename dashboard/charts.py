@@ -81,4 +81,16 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
         .mark_rule(color="#d62728", strokeDash=[6, 4])
         .encode(y="threshold:Q", tooltip=["label:N"])
     )
-    return alt.layer(base, rule).properties(height=220)
+    return alt.LayerChart(layer=[base, rule]).properties(height=220)
+
+
+def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
+    """One engine metric per micro-batch over time (points joined by a line)."""
+    return (
+        alt.Chart(df[["ts", field]].dropna())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("ts:T", title=None), y=alt.Y(f"{field}:Q", title=title), tooltip=["ts:T", f"{field}:Q"]
+        )
+        .properties(height=200)
+    )

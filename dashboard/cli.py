@@ -31,6 +31,8 @@ def streamlit_command(host: str, port: int, headless: bool = True) -> list[str]:
         "false",
         "--server.fileWatcherType",
         "none",
+        "--client.toolbarMode",
+        "viewer",
     ]
 
 

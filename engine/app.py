@@ -84,7 +84,10 @@ def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
     if tbl.num_rows == 0:
         return []
     order = np.lexsort(
-        (tbl.column("offset").to_numpy(zero_copy_only=False), tbl.column("partition").to_numpy(zero_copy_only=False))
+        (
+            tbl.column("offset").to_numpy(zero_copy_only=False),
+            tbl.column("partition").to_numpy(zero_copy_only=False),
+        )
     )
     keys = tbl.column("key").to_pylist()
     vals = tbl.column("value").to_pylist()
@@ -128,7 +131,9 @@ class EngineApp:
 
         self.settings = settings
         self.bootstrap = bootstrap or settings.kafka_bootstrap
-        self.checkpoint = Path(checkpoint or settings.checkpoint_dir or (settings.run_dir / "engine-checkpoint"))
+        self.checkpoint = Path(
+            checkpoint or settings.checkpoint_dir or (settings.run_dir / "engine-checkpoint")
+        )
         self.state_dir = self.checkpoint / "tidewatch"
         self.topics = {
             "trades": settings.topic_trades,
@@ -174,10 +179,16 @@ class EngineApp:
         published = self.publisher.last_published()
         for b in range(published + 1, last + 1):
             rows = self.store.alerts_of_batch(b)
-            log.info("batch %d was committed but not published to Kafka: publishing its %d alerts", b, len(rows))
+            log.info(
+                "batch %d was committed but not published to Kafka: publishing its %d alerts", b, len(rows)
+            )
             self.publisher.publish(b, rows)
-        log.info("state at batch %d: %d rules, watermark %s", self.core.last_batch, len(self.core.rules),
-                 self.core.watermark)
+        log.info(
+            "state at batch %d: %d rules, watermark %s",
+            self.core.last_batch,
+            len(self.core.rules),
+            self.core.watermark,
+        )
 
     # ------------------------------------------------------------------ batches
     def _process(self, batch_id: int, tbl: pa.Table) -> Any:
@@ -208,22 +219,30 @@ class EngineApp:
             "dead_letters": len(out.dead),
             "state_bytes": self.core.state_nbytes(),
         }
+        t_pg = time.perf_counter()
         if not self.store.commit(out, watermark=self.core.watermark, metrics=metrics):
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
+        t_kafka = time.perf_counter()
         self.publisher.publish(batch_id, out.alerts, out.dead, out.removed)
+        t_done = time.perf_counter()
         self.batches_done += 1
         if self.batches_done % max(1, self.settings.snapshot_every_batches) == 0:
             self.snapshot()
         total_s = time.perf_counter() - t0
-        for k, v in (("events", n_events), ("alerts", len(out.alerts)), ("dead_letters", len(out.dead)),
-                     ("seconds", total_s)):
+        for k, v in (
+            ("events", n_events),
+            ("alerts", len(out.alerts)),
+            ("dead_letters", len(out.dead)),
+            ("seconds", total_s),
+        ):
             self.totals[k] += v
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "committed and published in %.0f ms",
+            "done in %.0f ms (evaluation %.0f, PostgreSQL %.0f, Kafka %.0f)",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), len(self.core.rules), total_s * 1000,
+            core_s * 1000, (t_kafka - t_pg) * 1000, (t_done - t_kafka) * 1000,
         )  # fmt: skip
 
     def snapshot(self) -> Path:
@@ -236,8 +255,18 @@ class EngineApp:
         return path
 
     # ------------------------------------------------------------------ Spark
-    def start(self, spark: Any, trigger_seconds: float | None = None, max_offsets_per_trigger: int | None = None) -> Any:
-        """Recover, then start the streaming query; returns the ``StreamingQuery``."""
+    def start(
+        self,
+        spark: Any,
+        trigger_seconds: float | None = None,
+        max_offsets_per_trigger: int | None = None,
+        available_now: bool = False,
+    ) -> Any:
+        """Recover, then start the streaming query; returns the ``StreamingQuery``.
+
+        ``available_now``: process what is in Kafka now (in batches of at most
+        ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
+        """
         self.recover()
         reader = (
             spark.readStream.format("kafka")
@@ -251,11 +280,14 @@ class EngineApp:
         if max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        writer = reader.load().writeStream.foreachBatch(self.on_batch)
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=f"{trig} seconds")
+        )
         return (
-            reader.load()
-            .writeStream.foreachBatch(self.on_batch)
-            .option("checkpointLocation", str(self.checkpoint / "spark"))
-            .trigger(processingTime=f"{trig} seconds")
+            writer.option("checkpointLocation", str(self.checkpoint / "spark"))
             .queryName(f"tidewatch-engine-{self.engine_id}")
             .start()
         )
@@ -292,7 +324,7 @@ def read_ranges(bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout
                     if tp not in left:
                         continue
                     a, b = left[tp]
-                    off = m.offset()
+                    off = int(m.offset() or 0)
                     if a <= off <= b:
                         cols["topic"].append(m.topic())
                         cols["partition"].append(m.partition())

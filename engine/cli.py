@@ -6,25 +6,44 @@ import logging
 import signal
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``engine`` command group to the root CLI."""
-    engine = typer.Typer(help="The Spark engine: Kafka in, shared indexes, exact alerts out.", no_args_is_help=True)
+    engine = typer.Typer(
+        help="The Spark engine: Kafka in, shared indexes, exact alerts out.", no_args_is_help=True
+    )
 
     @engine.command("run")
     def run(
-        master: str = typer.Option(None, help="Spark master (default: settings.spark_master, e.g. local[2], spark://h:7077)"),
-        pane_ms: int = typer.Option(None, "--pane-ms", help="pane width g in ms (divides every window)"),
-        trigger: float = typer.Option(None, help="micro-batch trigger interval in seconds"),
-        checkpoint: Path = typer.Option(None, help="checkpoint directory (Spark offsets, batch log, snapshots)"),
-        bootstrap: str = typer.Option(None, help="Kafka bootstrap servers (default: settings)"),
-        database_url: str = typer.Option(None, help="SQLAlchemy URL of PostgreSQL (default: settings)"),
-        engine_id: str = typer.Option("default", help="engine instance id (Kafka transactional id suffix)"),
-        max_offsets_per_trigger: int = typer.Option(None, help="cap on Kafka records per micro-batch"),
-        run_seconds: float = typer.Option(None, help="stop after this many seconds (default: run until Ctrl-C)"),
+        master: Annotated[
+            str | None, typer.Option(help="Spark master (default: settings; local[2], spark://h:7077)")
+        ] = None,
+        pane_ms: Annotated[
+            int | None, typer.Option("--pane-ms", help="pane width g in ms (divides every window)")
+        ] = None,
+        trigger: Annotated[float | None, typer.Option(help="micro-batch trigger interval in seconds")] = None,
+        checkpoint: Annotated[
+            Path | None, typer.Option(help="checkpoint dir (Spark offsets, batch log, snapshots)")
+        ] = None,
+        bootstrap: Annotated[
+            str | None, typer.Option(help="Kafka bootstrap servers (default: settings)")
+        ] = None,
+        database_url: Annotated[
+            str | None, typer.Option(help="SQLAlchemy URL of PostgreSQL (default: settings)")
+        ] = None,
+        engine_id: Annotated[
+            str, typer.Option(help="engine instance id (Kafka transactional id suffix)")
+        ] = "default",
+        max_offsets_per_trigger: Annotated[
+            int | None, typer.Option(help="cap on Kafka records per micro-batch")
+        ] = None,
+        run_seconds: Annotated[
+            float | None, typer.Option(help="stop after this many seconds (default: until Ctrl-C)")
+        ] = None,
     ) -> None:
         """Run the engine until interrupted (SIGINT / SIGTERM stop it cleanly)."""
         from engine.app import EngineApp

@@ -75,8 +75,11 @@ def run(bootstrap: str, topic: str, group: str, report_every: float, wait_s: flo
                     log.warning("kafka error: %s", msg.error())
                     continue
                 records += 1
+                value = msg.value()
                 try:
-                    trade = decode(msg.value(), "trades")
+                    if value is None:
+                        raise AvroDecodeError("tombstone (no value)")
+                    trade = decode(value, "trades")
                 except AvroDecodeError as exc:
                     errors += 1
                     log.warning("undecodable record at %s/%d: %s", msg.partition(), msg.offset(), exc)

@@ -59,6 +59,7 @@ class RuleInfo:
     name: str
     text: str
     stream: str
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class SubscriptionChange:
     name: str = ""
     text: str = ""
     plan: Any = None
+    version: int | None = None  # the subscription's version; a replay of an older one is ignored
 
 
 def parse_subscription_change(key: bytes | None, value: bytes | None) -> SubscriptionChange:
@@ -113,8 +115,14 @@ def parse_subscription_change(key: bytes | None, value: bytes | None) -> Subscri
         op = "pause"
     else:
         op = "upsert"
+    version = doc.get("version")
     return SubscriptionChange(
-        sid, op, str(doc.get("name") or sid), str(doc.get("rule") or doc.get("text") or ""), doc.get("plan")
+        sid,
+        op,
+        str(doc.get("name") or sid),
+        str(doc.get("rule") or doc.get("rule_text") or doc.get("text") or ""),
+        doc.get("plan"),
+        None if version is None else int(version),
     )
 
 
@@ -206,6 +214,7 @@ class EngineCore:
         self.applied_until: int | None = None  # last lookup time
         self.last_batch: int = -1
         self._fresh: set[str] = set()  # rules added since the last lookup step
+        self._versions: dict[str, int] = {}  # last applied version per subscription
 
     # ------------------------------------------------------------------ time
     @property
@@ -219,6 +228,12 @@ class EngineCore:
     # ------------------------------------------------------------------ rules
     def _apply_change(self, ch: SubscriptionChange, out: BatchOutput) -> None:
         sid = ch.subscription_id
+        seen = self._versions.get(sid)
+        if ch.version is not None and seen is not None and ch.version <= seen:
+            log.info("subscription %s version %d ignored (version %d already applied)", sid, ch.version, seen)
+            return
+        if ch.version is not None:
+            self._versions[sid] = ch.version
         if sid in self.rules:
             self.evaluator.remove_rule(sid)
             del self.rules[sid]
@@ -236,7 +251,7 @@ class EngineCore:
             return
         if sid in out.removed:
             out.removed.remove(sid)
-        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream)
+        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version)
         self.current[sid] = set()
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
@@ -335,7 +350,7 @@ class EngineCore:
             out.changed.add(sid)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
-                self._diff(sid, ev.current_ids(sid), tau, out)
+                self._diff(sid, ev.current_ids(sid), tau, out)  # type: ignore[attr-defined]
         self._fresh.clear()
 
     # ------------------------------------------------------------------ state
@@ -376,6 +391,7 @@ class EngineCore:
                 "applied_until": self.applied_until,
                 "last_batch": self.last_batch,
                 "fresh": self._fresh,
+                "versions": self._versions,
             },
             buf,
             protocol=5,
@@ -412,4 +428,5 @@ class EngineCore:
         self.applied_until = doc["applied_until"]
         self.last_batch = doc["last_batch"]
         self._fresh = doc.get("fresh", set())
+        self._versions = doc.get("versions", {})
         return self

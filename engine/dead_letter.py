@@ -64,7 +64,9 @@ class DeadLetters:
         self.value.extend(values)
         self.reason.extend([reason] * n)
         self.detail.extend([details] * n if isinstance(details, str) else details)
-        self.event_ts.extend([None] * n if event_ts is None else [None if t is None else int(t) for t in event_ts])
+        self.event_ts.extend(
+            [None] * n if event_ts is None else [None if t is None else int(t) for t in event_ts]
+        )
         self.watermark.extend([watermark] * n)
 
     def extend(self, other: DeadLetters) -> None:

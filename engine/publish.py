@@ -79,9 +79,23 @@ class Publisher:
         )
 
     def last_published(self) -> int:
-        """The id of the last batch whose Kafka transaction committed (-1 when none)."""
-        got = self.marker.committed([self.marker_tp], timeout=30)[0]
-        return -1 if got.offset < 0 else got.offset - 1
+        """The id of the last batch whose Kafka transaction committed (-1 when none).
+
+        Retries while the group coordinator is not ready (a fresh broker creates
+        ``__consumer_offsets`` on first use).
+        """
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                got = self.marker.committed([self.marker_tp], timeout=30)[0]
+                return -1 if got.offset < 0 else got.offset - 1
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                retriable = bool(getattr(err, "retriable", lambda: False)()) or "COORDINATOR" in str(exc)
+                if not retriable or time.monotonic() > deadline:
+                    raise
+                log.info("Kafka group coordinator not ready (%s); retrying", err)
+                time.sleep(1.0)
 
     def publish(
         self,
@@ -114,7 +128,9 @@ class Publisher:
             p.poll(0)
         if dead is not None and len(dead):
             for rec in dead.records(now):
-                p.produce(s.topic_dead_letter, key=rec["source_topic"].encode(), value=encode("dead_letter", rec))
+                p.produce(
+                    s.topic_dead_letter, key=rec["source_topic"].encode(), value=encode("dead_letter", rec)
+                )
         p.send_offsets_to_transaction(
             [TopicPartition(s.topic_alerts, 0, batch_id + 1)], self.marker.consumer_group_metadata(), 60
         )

@@ -7,7 +7,11 @@ What it sets, and why:
   ``python -m tidewatch.services.kafka_dist spark``), they are passed with ``spark.jars``: no
   network, no Ivy, and the exact versions known to run on pyspark 4.3 (Maven Central has no
   4.3.0 connector; see :mod:`tidewatch.services.kafka_dist`).  Otherwise the same coordinates go
-  to ``spark.jars.packages`` with the Ivy cache in ``.cache/ivy``;
+  to ``spark.jars.packages`` with the Ivy cache in ``.cache/ivy``, and if Ivy cannot resolve
+  them the same coordinates are resolved with Maven into the cache and the session is built
+  again with ``spark.jars``.  Measured here: Ivy fails on
+  ``spark-token-provider-kafka-0-10_2.13:4.2.0`` (not on Central), the Maven fallback then
+  starts the session 66 s after the first attempt -- which is why the cache comes first;
 * ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = this interpreter, so Python workers import the
   venv's pyarrow/fastavro instead of the system ``python3`` (without it pandas UDFs and Python
   data sources hang for two minutes and fail);

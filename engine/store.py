@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, insert, select, tuple_
+from sqlalchemy import Engine, delete, func, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from engine.core import Alert, BatchOutput
@@ -53,7 +53,10 @@ class Store:
 
     def is_committed(self, batch_id: int) -> bool:
         with self.engine.connect() as conn:
-            return conn.execute(select(EngineBatch.batch_id).where(EngineBatch.batch_id == batch_id)).first() is not None
+            return (
+                conn.execute(select(EngineBatch.batch_id).where(EngineBatch.batch_id == batch_id)).first()
+                is not None
+            )
 
     def commit(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> bool:
         """Write one batch's output atomically; False (nothing written) if it was committed before."""
@@ -72,44 +75,54 @@ class Store:
             if got is None:
                 return False
             if out.alerts:
+                # one statement per table, rows bound as arrays (unnest): thousands of alerts per batch
                 conn.execute(
-                    pg_insert(AlertRow).on_conflict_do_nothing(index_elements=[AlertRow.alert_id]),
-                    [
-                        {
-                            "alert_id": a.id,
-                            "subscription_id": subscription_uuid(a.subscription_id),
-                            "key": a.key,
-                            "kind": a.kind,
-                            "as_of": ms_to_dt(a.as_of),
-                            "values": {},
-                            "batch_id": out.batch_id,
-                        }
-                        for a in out.alerts
-                    ],
+                    text(
+                        "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, batch_id) "
+                        "SELECT a.id, a.sid, a.key, a.kind, to_timestamp(a.ms / 1000.0), :batch "
+                        "FROM unnest(CAST(:ids AS text[]), CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
+                        "CAST(:kinds AS text[]), CAST(:ms AS bigint[])) AS a(id, sid, key, kind, ms) "
+                        "ORDER BY a.ms ON CONFLICT (alert_id) DO NOTHING"
+                    ),
+                    {
+                        "batch": out.batch_id,
+                        "ids": [a.id for a in out.alerts],
+                        "sids": [str(subscription_uuid(a.subscription_id)) for a in out.alerts],
+                        "keys": [a.key for a in out.alerts],
+                        "kinds": [a.kind for a in out.alerts],
+                        "ms": [a.as_of for a in out.alerts],
+                    },
                 )
             for sid in out.removed:
-                conn.execute(delete(CurrentResult).where(CurrentResult.subscription_id == subscription_uuid(sid)))
-            net: dict[tuple[uuid.UUID, str], Alert] = {}
+                conn.execute(
+                    delete(CurrentResult).where(CurrentResult.subscription_id == subscription_uuid(sid))
+                )
+            net: dict[tuple[str, str], Alert] = {}
             for a in out.alerts:
-                net[(subscription_uuid(a.subscription_id), a.key)] = a
+                net[(str(subscription_uuid(a.subscription_id)), a.key)] = a
             gone = [k for k, a in net.items() if a.kind == "EXIT"]
             if gone:
                 conn.execute(
-                    delete(CurrentResult).where(tuple_(CurrentResult.subscription_id, CurrentResult.key).in_(gone))
-                )
-            came = [
-                {"subscription_id": k[0], "key": k[1], "since": ms_to_dt(a.as_of), "values": {}}
-                for k, a in net.items()
-                if a.kind == "ENTER"
-            ]
-            if came:
-                stmt = pg_insert(CurrentResult)
-                conn.execute(
-                    stmt.on_conflict_do_update(
-                        index_elements=[CurrentResult.subscription_id, CurrentResult.key],
-                        set_={"since": stmt.excluded.since, "updated_at": func.now()},
+                    text(
+                        "DELETE FROM current_results c USING unnest(CAST(:sids AS uuid[]), CAST(:keys AS text[])) "
+                        "AS d(sid, key) WHERE c.subscription_id = d.sid AND c.key = d.key"
                     ),
-                    came,
+                    {"sids": [k[0] for k in gone], "keys": [k[1] for k in gone]},
+                )
+            came = [(k, a.as_of) for k, a in net.items() if a.kind == "ENTER"]
+            if came:
+                conn.execute(
+                    text(
+                        "INSERT INTO current_results (subscription_id, key, since) "
+                        "SELECT d.sid, d.key, to_timestamp(d.ms / 1000.0) FROM unnest(CAST(:sids AS uuid[]), "
+                        "CAST(:keys AS text[]), CAST(:ms AS bigint[])) AS d(sid, key, ms) "
+                        "ON CONFLICT (subscription_id, key) DO UPDATE SET since = EXCLUDED.since, updated_at = now()"
+                    ),
+                    {
+                        "sids": [k[0] for k, _ in came],
+                        "keys": [k[1] for k, _ in came],
+                        "ms": [m for _, m in came],
+                    },
                 )
             conn.execute(insert(EngineMetric).values(batch_id=out.batch_id, **metrics))
         return True
@@ -118,7 +131,9 @@ class Store:
         """The alert rows of one committed batch (to re-publish them after a crash)."""
         with self.engine.connect() as conn:
             rows = conn.execute(
-                select(AlertRow.alert_id, AlertRow.subscription_id, AlertRow.key, AlertRow.kind, AlertRow.as_of)
+                select(
+                    AlertRow.alert_id, AlertRow.subscription_id, AlertRow.key, AlertRow.kind, AlertRow.as_of
+                )
                 .where(AlertRow.batch_id == batch_id)
                 .order_by(AlertRow.seq)
             ).all()

@@ -34,7 +34,7 @@ import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ def _registry() -> dict[int, dict[str, Any]]:
     return {int(k): v for k, v in raw["schemas"].items()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def schema_id(name: str) -> int:
     """The id of the *current* schema of ``name`` (trades, packets, alerts, results, dead_letter)."""
     for sid, entry in _registry().items():
@@ -79,7 +79,7 @@ def schema_names() -> list[str]:
     return sorted(e["name"] for e in _registry().values() if e.get("current"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_file(file: str) -> dict[str, Any]:
     return json.loads((SCHEMA_DIR / file).read_text())
 
@@ -103,7 +103,7 @@ def _strip_logical(node: Any) -> Any:
     return node
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parsed_by_id(sid: int) -> Any:
     return fastavro.parse_schema(_strip_logical(_load_file(_registry()[sid]["file"])))
 
@@ -141,11 +141,16 @@ class FlatLayout:
         return self.strings
 
 
-@lru_cache(maxsize=None)
+@cache
 def flat_layout(name: str) -> FlatLayout:
     """The :class:`FlatLayout` of ``name``; raises ``TypeError`` if the schema is not flat."""
     schema = _strip_logical(load_schema(name))
-    kinds, slots, strings, ints, floats, names = [], [], [], [], [], []
+    kinds: list[int] = []
+    slots: list[int] = []
+    strings: list[str] = []
+    ints: list[str] = []
+    floats: list[str] = []
+    names: list[str] = []
     for f in schema["fields"]:
         t = f["type"]
         t = t["type"] if isinstance(t, dict) else t
@@ -184,8 +189,14 @@ class Coded:
             column = column.array
         if isinstance(column, pd.Categorical):
             return cls(np.asarray(column.codes, np.int32), [str(v) for v in column.categories])
-        codes, uniques = pd.factorize(np.asarray(column, dtype=object), use_na_sentinel=False)
-        return cls(codes.astype(np.int32, copy=False), [str(v) for v in uniques])
+        # Arrow's hash table, not pandas' (which treats "\x00..." like "" -- C strings)
+        enc = pa.array(column, type=pa.string(), from_pandas=True).dictionary_encode()
+        if enc.null_count:
+            raise ValueError("string column has missing values")
+        return cls(
+            enc.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+            enc.dictionary.to_pylist(),
+        )
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -313,7 +324,7 @@ def encode_batch(name: str, columns: Mapping[str, Any] | pd.DataFrame) -> Encode
     n = len(cols[lay.fields[0]]) if lay.fields else 0
     ns = len(lay.strings)
     codes = np.zeros((max(ns, 1), n), np.int32)
-    dict_parts, dict_offs, dict_base = [], [], np.zeros(max(ns, 1), np.int64)
+    dict_parts, dict_base = [], np.zeros(max(ns, 1), np.int64)
     entries = 0
     max_str = 0
     for s, fname in enumerate(lay.strings):
@@ -534,12 +545,10 @@ def decode_batch(name: str, payloads: Sequence[bytes | None] | pa.Array) -> tupl
     _decode_kernel(data, starts, ends, schema_id(name), lay.kinds, lay.slots, ns, ints, fbits, sst, sln, ok)
     keep = np.flatnonzero(ok)
     arrays = []
-    for fname, k, s in zip(lay.fields, lay.kinds, lay.slots, strict=True):
+    for k, s in zip(lay.kinds, lay.slots, strict=True):
         if k == K_STRING:
             sdata, soffs = _gather_strings(data, sst[s][keep], sln[s][keep], np.ones(len(keep), np.bool_))
-            arrays.append(
-                pa.StringArray.from_buffers(len(keep), pa.py_buffer(soffs), pa.py_buffer(sdata))
-            )
+            arrays.append(pa.StringArray.from_buffers(len(keep), pa.py_buffer(soffs), pa.py_buffer(sdata)))
         elif k == K_LONG:
             arrays.append(pa.array(ints[s][keep]))
         elif k == K_BOOL:

@@ -8,17 +8,21 @@ Pacing: ``--speed X`` replays at X × the recorded pace of ``ts`` (1 = real
 time), ``--asap`` as fast as possible, ``--rate R`` caps events/s.  Files are
 sent as fast as possible unless told otherwise; synthetic streams go out live
 (each event when the wall clock reaches its ``ts``).  Ctrl-C stops cleanly:
-what was queued is flushed and a final count printed (exit status 130).
+what was queued is flushed and a final count printed (exit status 130); SIGTERM
+does the same.  When stderr is not a terminal (a service log) the progress
+line becomes a summary line every 10 s.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,12 +32,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from tidewatch.settings import get_settings
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 feed_app = typer.Typer(help="Send trades or packets into Kafka (Avro).", no_args_is_help=True)
 
 
-class ExportStream(str, Enum):
+class ExportStream(StrEnum):
     trades = "trades"
     packets = "packets"
 
@@ -47,7 +51,9 @@ def parse_duration_ms(text: str) -> int:
     m = _DUR.match(text)
     if not m:
         raise typer.BadParameter(f"not a duration: {text!r} (e.g. 90s, 5m, 1h)")
-    unit = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}[m.group(2)]
+    unit = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}[
+        m.group(2)
+    ]
     return int(round(float(m.group(1)) * unit))
 
 
@@ -74,16 +80,20 @@ def _progress() -> Progress:
     return Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
-        TextColumn("{task.completed:>12,.0f} sent"),
-        TextColumn("{task.fields[delivered]:>12,} delivered"),
-        TextColumn("[red]{task.fields[failed]:,} failed"),
-        TextColumn("[yellow]{task.fields[bad]:,} bad lines"),
-        TextColumn("{task.fields[rate]:>10,.0f}/s"),
-        TextColumn("{task.fields[mb]:>8,.1f} MB"),
+        TextColumn("{task.fields[line]}"),
         TimeElapsedColumn(),
         console=err,
         transient=False,
     )
+
+
+def _progress_line(sent: int, delivered: int, failed: int, bad: int, rate: float, mb: float) -> str:
+    line = f"{sent:,} sent · {delivered:,} delivered · {rate:,.0f}/s · {mb:,.1f} MB"
+    if failed:
+        line += f" · [red]{failed:,} failed[/red]"
+    if bad:
+        line += f" · [yellow]{bad:,} bad lines[/yellow]"
+    return line
 
 
 def run_feed(
@@ -100,14 +110,20 @@ def run_feed(
     from ingest.producer import FeedStats, KafkaFeed
 
     s = get_settings()
-    prog = _progress() if show_progress else None
+    log_lines = show_progress and not err.is_terminal
+    prog = _progress() if show_progress and err.is_terminal else None
     task = None
     window: list[tuple[float, int]] = []
 
+    last_log = [time.monotonic()]
+
     def on_progress(st: FeedStats, in_flight: int) -> None:
-        if prog is None or task is None:
-            return
         now = time.monotonic()
+        if prog is None or task is None:
+            if log_lines and now - last_log[0] >= 10.0:  # not a terminal (a service log): a line every 10 s
+                last_log[0] = now
+                err.print(f"{stream}: {st.summary()}", highlight=False)
+            return
         window.append((now, st.produced))
         while len(window) > 2 and now - window[0][0] > 3.0:
             window.pop(0)
@@ -116,23 +132,37 @@ def run_feed(
         prog.update(
             task,
             completed=st.produced,
-            delivered=st.delivered(in_flight),
-            failed=st.failed,
-            bad=st.bad_input,
-            rate=rate,
-            mb=st.bytes / 1e6,
+            line=_progress_line(
+                st.produced, st.delivered(in_flight), st.failed, st.bad_input, rate, st.bytes / 1e6
+            ),
         )
 
     feed = KafkaFeed(stream, topic=topic, bootstrap=bootstrap, on_progress=on_progress, producer=producer)
-    dest = f"{stream} → {feed.topic}@{bootstrap or s.kafka_bootstrap}"
+    dest = f"{stream} → {feed.topic}"
+    err.print(f"{stream} → topic {feed.topic} at {bootstrap or s.kafka_bootstrap}", highlight=False)
     interrupted = False
     shown_bad = 0
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        # first Ctrl-C: stop after the current slice and flush; second: abort the flush
+        if feed.stopping:
+            raise KeyboardInterrupt
+        feed.stopping = True
+
+    old_handlers: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # Ctrl-C, and SIGTERM from a service manager
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, on_sigint)
     if prog is not None:
         prog.start()
-        task = prog.add_task(dest, total=None, delivered=0, failed=0, bad=0, rate=0.0, mb=0.0)
+        task = prog.add_task(dest, total=None, line=_progress_line(0, 0, 0, 0, 0.0, 0.0))
     try:
         for columns, pacer in source:
             feed.send(columns, pacer)
+            if feed.stopping:
+                interrupted = True
+                err.print("[yellow]interrupted: flushing what was queued ...")
+                break
             if report is not None:
                 feed.stats.bad_input = report.bad
                 for b in report.bad_lines[shown_bad:]:
@@ -149,6 +179,8 @@ def run_feed(
             stats.unconfirmed = feed.in_flight()
         if prog is not None:
             prog.stop()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
     if report is not None and report.bad > len(report.bad_lines):
         err.print(f"[yellow]{report.path}: … {report.bad - len(report.bad_lines):,} more bad lines not shown")
     err.print(f"{dest}: {stats.summary()}", highlight=False)
@@ -159,7 +191,9 @@ def run_feed(
     return 1 if (stats.failed or stats.unconfirmed) else 0
 
 
-def _file_source(chunks: Iterator[dict[str, Any]], speed: float | None, rate: float | None) -> Iterator[tuple[dict[str, Any], Any]]:
+def _file_source(
+    chunks: Iterator[dict[str, Any]], speed: float | None, rate: float | None
+) -> Iterator[tuple[dict[str, Any], Any]]:
     from ingest.producer import Pacer
 
     pacer = Pacer(speed=speed, rate=rate)
@@ -198,7 +232,9 @@ Asap = Annotated[bool, typer.Option("--asap", help="as fast as possible (no paci
 Rate = Annotated[float | None, typer.Option(help="send at most RATE events/s")]
 Seed = Annotated[int, typer.Option(help="random seed (same seed, same stream)")]
 Start = Annotated[str, typer.Option(help="first event time: now, epoch ms or ISO 8601")]
-Duration = Annotated[str | None, typer.Option(help="how much event time to generate, e.g. 10m (default: forever)")]
+Duration = Annotated[
+    str | None, typer.Option(help="how much event time to generate, e.g. 10m (default: forever)")
+]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress line")]
 
 
@@ -206,12 +242,22 @@ def _pacing(speed: float | None, asap: bool) -> float | None:
     return None if asap else speed
 
 
-def _trade_generator(seed: int, symbols: int, gen_rate: float, start_ms: int, episodes: bool, first_ep_ms: int,
-                     episode_every_ms: int, n_episodes: int) -> Any:
+def _trade_generator(
+    seed: int,
+    symbols: int,
+    gen_rate: float,
+    start_ms: int,
+    episodes: bool,
+    first_ep_ms: int,
+    episode_every_ms: int,
+    n_episodes: int,
+) -> Any:
     from ingest.trades_gen import SESSION_MS, TradeConfig, TradeGenerator, demo_episodes
 
     # session phase: the stream starts ~1/3 into a session (mid-morning)
-    gen = TradeGenerator(TradeConfig(n_symbols=symbols, rate=gen_rate), seed=seed, session_open_ms=start_ms - SESSION_MS // 3)
+    gen = TradeGenerator(
+        TradeConfig(n_symbols=symbols, rate=gen_rate), seed=seed, session_open_ms=start_ms - SESSION_MS // 3
+    )
     if episodes:
         gen.episodes = demo_episodes(gen, first_ep_ms, every_ms=episode_every_ms, count=n_episodes)
     return gen
@@ -221,15 +267,25 @@ def _trade_generator(seed: int, symbols: int, gen_rate: float, start_ms: int, ep
 def feed_trades(
     csv: Annotated[Path | None, typer.Option(help="replay this CSV file (header + one trade a line)")] = None,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="generate a synthetic market")] = False,
-    demo: Annotated[bool, typer.Option("--demo", help="the embedded stack's demo feed: history backfill, "
-                                                      "then live with episodes that make RULES.md fire")] = False,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="the embedded stack's demo feed: history backfill, "
+            "then live with episodes that make RULES.md fire",
+        ),
+    ] = False,
     seed: Seed = 7,
     symbols: Annotated[int, typer.Option(help="synthetic: number of symbols")] = 3000,
     gen_rate: Annotated[float | None, typer.Option(help="synthetic: mean trades/s of the model")] = None,
     start: Start = "now",
     duration: Duration = None,
-    history: Annotated[str | None, typer.Option(help="synthetic: backfill this much history first (demo: 31m)")] = None,
-    episodes: Annotated[bool | None, typer.Option("--episodes/--no-episodes", help="inject episodes (demo: on)")] = None,
+    history: Annotated[
+        str | None, typer.Option(help="synthetic: backfill this much history first (demo: 31m)")
+    ] = None,
+    episodes: Annotated[
+        bool | None, typer.Option("--episodes/--no-episodes", help="inject episodes (demo: on)")
+    ] = None,
     episode_every: Annotated[str, typer.Option(help="time between injected episodes")] = "60s",
     first_episode: Annotated[str, typer.Option(help="first episode this long after the start")] = "10s",
     speed: Speed = None,
@@ -263,30 +319,58 @@ def feed_trades(
         source = _file_source(all_chunks(), _pacing(speed, asap), rate)
     else:
         start_ms = parse_time_ms(start)
-        hist = parse_duration_ms(history) if history else (int(s.demo_history_minutes * 60_000) if demo else 0)
+        hist = (
+            parse_duration_ms(history) if history else (int(s.demo_history_minutes * 60_000) if demo else 0)
+        )
         inject = episodes if episodes is not None else demo
-        gen = _trade_generator(seed, symbols, gen_rate or s.demo_trade_rate, start_ms, inject,
-                               start_ms + parse_duration_ms(first_episode), parse_duration_ms(episode_every), 1000)
+        gen = _trade_generator(
+            seed,
+            symbols,
+            gen_rate or s.demo_trade_rate,
+            start_ms,
+            inject,
+            start_ms + parse_duration_ms(first_episode),
+            parse_duration_ms(episode_every),
+            1000,
+        )
         dur = parse_duration_ms(duration) if duration else None
         live = not asap and speed is None
-        source = _synthetic_source(gen, start_ms=start_ms, duration_ms=dur, history_ms=hist, live=live,
-                                   speed=_pacing(speed, asap), rate=rate)
-    raise typer.Exit(run_feed("trades", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress,
-                              report=report))
+        source = _synthetic_source(
+            gen,
+            start_ms=start_ms,
+            duration_ms=dur,
+            history_ms=hist,
+            live=live,
+            speed=_pacing(speed, asap),
+            rate=rate,
+        )
+    raise typer.Exit(
+        run_feed(
+            "trades", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
+        )
+    )
 
 
 @feed_app.command("packets")
 def feed_packets(
     pcap: Annotated[Path | None, typer.Option(help="replay a pcap / pcapng capture")] = None,
     csv: Annotated[Path | None, typer.Option(help="replay this CSV file")] = None,
-    synthetic: Annotated[bool, typer.Option("--synthetic", help="generate synthetic network traffic")] = False,
-    demo: Annotated[bool, typer.Option("--demo", help="live synthetic traffic with attacks that make RULES.md fire")] = False,
+    synthetic: Annotated[
+        bool, typer.Option("--synthetic", help="generate synthetic network traffic")
+    ] = False,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="live synthetic traffic with attacks that make RULES.md fire")
+    ] = False,
     seed: Seed = 7,
-    gen_rate: Annotated[float | None, typer.Option(help="synthetic: mean packets/s of normal traffic")] = None,
+    gen_rate: Annotated[
+        float | None, typer.Option(help="synthetic: mean packets/s of normal traffic")
+    ] = None,
     start: Start = "now",
     duration: Duration = None,
     history: Annotated[str | None, typer.Option(help="synthetic: backfill this much history first")] = None,
-    attacks: Annotated[bool | None, typer.Option("--attacks/--no-attacks", help="inject attacks (demo: on)")] = None,
+    attacks: Annotated[
+        bool | None, typer.Option("--attacks/--no-attacks", help="inject attacks (demo: on)")
+    ] = None,
     attack_every: Annotated[str, typer.Option(help="time between injected attacks")] = "60s",
     first_attack: Annotated[str, typer.Option(help="first attack this long after the start")] = "10s",
     speed: Speed = None,
@@ -307,8 +391,11 @@ def feed_packets(
 
         report = CsvReport(str(pcap or csv))
         try:
-            chunks = (read_pcap_chunks(pcap, report=report) if pcap is not None
-                      else read_csv_chunks(csv, "packets", report=report))  # type: ignore[arg-type]
+            if pcap is not None:
+                chunks = read_pcap_chunks(pcap, report=report)
+            else:
+                assert csv is not None
+                chunks = read_csv_chunks(csv, "packets", report=report)
             first = next(chunks, None)
         except (CsvError, PcapError, OSError) as exc:
             err.print(f"[red]{exc}")
@@ -328,27 +415,50 @@ def feed_packets(
         inject = attacks if attacks is not None else demo
         gen = PacketGenerator(PacketConfig(rate=gen_rate or s.demo_packet_rate), seed=seed)
         if inject:
-            gen.attacks = demo_attacks(start_ms + parse_duration_ms(first_attack),
-                                       every_ms=parse_duration_ms(attack_every), count=1000, seed=seed)
+            gen.attacks = demo_attacks(
+                start_ms + parse_duration_ms(first_attack),
+                every_ms=parse_duration_ms(attack_every),
+                count=1000,
+                seed=seed,
+            )
         dur = parse_duration_ms(duration) if duration else None
         live = not asap and speed is None
-        source = _synthetic_source(gen, start_ms=start_ms, duration_ms=dur, history_ms=hist, live=live,
-                                   speed=_pacing(speed, asap), rate=rate)
-    raise typer.Exit(run_feed("packets", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress,
-                              report=report))
+        source = _synthetic_source(
+            gen,
+            start_ms=start_ms,
+            duration_ms=dur,
+            history_ms=hist,
+            live=live,
+            speed=_pacing(speed, asap),
+            rate=rate,
+        )
+    raise typer.Exit(
+        run_feed(
+            "packets", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
+        )
+    )
 
 
 def export(
     stream: Annotated[ExportStream, typer.Argument(help="trades or packets")],
     out: Annotated[Path, typer.Option(help="CSV file to write")],
     seed: Seed = 7,
-    start: Annotated[str, typer.Option(help="first event time: now, epoch ms or ISO 8601")] = "2024-03-04T15:00:00Z",
+    start: Annotated[
+        str, typer.Option(help="first event time: now, epoch ms or ISO 8601")
+    ] = "2024-03-04T15:00:00Z",
     duration: Annotated[str, typer.Option(help="event time to generate")] = "45m",
     gen_rate: Annotated[float, typer.Option(help="mean events/s of the model")] = 1000.0,
     symbols: Annotated[int, typer.Option(help="trades: number of symbols")] = 3000,
-    episodes: Annotated[bool, typer.Option("--episodes/--no-episodes", help="inject episodes / attacks")] = True,
-    first_episode: Annotated[str, typer.Option(help="first episode / attack this long after the start "
-                                                    "(trades: after 31m, the longest window of RULES.md)")] = "32m",
+    episodes: Annotated[
+        bool, typer.Option("--episodes/--no-episodes", help="inject episodes / attacks")
+    ] = True,
+    first_episode: Annotated[
+        str,
+        typer.Option(
+            help="first episode / attack this long after the start "
+            "(trades: after 31m, the longest window of RULES.md)"
+        ),
+    ] = "32m",
     episode_every: Annotated[str, typer.Option(help="time between episodes / attacks")] = "3m",
 ) -> None:
     """Write a synthetic stream to CSV (seeded: the same options give the same file)."""
@@ -360,7 +470,9 @@ def export(
     every = parse_duration_ms(episode_every)
     n = max(0, (end_ms - first_ms) // every + 1) if episodes else 0
     if stream == ExportStream.trades:
-        gen = _trade_generator(seed, symbols, gen_rate, start_ms, episodes and n > 0, first_ms, every, max(n, 1))
+        gen = _trade_generator(
+            seed, symbols, gen_rate, start_ms, episodes and n > 0, first_ms, every, max(n, 1)
+        )
     else:
         from ingest.packets_gen import PacketConfig, PacketGenerator, demo_attacks
 

@@ -19,13 +19,17 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
+import numba as nb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.avro import Coded, field_names
 
 TRADE_SIDES = ("BID", "ASK", "UNKNOWN")
-_MAX_EXACT = float(2**53)
+_INT_RE = r"^[+-]?[0-9]{1,18}$"
+_FLOAT_RE = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
 
 #: per stream, field -> kind: str (non-empty), str0 (may be empty), int, uint (>= 0), port, float, side
 FIELD_KINDS: dict[str, dict[str, str]] = {
@@ -107,41 +111,45 @@ def _validate(stream: str, df: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray
     flag(df.isna().any(axis=1).to_numpy(), "wrong number of fields")
     for name, kind in FIELD_KINDS[stream].items():
         s = df[name].fillna("")
-        if kind in ("int", "uint", "port"):
-            v = pd.to_numeric(s.str.strip() if s.dtype == object else s, errors="coerce").to_numpy(np.float64)
-            ok = np.isfinite(v) & (v == np.floor(v)) & (np.abs(v) < _MAX_EXACT)
+        if kind in ("int", "uint", "port", "float"):
+            a = pc.utf8_trim_whitespace(pa.array(s.to_numpy(dtype=object), pa.string()))
+            if kind == "float":
+                ok = pc.match_substring_regex(a, _FLOAT_RE).to_numpy(zero_copy_only=False)
+                v = pc.cast(pc.if_else(pa.array(ok), a, "0"), pa.float64()).to_numpy(zero_copy_only=False)
+                ok &= np.isfinite(v) & (v >= 0)
+                flag(~ok, f"{name}: not a number >= 0")
+                cols[name] = np.where(ok, v, 0.0)
+                continue
+            ok = pc.match_substring_regex(a, _INT_RE).to_numpy(zero_copy_only=False)
+            iv = pc.cast(pc.if_else(pa.array(ok), a, "0"), pa.int64()).to_numpy(zero_copy_only=False)
             if kind == "uint":
-                ok &= v >= 0
+                ok &= iv >= 0
             if kind == "port":
-                ok &= (v >= 0) & (v <= 65535)
+                ok &= (iv >= 0) & (iv <= 65535)
             desc = {"int": "an integer", "uint": "an integer >= 0", "port": "a port 0..65535"}[kind]
             flag(~ok, f"{name}: not {desc}")
-            cols[name] = np.where(ok, v, 0).astype(np.int64)
-        elif kind == "float":
-            v = pd.to_numeric(s.str.strip(), errors="coerce").to_numpy(np.float64)
-            ok = np.isfinite(v) & (v >= 0)
-            flag(~ok, f"{name}: not a number >= 0")
-            cols[name] = np.where(ok, v, 0.0)
-        elif kind == "side":
-            u = s.str.strip().str.upper()
-            ok = u.isin(TRADE_SIDES).to_numpy()
-            flag(~ok, f"{name}: not one of {'|'.join(TRADE_SIDES)}")
-            cols[name] = u
-        elif kind == "upper":
-            u = s.str.strip().str.upper()
-            ok = (u != "").to_numpy()
-            flag(~ok, f"{name}: empty")
-            cols[name] = u
+            cols[name] = np.where(ok, iv, 0).astype(np.int64)
         else:
-            u = s.str.strip()
-            if kind == "str":
-                flag((u == "").to_numpy(), f"{name}: empty")
-            cols[name] = u
+            a = pc.utf8_trim_whitespace(pa.array(s.to_numpy(dtype=object), pa.string()))
+            if kind in ("side", "upper"):
+                a = pc.utf8_upper(a)
+            if kind == "side":
+                ok = pc.is_in(a, value_set=pa.array(TRADE_SIDES)).to_numpy(zero_copy_only=False)
+                flag(~ok, f"{name}: not one of {'|'.join(TRADE_SIDES)}")
+            elif kind != "str0":
+                ok = pc.not_equal(a, "").to_numpy(zero_copy_only=False)
+                flag(~ok, f"{name}: empty")
+            cols[name] = a
     good = ~bad
     out: dict[str, Any] = {}
+    keep = pa.array(good)
     for name, v in cols.items():
-        if isinstance(v, pd.Series):
-            out[name] = Coded.of(v[good])
+        if isinstance(v, pa.Array):
+            enc = v.filter(keep).dictionary_encode()
+            out[name] = Coded(
+                enc.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+                enc.dictionary.to_pylist(),
+            )
         else:
             out[name] = v[good]
     return out, bad, list(reason[bad])
@@ -184,13 +192,41 @@ def read_csv_chunks(
             fh.close()
 
 
+@nb.njit(cache=True, nogil=True)
+def _line_stats_kernel(a, n_lines):  # pragma: no cover - compiled
+    commas = np.zeros(n_lines, np.int64)
+    quoted = np.zeros(n_lines, np.bool_)
+    blank = np.ones(n_lines, np.bool_)
+    line = 0
+    for i in range(a.shape[0]):
+        c = a[i]
+        if c == 10:
+            line += 1
+        elif c == 44:
+            commas[line] += 1
+            blank[line] = False
+        elif c == 34:
+            quoted[line] = True
+            blank[line] = False
+        elif c != 32 and c != 9 and c != 13:
+            blank[line] = False
+    return commas, quoted, blank
+
+
+def _line_stats(buf: bytes, n_lines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per line of ``buf`` (each ending in a newline): commas, has a quote, is blank (one Numba pass)."""
+    a = np.frombuffer(buf, np.uint8)
+    commas, quoted, blank = _line_stats_kernel(a, n_lines)
+    return commas, quoted, blank
+
+
 def _parse_block(
     stream: str, head: bytes, block: list[bytes], line0: int, want: list[str], rep: CsvReport
 ) -> Iterator[dict[str, Any]]:
     nsep = len(head.decode("utf-8-sig").split(",")) - 1
-    blank = np.array([not b.strip() for b in block], dtype=bool)
+    commas, quoted, blank = _line_stats(b"".join(block), len(block))
     # field-count check on unquoted lines (quoted ones are left to the parser)
-    commas = np.array([b.count(b",") if b'"' not in b else nsep for b in block], dtype=np.int64)
+    commas = np.where(quoted, nsep, commas)
     wrong = (commas != nsep) & ~blank
     pre_bad = [
         BadLine(line0 + int(i), f"expected {nsep + 1} fields, saw {int(commas[i]) + 1}")

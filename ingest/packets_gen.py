@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -102,9 +103,14 @@ class PacketGenerator:
     def __post_init__(self) -> None:
         c = self.config
         self.rng = rng = np.random.default_rng(self.seed)
-        self.clients = (ip_int("10.1.0.0") + 1 + rng.choice(65000, c.n_clients, replace=False)).astype(np.uint32)
+        self.clients = (ip_int("10.1.0.0") + 1 + rng.choice(65000, c.n_clients, replace=False)).astype(
+            np.uint32
+        )
         self.internal = (ip_int("10.0.0.0") + 10 + np.arange(c.n_internal_servers)).astype(np.uint32)
-        self.dns = np.array([ip_int("10.0.0.53"), ip_int("10.0.0.54"), ip_int("8.8.8.8"), ip_int("1.1.1.1")][: c.n_dns], np.uint32)
+        self.dns = np.array(
+            [ip_int("10.0.0.53"), ip_int("10.0.0.54"), ip_int("8.8.8.8"), ip_int("1.1.1.1")][: c.n_dns],
+            np.uint32,
+        )
         ext = rng.integers(ip_int("11.0.0.0"), ip_int("223.255.255.0"), c.n_external * 2, dtype=np.int64)
         ext = ext[((ext >> 24) != 127) & ((ext >> 24) != 172) & ((ext >> 24) != 192)]
         self.external = np.unique(ext)[: c.n_external].astype(np.uint32)
@@ -115,7 +121,13 @@ class PacketGenerator:
         self.svc_cum = np.cumsum(shares / shares.sum())
         med = np.array([s[4] for s in _SERVICES])
         sig = np.array([s[5] for s in _SERVICES])
-        mean_pk = float(np.sum(shares / shares.sum() * (np.where(np.array([s[0] for s in _SERVICES]) == TCP, 4, 0) + med * np.exp(sig**2 / 2))))
+        mean_pk = float(
+            np.sum(
+                shares
+                / shares.sum()
+                * (np.where(np.array([s[0] for s in _SERVICES]) == TCP, 4, 0) + med * np.exp(sig**2 / 2))
+            )
+        )
         self.flow_rate = c.rate / mean_pk
         self._pending: dict[str, np.ndarray] | None = None
 
@@ -135,8 +147,13 @@ class PacketGenerator:
         client = self.clients[rng.integers(0, len(self.clients), nf)]
         ext = self.external[np.minimum(np.searchsorted(self.ext_cum, rng.random(nf)), len(self.external) - 1)]
         server = np.where(
-            pool == 0, ext, np.where(pool == 1, self.internal[rng.integers(0, len(self.internal), nf)],
-                                     self.dns[rng.integers(0, len(self.dns), nf)])
+            pool == 0,
+            ext,
+            np.where(
+                pool == 1,
+                self.internal[rng.integers(0, len(self.internal), nf)],
+                self.dns[rng.integers(0, len(self.dns), nf)],
+            ),
         ).astype(np.uint32)
         cport = rng.integers(32768, 61000, nf).astype(np.int32)
         fstart = start_ms + rng.integers(0, max(span, 1), nf)
@@ -176,7 +193,9 @@ class PacketGenerator:
         length = np.where(tcp & (flags == F_A) & mid & ~c2s & big, 1500, length)
         length = np.where(tcp & (j == 0), 74, length)
         sp = sport_srv[fi]
-        udp_len = np.where(sp == 53, np.where(c2s, 74, 190), np.where(sp == 123, 90, rng.integers(80, 1300, P)))
+        udp_len = np.where(
+            sp == 53, np.where(c2s, 74, 190), np.where(sp == 123, 90, rng.integers(80, 1300, P))
+        )
         length = np.where(p == UDP, udp_len, length)
         length = np.where(p == ICMP, 98, length).astype(np.int32)
         cli, srv, cp = client[fi], server[fi], cport[fi]
@@ -214,12 +233,21 @@ class PacketGenerator:
         if a.kind == K_HEAVY_HITTER:
             data = _cols(ts, src, dst, np.full(k, 51515), np.full(k, 443), TCP, np.full(k, 1500), F_PA)
             m = k // 2
-            acks = _cols(ts[::2][:m] + 1, dst[:m], src[:m], np.full(m, 443), np.full(m, 51515), TCP, np.full(m, 66), F_A)
+            acks = _cols(
+                ts[::2][:m] + 1,
+                dst[:m],
+                src[:m],
+                np.full(m, 443),
+                np.full(m, 51515),
+                TCP,
+                np.full(m, 66),
+                F_A,
+            )
             return _concat([data, acks])
         raise ValueError(f"unknown attack kind {a.kind!r}")
 
     # ----------------------------------------------------------------- chunks
-    def chunk(self, start_ms: int, end_ms: int) -> dict[str, object]:
+    def chunk(self, start_ms: int, end_ms: int) -> dict[str, Any]:
         """All packets with ``start_ms <= ts < end_ms`` in ``ts`` order, as columns
         (``ts, src_ip, dst_ip, src_port, dst_port, protocol, length, tcp_flags``)."""
         parts = [self._flows(start_ms, end_ms)]
@@ -238,7 +266,9 @@ class PacketGenerator:
         now = {k: v[order] for k, v in now.items()}
         return to_columns(now)
 
-    def chunks(self, start_ms: int, end_ms: int | None = None, chunk_ms: int = 1000) -> Iterator[dict[str, object]]:
+    def chunks(
+        self, start_ms: int, end_ms: int | None = None, chunk_ms: int = 1000
+    ) -> Iterator[dict[str, Any]]:
         t = start_ms
         while end_ms is None or t < end_ms:
             hi = t + chunk_ms if end_ms is None else min(t + chunk_ms, end_ms)
@@ -264,7 +294,7 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def to_columns(p: dict[str, np.ndarray]) -> dict[str, object]:
+def to_columns(p: dict[str, np.ndarray]) -> dict[str, Any]:
     """Internal integer arrays -> the packets schema's columns (IPs dictionary-coded)."""
     ips, inv = np.unique(np.concatenate([p["src"], p["dst"]]), return_inverse=True)
     names = ip_str(ips)
@@ -294,7 +324,9 @@ def demo_attacks(first_ms: int, *, every_ms: int = 60_000, count: int = 9, seed:
     for i in range(count):
         t = first_ms + i * every_ms
         victim = f"10.0.0.{10 + i % 20}"
-        outsider = f"{rng.integers(11, 100)}.{rng.integers(0, 256)}.{rng.integers(0, 256)}.{rng.integers(1, 255)}"
+        outsider = (
+            f"{rng.integers(11, 100)}.{rng.integers(0, 256)}.{rng.integers(0, 256)}.{rng.integers(1, 255)}"
+        )
         kind = (K_SYN_FLOOD, K_PORT_SCAN, K_HEAVY_HITTER)[i % 3]
         if kind == K_SYN_FLOOD:
             out.append(Attack(kind, "", victim, t, 20_000, 300.0))

@@ -97,7 +97,9 @@ class Pacer:
     each event's ``ts``).
     """
 
-    def __init__(self, *, speed: float | None = None, rate: float | None = None, anchor_ts: int | None = None):
+    def __init__(
+        self, *, speed: float | None = None, rate: float | None = None, anchor_ts: int | None = None
+    ):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be > 0")
         if rate is not None and rate <= 0:
@@ -134,7 +136,9 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int | None = None, time
     if topic in admin.list_topics(timeout=timeout).topics:
         return False
     n = partitions or get_settings().topic_partitions
-    fut = admin.create_topics([NewTopic(topic, num_partitions=n, replication_factor=1)], operation_timeout=timeout)[topic]
+    fut = admin.create_topics(
+        [NewTopic(topic, num_partitions=n, replication_factor=1)], operation_timeout=timeout
+    )[topic]
     try:
         fut.result(timeout=timeout)
     except KafkaException as exc:
@@ -182,6 +186,8 @@ class KafkaFeed:
             producer = Producer(producer_config(bootstrap, on_delivery=self._on_error, **conf))
         self.producer: ProducerLike = producer
         self._last_progress = 0.0
+        #: set (e.g. by a SIGINT handler) to stop sending after the current slice
+        self.stopping = False
 
     # delivery reports arrive for failures only (delivery.report.only.error)
     def _on_error(self, err: Any, msg: Any) -> None:
@@ -200,7 +206,8 @@ class KafkaFeed:
             self.on_progress(self.stats, self.in_flight())
 
     def send(self, columns: Mapping[str, Any], pacer: Pacer | None = None) -> int:
-        """Encode and produce one chunk (events in ``ts`` order); returns how many were produced."""
+        """Encode and produce one chunk (events in ``ts`` order); returns how many were produced
+        (fewer than the chunk's rows only when :attr:`stopping` was set)."""
         enc = encode_batch(self.stream, columns)
         n = len(enc)
         if n == 0:
@@ -213,7 +220,7 @@ class KafkaFeed:
         produce, poll, topic = self.producer.produce, self.producer.poll, self.topic
         step = self.poll_every
         i = 0
-        while i < n:
+        while i < n and not self.stopping:
             hi = min(n, i + step)
             if targets is not None:
                 now = time.monotonic()
@@ -234,13 +241,15 @@ class KafkaFeed:
                 j = hi
             except BufferError:  # local queue full: let librdkafka drain, then go on from j
                 poll(0.05)
-            self.stats.produced += j - i
-            self.stats.bytes += off[j] - off[i]
+            finally:  # counted even when interrupted mid-slice
+                self.stats.produced += j - i
+                self.stats.bytes += off[j] - off[i]
             i = j
             poll(0)
             self._progress()
-        self.stats.last_ts = int(ts[-1])
-        return n
+        if i:
+            self.stats.last_ts = int(ts[i - 1])
+        return i
 
     def close(self, timeout: float = 30.0) -> FeedStats:
         """Flush; whatever is still queued after ``timeout`` s is counted as unconfirmed."""

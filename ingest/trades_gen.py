@@ -35,6 +35,7 @@ import math
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class TradeGenerator:
         return cand[:count]
 
     # ----------------------------------------------------------------- generation
-    def chunk(self, start_ms: int, end_ms: int) -> dict[str, object]:
+    def chunk(self, start_ms: int, end_ms: int) -> dict[str, Any]:
         """All trades with ``start_ms <= ts < end_ms``, sorted by ts, as columns.
 
         Returns ``{"symbol": Coded, "ts": int64, "price": float64, "size": int64,
@@ -184,7 +185,11 @@ class TradeGenerator:
         c, rng = self.config, self.rng
         span = max(0, end_ms - start_ms)
         mid = start_ms + span / 2
-        prof = float(intraday_profile(((mid - self.session_open_ms) % SESSION_MS) / SESSION_MS)) if c.intraday else 1.0
+        prof = (
+            float(intraday_profile(((mid - self.session_open_ms) % SESSION_MS) / SESSION_MS))
+            if c.intraday
+            else 1.0
+        )
         m = int(rng.poisson(c.rate * prof * span / 1000.0))
         sym = np.searchsorted(self.cum_weights, rng.random(m) * self.cum_weights[-1]).astype(np.int32)
         sym = np.minimum(sym, c.n_symbols - 1)
@@ -204,12 +209,16 @@ class TradeGenerator:
         order = np.argsort(ts, kind="stable")
         sym, ts = sym[order], ts[order].astype(np.int64)
         n = len(ts)
-        side = rng.choice(3, n, p=[(1 - c.unknown_side) / 2, (1 - c.unknown_side) / 2, c.unknown_side]).astype(
+        side = rng.choice(
+            3, n, p=[(1 - c.unknown_side) / 2, (1 - c.unknown_side) / 2, c.unknown_side]
+        ).astype(np.int32)
+        venue_other = rng.choice(len(EXCHANGES), n, p=VENUE_SHARE / VENUE_SHARE.sum()).astype(np.int32)
+        exch = np.where(rng.random(n) < c.listing_venue_share, self.listing[sym], venue_other).astype(
             np.int32
         )
-        venue_other = rng.choice(len(EXCHANGES), n, p=VENUE_SHARE / VENUE_SHARE.sum()).astype(np.int32)
-        exch = np.where(rng.random(n) < c.listing_venue_share, self.listing[sym], venue_other).astype(np.int32)
-        size = np.maximum(1, np.rint(np.exp(rng.normal(math.log(c.size_median), c.size_sigma, n)))).astype(np.int64)
+        size = np.maximum(1, np.rint(np.exp(rng.normal(math.log(c.size_median), c.size_sigma, n)))).astype(
+            np.int64
+        )
         logmid = self._walk(sym, ts)
         # episode effects on the rows of their symbol
         for e in active:
@@ -218,8 +227,9 @@ class TradeGenerator:
                 sel = np.flatnonzero(sym == e.symbol)
                 frac = np.clip((ts[sel] - e.start_ms) / e.duration_ms, 0.0, 1.0)
                 logmid[sel] -= e.magnitude * frac
-                side[rows] = np.where(rng.random(len(rows)) < 0.92, 1, 0)
-                exch[rows] = np.where(rng.random(len(rows)) < 0.8, NASDAQ, exch[rows])
+                if e.magnitude > 0:  # a drop: ask-side selling, routed to NASDAQ (< 0: a quiet recovery)
+                    side[rows] = np.where(rng.random(len(rows)) < 0.92, 1, 0)
+                    exch[rows] = np.where(rng.random(len(rows)) < 0.8, NASDAQ, exch[rows])
             elif e.kind == K_SURGE:
                 size[rows] = np.rint(size[rows] * e.magnitude).astype(np.int64)
             elif e.kind == K_VOLATILITY:
@@ -275,7 +285,9 @@ class TradeGenerator:
         out[order] = walk
         return out
 
-    def chunks(self, start_ms: int, end_ms: int | None = None, chunk_ms: int = 1000) -> Iterator[dict[str, object]]:
+    def chunks(
+        self, start_ms: int, end_ms: int | None = None, chunk_ms: int = 1000
+    ) -> Iterator[dict[str, Any]]:
         """Consecutive chunks from ``start_ms`` (to ``end_ms``, or forever)."""
         t = start_ms
         while end_ms is None or t < end_ms:
@@ -294,27 +306,30 @@ def demo_episodes(
 ) -> list[Episode]:
     """Episodes that make the Traderbot examples of RULES.md fire, from ``first_ms`` on.
 
-    Alternates (1) a NASDAQ **momentum** drop of 5 % with ask-side selling
+    At each of ``count`` slots ``every_ms`` apart, two symbols get (1) a NASDAQ **momentum** drop of 5 % with ask-side selling
     (rule "NASDAQ short-term downward momentum") and (2) a **surge** of block
-    trades (sizes × 100) together with a **volatility** burst of ±2.5 % on one
-    symbol (rule "high volatility with recent volume surge").  Symbols trade
+    trades (sizes × 100) together with a **volatility** burst of ±2.5 % on the
+    other (rule "high volatility with recent volume surge").  Each slot takes
+    fresh symbols for an hour's worth of slots, then reuses them; a momentum
+    symbol's drop is undone 25-35 minutes later.  Symbols trade
     about once a second and are priced in [30, 150], inside the rules' price
     band.  The second rule compares 5-minute and 30-minute averages, so it needs
     30 minutes of history of the symbol (the demo feed backfills it).
     """
     lam_lo, lam_hi = 0.5, 2.0
-    n_each = (count + 1) // 2
-    mom = gen.pick_symbols(n_each, rate_between=(lam_lo, lam_hi), listing=NASDAQ)
-    vol = gen.pick_symbols(n_each, rate_between=(lam_lo, lam_hi), exclude=set(mom))
+    pool = min(count, max(1, 3_600_000 // max(every_ms, 1)))  # fresh symbols for an hour, then reuse
+    mom = gen.pick_symbols(pool, rate_between=(lam_lo, lam_hi), listing=NASDAQ)
+    vol = gen.pick_symbols(pool, rate_between=(lam_lo, lam_hi), exclude=set(mom))
     out: list[Episode] = []
     for i in range(count):
         t = first_ms + i * every_ms
-        if i % 2 == 0:
-            k = mom[(i // 2) % len(mom)]
-            lam = float(gen.symbol_rate(k))
-            out.append(Episode(K_MOMENTUM, k, t, duration_ms // 2, 0.05, extra_rate=2 * lam))
-        else:
-            k = vol[(i // 2) % len(vol)]
-            out.append(Episode(K_SURGE, k, t, duration_ms, 100.0))
-            out.append(Episode(K_VOLATILITY, k, t, duration_ms, 0.025))
+        k = mom[i % len(mom)]
+        lam = float(gen.symbol_rate(k))
+        out.append(Episode(K_MOMENTUM, k, t, duration_ms // 2, 0.05, extra_rate=2 * lam))
+        # the price recovers 25-35 minutes later (outside the rule's 20-minute window), so a long
+        # demo that reuses the symbol keeps it inside the rules' price band
+        out.append(Episode(K_MOMENTUM, k, t + 25 * 60_000, 10 * 60_000, -0.05))
+        k = vol[i % len(vol)]
+        out.append(Episode(K_SURGE, k, t, duration_ms, 100.0))
+        out.append(Episode(K_VOLATILITY, k, t, duration_ms, 0.025))
     return out

@@ -4,9 +4,10 @@
 # Podman from Debian serving the Docker API, a Debian base image made with
 # debootstrap, and the project's images built from containers/*/Containerfile.
 #
-# Usage:  scripts/containers_setup.sh [setup|start|stop|status|images]
-#   setup   (default) everything below, idempotent and cached; leaves the API
-#           service running (PID in .run/podman-service.pid)
+# Usage:  scripts/containers_setup.sh [setup [--keep-service]|start|stop|status|images]
+#   setup   (default) everything below, idempotent and cached.  An API service it had
+#           to start is checked and stopped again at the end (tests/conftest.py starts
+#           one on demand), unless --keep-service (PID in .run/podman-service.pid)
 #   start   only start the Podman API service if its socket is not answering
 #   stop    stop the API service this script started (by its PID file)
 #   status  say what is installed / running / built
@@ -19,16 +20,19 @@
 # script: `docker compose up --build` builds from the public debian:bookworm-slim.
 #
 # Environment: TIDEWATCH_PODMAN_SOCKET (default /run/podman/podman.sock),
-# TIDEWATCH_KAFKA_VERSION (default: the kafka_version setting).
+# TIDEWATCH_KAFKA_VERSION (default: the kafka_version setting), TIDEWATCH_CONTAINERS_CACHE
+# (default .cache/containers: the debootstrap root file system).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RUN_DIR="$ROOT/.run"
-CACHE_DIR="$ROOT/.cache/containers"
+CACHE_DIR="${TIDEWATCH_CONTAINERS_CACHE:-$ROOT/.cache/containers}"
 SOCKET="${TIDEWATCH_PODMAN_SOCKET:-/run/podman/podman.sock}"
 PID_FILE="$RUN_DIR/podman-service.pid"
 BASE_IMAGE="localhost/tidewatch-base:bookworm"
 CONF=/etc/containers/containers.conf
+
+STARTED_SERVICE=0
 
 log() { printf '[containers] %s\n' "$*" >&2; }
 die() { printf '[containers] error: %s\n' "$*" >&2; exit 1; }
@@ -65,10 +69,11 @@ install_packages() {
 
 # --- 2. containers.conf -----------------------------------------------------------
 # runc, because crun fails on these hosts' hybrid cgroups; a nofile limit Kafka and
-# PostgreSQL are happy with.
+# PostgreSQL are happy with; netavark (with aardvark-dns: compose service names resolve),
+# not the CNI plugins Podman falls back to when it finds a CNI config and no choice.
 write_conf() {
     local want
-    want=$'# written by tidewatch scripts/containers_setup.sh\n[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]\n\n[engine]\nruntime = "runc"\n'
+    want=$'# written by tidewatch scripts/containers_setup.sh\n[containers]\ndefault_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]\n\n[engine]\nruntime = "runc"\n\n[network]\nnetwork_backend = "netavark"\n'
     if [ -f "$CONF" ] && [ "$(cat "$CONF")" = "$(printf '%s' "$want")" ]; then log "config: $CONF up to date"; return; fi
     if [ -f "$CONF" ] && ! grep -q 'tidewatch' "$CONF"; then
         log "config: keeping the existing $CONF as $CONF.before-tidewatch"
@@ -81,16 +86,32 @@ write_conf() {
 
 # --- 3. the Docker-API service ------------------------------------------------------
 socket_answers() {
-    [ -S "$SOCKET" ] && curl -fsS --max-time 3 --unix-socket "$SOCKET" http://d/_ping >/dev/null 2>&1
+    [ -S "$SOCKET" ] && curl -fsS --max-time "${1:-5}" --unix-socket "$SOCKET" http://d/_ping >/dev/null 2>&1
+}
+
+# Something accepts connections on the socket (maybe too busy to answer a ping in time).
+# Never start a second service then: a new one re-binds the path, and when either exits
+# Podman unlinks the socket file under the other one.
+socket_listening() {
+    [ -S "$SOCKET" ] || return 1
+    local rc=0
+    curl -sS --max-time 2 --unix-socket "$SOCKET" http://d/_ping >/dev/null 2>&1 || rc=$?
+    [ "$rc" != 7 ]  # 7: could not connect
 }
 
 start_service() {
-    if socket_answers; then log "service: $SOCKET answers"; return; fi
+    if socket_answers 5; then log "service: $SOCKET answers"; return; fi
+    if socket_listening; then
+        log "service: $SOCKET accepts connections but is slow; waiting for it"
+        for _ in $(seq 1 12); do socket_answers 10 && { log "service: $SOCKET answers"; return; }; done
+        die "the service on $SOCKET does not answer; not starting a second one"
+    fi
     mkdir -p "$RUN_DIR" "$(dirname "$SOCKET")"
     log "service: starting podman system service on unix://$SOCKET"
     setsid podman system service --time=0 "unix://$SOCKET" >"$RUN_DIR/podman-service.log" 2>&1 </dev/null &
     echo $! >"$PID_FILE"
-    for _ in $(seq 1 100); do socket_answers && { log "service: up (pid $(cat "$PID_FILE"))"; return; }; sleep 0.1; done
+    STARTED_SERVICE=1
+    for _ in $(seq 1 150); do socket_answers 5 && { log "service: up (pid $(cat "$PID_FILE"))"; return; }; sleep 0.2; done
     die "podman system service did not answer on $SOCKET; see $RUN_DIR/podman-service.log"
 }
 
@@ -241,7 +262,13 @@ main() {
             start_service
             base_image
             build_images
-            log "ready in $((SECONDS - t0)) s: DOCKER_HOST=unix://$SOCKET"
+            if [ "$STARTED_SERVICE" = 1 ] && [ "${2:-}" != "--keep-service" ]; then
+                # nothing left running: the test fixtures start (and stop) the service themselves
+                stop_service
+                log "ready in $((SECONDS - t0)) s (images built; the API service is started on demand)"
+            else
+                log "ready in $((SECONDS - t0)) s: DOCKER_HOST=unix://$SOCKET"
+            fi
             ;;
         start) start_service ;;
         stop) stop_service ;;

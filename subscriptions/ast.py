@@ -7,8 +7,9 @@ rules that differ only in layout or keyword case have equal ASTs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Union
+from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import field as dc_field
+from typing import Any
 
 Pos = tuple[int, int] | None
 
@@ -23,7 +24,7 @@ UNIT_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000
 
 
 def _pos() -> Any:
-    return field(default=None, compare=False, repr=False)
+    return dc_field(default=None, compare=False, repr=False)
 
 
 # ---------------------------------------------------------------- row conditions (WHERE / FILTER)
@@ -35,7 +36,7 @@ class RowCmp:
     op: str
     value: str | float
     pos: Pos = _pos()
-    lit_pos: tuple[Pos, ...] = field(default=(), compare=False, repr=False)
+    lit_pos: tuple[Pos, ...] = dc_field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class RowIn:
     field: str
     values: tuple[str | float, ...]
     pos: Pos = _pos()
-    lit_pos: tuple[Pos, ...] = field(default=(), compare=False, repr=False)
+    lit_pos: tuple[Pos, ...] = dc_field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class RowBetween:
     lo: str | float
     hi: str | float
     pos: Pos = _pos()
-    lit_pos: tuple[Pos, ...] = field(default=(), compare=False, repr=False)
+    lit_pos: tuple[Pos, ...] = dc_field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class RowNot:
     pos: Pos = _pos()
 
 
-RowCond = Union[RowCmp, RowIn, RowBetween, RowAnd, RowOr, RowNot]
+RowCond = RowCmp | RowIn | RowBetween | RowAnd | RowOr | RowNot
 
 
 # ---------------------------------------------------------------- windows
@@ -102,7 +103,7 @@ class RowsWindow:
     pos: Pos = _pos()
 
 
-Window = Union[TimeWindow, RowsWindow]
+Window = TimeWindow | RowsWindow
 
 
 # ---------------------------------------------------------------- value expressions
@@ -122,7 +123,7 @@ class Agg:
     filter: RowCond | None
     window: Window
     pos: Pos = _pos()
-    arg_pos: Pos = field(default=None, compare=False, repr=False)
+    arg_pos: Pos = dc_field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Neg:
     pos: Pos = _pos()
 
 
-Expr = Union[Num, Agg, BinOp, Neg]
+Expr = Num | Agg | BinOp | Neg
 
 
 # ---------------------------------------------------------------- HAVING conditions
@@ -179,7 +180,7 @@ class Not:
     pos: Pos = _pos()
 
 
-Cond = Union[Cmp, Between, And, Or, Not]
+Cond = Cmp | Between | And | Or | Not
 
 
 @dataclass(frozen=True)

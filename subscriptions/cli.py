@@ -57,7 +57,9 @@ def read_rule_file(path: Path) -> list[tuple[str, int, str]]:
                 obj = json.loads(ln)
                 out.append((str(obj["name"]), i, str(obj["rule"])))
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise typer.BadParameter(f"{path}:{i}: not a {{'name', 'rule'}} JSON object ({exc})") from None
+                raise typer.BadParameter(
+                    f"{path}:{i}: not a {{'name', 'rule'}} JSON object ({exc})"
+                ) from None
         return out
     block: list[str] = []
     start = 0
@@ -75,7 +77,9 @@ def read_rule_file(path: Path) -> list[tuple[str, int, str]]:
 
 
 @rules_app.command("check")
-def check_cmd(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL or text file of rules")]) -> None:
+def check_cmd(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL or text file of rules")],
+) -> None:
     """Validate every rule of a file; exit status 2 if any does not parse or type-check."""
     from subscriptions.compiler import compile_rule
 
@@ -100,7 +104,9 @@ def backtest_cmd(
     events: Annotated[list[str], typer.Option("--events", help="STREAM=FILE.csv (repeatable)")],
     every: Annotated[int, typer.Option("--every", help="lookup period in ms")],
     out: Annotated[Path, typer.Option("--out", help="ALERTS.jsonl to write")],
-    strategy: Annotated[str, typer.Option("--strategy", help="shared (collective indexes) or naive")] = "shared",
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="shared (collective indexes) or naive")
+    ] = "shared",
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 on any malformed CSV row")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
 ) -> None:
@@ -113,7 +119,7 @@ def backtest_cmd(
     if strategy not in ("shared", "naive"):
         _err("--strategy must be 'shared' or 'naive'")
         raise typer.Exit(2)
-    pairs: list[tuple[str, str]] = []
+    pairs: list[tuple[str, str | Path]] = []
     for spec in events:
         stream, sep, path = spec.partition("=")
         if not sep or not path:

@@ -149,7 +149,12 @@ class Plan:
             "key": self.key,
             "domain_ms": self.domain_ms,
             "aggregates": [
-                {"id": a.id, "text": a.text, "structure": list(a.structure), "window": A.window_text(a.window)}
+                {
+                    "id": a.id,
+                    "text": a.text,
+                    "structure": list(a.structure),
+                    "window": A.window_text(a.window),
+                }
                 for a in self.aggs
             ],
             "atoms": [
@@ -175,12 +180,11 @@ class Plan:
     @classmethod
     def from_json(cls, data: dict[str, Any] | str) -> Plan:
         """Rebuild a plan from :meth:`to_json` output (the AST is stored; the rest is re-derived)."""
-        if isinstance(data, str):
-            data = json.loads(data)
-        if data.get("version") != PLAN_VERSION:
-            raise ValueError(f"unsupported plan version {data.get('version')!r}")
-        rule = A.from_json(data["rule"])
-        return build_plan(rule, data["text"])
+        obj: dict[str, Any] = json.loads(data) if isinstance(data, str) else data
+        if obj.get("version") != PLAN_VERSION:
+            raise ValueError(f"unsupported plan version {obj.get('version')!r}")
+        rule = A.from_json(obj["rule"])
+        return build_plan(rule, obj["text"])
 
 
 def _nnf_json(n: NNF) -> Any:
@@ -308,12 +312,19 @@ def build_plan(rule: A.Rule, text: str) -> Plan:
 
 
 def _classify(
-    i: int, op: str, left: A.Expr, right: A.Expr, negated: bool, rule: A.Rule, agg_ids: dict[str, int], spec: Any
+    i: int,
+    op: str,
+    left: A.Expr,
+    right: A.Expr,
+    negated: bool,
+    rule: A.Rule,
+    agg_ids: dict[str, int],
+    spec: Any,
 ) -> Atom:
     text = f"{A.expr_text(left)} {op} {A.expr_text(right)}"
     if negated:
         text = f"NOT ({text})"
-    base = dict(id=i, op=op, left=left, right=right, negated=negated, text=text)
+    base: dict[str, Any] = dict(id=i, op=op, left=left, right=right, negated=negated, text=text)
     if negated:
         return Atom(**base, reason="NOT of a comparison that may be NULL is true on keys without events")  # type: ignore[arg-type]
     if isinstance(left, A.Agg) and const_value(right) is not None:
@@ -324,7 +335,9 @@ def _classify(
         return Atom(**base, reason="not a threshold (an aggregate compared with a constant)")  # type: ignore[arg-type]
     assert c is not None
     if agg.distinct or agg.func not in ("COUNT", "SUM"):
-        return Atom(**base, reason=f"{'COUNT(DISTINCT)' if agg.distinct else agg.func} has no collective index")  # type: ignore[arg-type]
+        return Atom(
+            **base, reason=f"{'COUNT(DISTINCT)' if agg.distinct else agg.func} has no collective index"
+        )  # type: ignore[arg-type]
     if agg.func == "SUM" and not spec.fields[agg.field].non_negative:
         return Atom(**base, reason=f"SUM of {agg.field}, which may be negative")  # type: ignore[arg-type]
     if not isinstance(agg.window, A.TimeWindow) or not agg.window.suffix:
@@ -347,7 +360,9 @@ def _classify(
     else:
         return Atom(**base, reason="!= is satisfied by keys without events (value 0)")  # type: ignore[arg-type]
     if lo is None or lo < 0 or (lo == 0 and not lo_strict):
-        return Atom(**base, reason=f"satisfied when {agg.func} = 0, i.e. by keys without events in the window")  # type: ignore[arg-type]
+        return Atom(
+            **base, reason=f"satisfied when {agg.func} = 0, i.e. by keys without events in the window"
+        )  # type: ignore[arg-type]
     where = combine_predicates(rule.where, agg.filter)
     pred = A.row_text(where)
     if agg.func == "COUNT":
@@ -431,7 +446,7 @@ def explain(plan: Plan) -> str:
     lines = [
         f"rule      {A.rule_text(plan.rule)}",
         f"stream    {plan.stream}, key {plan.key}",
-        "key domain "
+        "domain    "
         + (
             f"keys with >= 1 {plan.stream} event (before WHERE) in (now - {A.fmt_ms(plan.domain_ms)}, now]"
             if plan.domain_ms is not None
@@ -448,7 +463,9 @@ def explain(plan: Plan) -> str:
     for a in plan.aggs:
         kind, pred, attr = a.structure
         lines.append(f"  [{a.id}] {a.text}")
-        lines.append(f"       structure: {kinds[kind]} of {plan.stream} by {plan.key}, WHERE {pred}, attribute {attr}")
+        lines.append(
+            f"       structure: {kinds[kind]} of {plan.stream} by {plan.key}, WHERE {pred}, attribute {attr}"
+        )
     lines.append("atoms (condition in negation normal form):")
     for t in plan.atoms:
         mark = "indexable" if t.indexable else "post-check only"

@@ -38,6 +38,7 @@ from subscriptions import ast as A
 from subscriptions.compiler import AggSpec, Atom, Plan
 from subscriptions.schema import STREAMS
 
+_EMPTY = np.zeros(0, np.int64)
 _SHIFT = np.int64(32)  # (rule uid << 32) | key id encodes a (rule, key) pair
 
 
@@ -106,7 +107,9 @@ def _row_test(c: A.RowCond, v: np.ndarray) -> np.ndarray:
             return np.asarray(pd.Index(v).isin(list(c.values)), dtype=bool)
         return np.isin(v, np.asarray(c.values, dtype=np.float64))
     if isinstance(c, A.RowBetween):
-        return np.asarray(_compare(v, ">=", c.lo), dtype=bool) & np.asarray(_compare(v, "<=", c.hi), dtype=bool)
+        return np.asarray(_compare(v, ">=", c.lo), dtype=bool) & np.asarray(
+            _compare(v, "<=", c.hi), dtype=bool
+        )
     raise TypeError(c)
 
 
@@ -122,6 +125,15 @@ def _compare(a: Any, op: str, b: Any) -> Any:
     if op == "=":
         return a == b
     return a != b
+
+
+def sorted_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elements of sorted unique ``a`` not in sorted unique ``b`` (binary search, no re-sort)."""
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return a
+    i = np.searchsorted(b, a)
+    found = b[np.minimum(i, b.shape[0] - 1)] == a
+    return a[~found]
 
 
 # ---------------------------------------------------------------- shared state
@@ -151,16 +163,31 @@ class _KeyState:
         self.key = key
         self.ci_p = ci_p
         self.interner = KeyInterner()
-        self.domain = RInt(0)
+        self.domain = RInt(0)  # every event (before WHERE), for key domains
+        #: the domain R-INT is kept only while a rule reads it (naive, or a rule without a driver:
+        #: an index-driven rule's answer lies inside its key domain by construction)
+        self.domain_live = False
         self.domain_users: dict[str, int | None] = {}
         self.structs: dict[tuple[str, str, str], _Structure] = {}
         self.value_ids: dict[str, KeyInterner] = {}  # per string field, for COUNT DISTINCT
+        self._ids: dict[Any, int] = {}  # key value -> id (mirror of the interner, for fast lookups)
+        self._key_arr = np.zeros(0, dtype=object)  # id -> key value (capacity doubles)
+        self._key_n = 0
 
     def struct(self, kind: str, predicate: A.RowCond | None, attr: str) -> tuple[_Structure, bool]:
-        k = (kind, A.row_text(predicate), attr)
+        """The shared structure for (kind, predicate, attribute), created when missing.
+
+        COUNT is served by an existing R-INT of values under the same predicate when there is
+        one (its count column holds the same rows), so one R-INT serves COUNT and SUM alike."""
+        pred = A.row_text(predicate)
+        k = (kind, pred, attr)
         s = self.structs.get(k)
         if s is not None:
             return s, False
+        if kind == "count":
+            for (kind2, pred2, _), s2 in self.structs.items():
+                if kind2 == "values" and pred2 == pred:
+                    return s2, False
         obj: Any
         if kind == "count":
             obj = RInt(0)
@@ -173,18 +200,41 @@ class _KeyState:
         elif kind == "ci_count":
             obj = CICount(self.ci_p)
         elif kind == "ci_sum":
-            obj = CISum(self.ci_p)
+            # CI-SUM counts values in units (section 4.2); a unit of the field's typical value
+            # keeps the number of levels, and the O(p log units) update cost, small -- candidates
+            # stay a superset (one unit of slack), the post-check stays exact
+            obj = CISum(self.ci_p, unit=STREAMS[self.stream].fields[attr].typical)
         else:  # pragma: no cover
             raise ValueError(kind)
         s = _Structure(kind, predicate, attr, obj)
         self.structs[k] = s
         return s, True
 
+    def key_values(self, ids: np.ndarray) -> np.ndarray:
+        """Key values (object array) of key ids."""
+        n = len(self.interner)
+        if self._key_n < n:
+            if self._key_arr.shape[0] < n:
+                grown = np.empty(max(2 * self._key_arr.shape[0], n, 64), dtype=object)
+                grown[: self._key_n] = self._key_arr[: self._key_n]
+                self._key_arr = grown
+            self._key_arr[self._key_n : n] = self.interner.keys(np.arange(self._key_n, n))
+            self._key_n = n
+        return self._key_arr[ids]
+
     def key_ids(self, batch: BatchView) -> np.ndarray:
         codes, uniques = batch.factorized(self.key)
         if batch.n == 0:
             return np.zeros(0, np.int64)
-        return self.interner.ids(uniques.astype(str))[codes]
+        get = self._ids.get
+        ids = np.fromiter((get(u, -1) for u in uniques), np.int64, uniques.shape[0])
+        new = ids < 0
+        if new.any():  # first-seen order within the batch (uniques are in order of appearance)
+            fresh = uniques[new].astype(str)
+            got = self.interner.ids(fresh)
+            ids[new] = got
+            self._ids.update(zip(uniques[new].tolist(), got.tolist(), strict=True))
+        return ids[codes]
 
     def distinct_values(self, batch: BatchView, name: str) -> np.ndarray:
         f = STREAMS[self.stream].fields[name]
@@ -199,12 +249,18 @@ class _KeyState:
             return np.zeros(0, np.int64)
         return it.ids(uniques.astype(str))[codes]
 
-    def apply(self, batch: BatchView, structs: Iterable[_Structure] | None = None) -> None:
-        """Apply a ts-sorted batch to the domain R-INT and to every structure (or the given ones)."""
+    def apply(
+        self, batch: BatchView, structs: Iterable[_Structure] | None = None, domain: bool | None = None
+    ) -> None:
+        """Apply a ts-sorted batch to every structure (or the given ones) and, when ``domain``
+        (default: all structures and the domain R-INT is live), to the domain R-INT."""
         ids = self.key_ids(batch)
         ts = np.asarray(batch.cols["ts"], dtype=np.int64)
-        if structs is None:
+        if domain is None:
+            domain = structs is None and self.domain_live
+        if domain:
             self.domain.append(ids, ts)
+        if structs is None:
             structs = self.structs.values()
         for s in structs:
             m = batch.mask(s.predicate)
@@ -254,30 +310,59 @@ class _Group:
     members: dict[str, Atom] = field(default_factory=dict)  # rule name -> its atom
     uids: dict[str, int] = field(default_factory=dict)
     prev_pairs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    arrays: tuple[Any, ...] | None = None  # per-member ranges, rebuilt when members change
+
+    def prepare(self) -> None:
+        names = list(self.members)
+        atoms = [self.members[n] for n in names]
+        los = np.array([a.lo for a in atoms], np.float64)  # indexable atoms always have lo
+        his = np.array([np.inf if a.hi is None else a.hi for a in atoms], np.float64)
+        lo_strict = np.array([a.lo_strict for a in atoms], bool)
+        hi_strict = np.array([a.hi_strict for a in atoms], bool)
+        uids = np.array([self.uids[n] for n in names], np.int64)
+        loosest = float(los.min())
+        ls = bool(np.all(lo_strict[los == loosest]))
+        if np.all(np.isfinite(his)):
+            top = float(his.max())
+            hi_arg: float | None = top
+            hs = bool(np.all(hi_strict[his == top]))
+        else:
+            hi_arg, hs = None, True
+        self.arrays = (names, los, his, lo_strict, hi_strict, uids, (loosest, ls, hi_arg, hs))
+        order = np.argsort(uids)
+        self._uid_sorted = uids[order]
+        self._name_sorted = np.array(names, dtype=object)[order]
+
+    def name_of(self, uids: np.ndarray) -> np.ndarray:
+        """Rule names (object array) of an array of rule uids of this group."""
+        if self.arrays is None:
+            self.prepare()
+        return self._name_sorted[np.searchsorted(self._uid_sorted, uids)]
 
 
 @dataclass
 class Changes:
-    """Result changes of one lookup: per rule, the key ids that entered and exited."""
+    """Result changes of one lookup: blocks of (rule names, key values) that entered / exited."""
 
-    as_of: int
-    entered: dict[str, np.ndarray]
-    exited: dict[str, np.ndarray]
-    states: dict[str, _KeyState]
+    def __init__(self, as_of: int) -> None:
+        self.as_of = as_of
+        self.parts: list[tuple[np.ndarray, np.ndarray, str]] = []
+
+    def add(self, names: np.ndarray, keys: np.ndarray, kind: str) -> None:
+        if keys.shape[0]:
+            self.parts.append((names, keys, kind))
 
     def rows(self) -> list[tuple[int, str, str, str]]:
         """(as_of, rule, key, kind) ordered by rule, then key (string order)."""
-        out: list[tuple[int, str, str, str]] = []
-        for name in sorted(set(self.entered) | set(self.exited)):
-            st = self.states[name]
-            items = [(k, "ENTER") for k in st.interner.keys(self.entered.get(name, ()))]
-            items += [(k, "EXIT") for k in st.interner.keys(self.exited.get(name, ()))]
-            items.sort()
-            out.extend((self.as_of, name, k, kind) for k, kind in items)
-        return out
+        items: list[tuple[str, str, str]] = []
+        for names, keys, kind in self.parts:
+            items.extend(zip(names.tolist(), keys.tolist(), [kind] * keys.shape[0], strict=True))
+        items.sort()
+        t = self.as_of
+        return [(t, n, k, kind) for n, k, kind in items]
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self.entered.values()) + sum(len(v) for v in self.exited.values())
+        return sum(int(k.shape[0]) for _, k, _ in self.parts)
 
 
 class Evaluator:
@@ -287,7 +372,9 @@ class Evaluator:
     structures nobody had (PSoup); ``None`` retains as long as the longest window in use.
     """
 
-    def __init__(self, strategy: str = "shared", ci_p: int | None = None, history_ms: int | None = None) -> None:
+    def __init__(
+        self, strategy: str = "shared", ci_p: int | None = None, history_ms: int | None = None
+    ) -> None:
         if strategy not in ("shared", "naive"):
             raise ValueError("strategy must be 'shared' or 'naive'")
         if ci_p is None:
@@ -319,6 +406,10 @@ class Evaluator:
         else:
             new_state = False
         st.domain_users[name] = plan.domain_ms
+        needs_domain = plan.domain_ms is not None and (self.strategy == "naive" or not plan.driver)
+        domain_fresh = needs_domain and not st.domain_live and not new_state
+        if needs_domain:
+            st.domain_live = True
         fresh: list[_Structure] = []
 
         def use(kind: str, pred: A.RowCond | None, attr: str, window: A.Window | int) -> _Structure:
@@ -345,8 +436,8 @@ class Evaluator:
         self._uid += 1
         rule = _Rule(name, plan, self._uid, st, agg_structs, index_structs)
         self.rules[name] = rule
-        if fresh or new_state:
-            self._replay(st, fresh, new_state)
+        if fresh or new_state or domain_fresh:
+            self._replay(st, fresh, new_state, domain_fresh)
         if self.strategy == "shared" and plan.single_atom:
             atom = plan.atoms[plan.driver[0]]
             idx = index_structs[atom.id]
@@ -357,7 +448,15 @@ class Evaluator:
                 self.groups[gkey] = g
             g.members[name] = atom
             g.uids[name] = rule.uid
+            g.arrays = None
             rule.group = gkey
+
+    def add_rules(self, rules: Iterable[tuple[str, Plan]]) -> None:
+        """Register many rules; those reading value R-INTs first, so COUNTs can share them."""
+        items = list(rules)
+        items.sort(key=lambda r: 0 if any(a.structure[0] == "values" for a in r[1].aggs) else 1)
+        for name, plan in items:
+            self.add_rule(name, plan)
 
     def remove_rule(self, name: str) -> None:
         """Unregister a rule; structures nobody uses any more are dropped."""
@@ -367,6 +466,7 @@ class Evaluator:
         if rule.group is not None:
             g = self.groups[rule.group]
             g.members.pop(name)
+            g.arrays = None
             uid = g.uids.pop(name)
             g.prev_pairs = g.prev_pairs[(g.prev_pairs >> _SHIFT) != uid]
             if not g.members:
@@ -379,13 +479,14 @@ class Evaluator:
         if not st.domain_users:
             del self.states[(st.stream, st.key)]
 
-    def _replay(self, st: _KeyState, fresh: list[_Structure], new_state: bool) -> None:
+    def _replay(self, st: _KeyState, fresh: list[_Structure], new_state: bool, domain_fresh: bool) -> None:
+        """PSoup: fill new structures (and the domain R-INT when it starts being read) from history."""
         for cols in self._history.get(st.stream, []):
             b = BatchView(st.stream, cols)
             if new_state:
                 st.apply(b)
             else:
-                st.apply(b, fresh)
+                st.apply(b, fresh, domain=domain_fresh)
 
     # ------------------------------------------------------------ events
     def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None:
@@ -439,7 +540,7 @@ class Evaluator:
         """Drop rows no window in use can read any more (windows end at ``now`` or later)."""
         for st in self.states.values():
             dom = [w for w in st.domain_users.values() if w is not None]
-            if dom:
+            if dom and st.domain_live:
                 st.domain.expire(now - max(dom))
             for s in st.structs.values():
                 h = s.horizon()
@@ -462,41 +563,30 @@ class Evaluator:
         changes of each rule's result since its previous lookup."""
         self.stats["lookups"] += 1
         ctx = _Lookup(self, now)
-        entered: dict[str, np.ndarray] = {}
-        exited: dict[str, np.ndarray] = {}
+        changes = Changes(now)
         for g in self.groups.values():
-            self._lookup_group(g, now, entered, exited)
+            self._lookup_group(g, now, changes)
         for rule in self.rules.values():
             if rule.group is not None:
                 continue
             cur = ctx.evaluate(rule)
-            enter = np.setdiff1d(cur, rule.prev, assume_unique=True)
-            exit_ = np.setdiff1d(rule.prev, cur, assume_unique=True)
-            if enter.size:
-                entered[rule.name] = enter
-            if exit_.size:
-                exited[rule.name] = exit_
+            enter = sorted_diff(cur, rule.prev)
+            exit_ = sorted_diff(rule.prev, cur)
+            for ids, kind in ((enter, "ENTER"), (exit_, "EXIT")):
+                if ids.shape[0]:
+                    changes.add(
+                        np.full(ids.shape[0], rule.name, dtype=object), rule.state.key_values(ids), kind
+                    )
             rule.prev = cur
         self._maybe_expire(now)
-        states = {n: self.rules[n].state for n in set(entered) | set(exited)}
-        return Changes(now, entered, exited, states)
+        return changes
 
-    def _lookup_group(self, g: _Group, now: int, entered: dict[str, np.ndarray], exited: dict[str, np.ndarray]) -> None:
-        names = list(g.members)
-        atoms = [g.members[n] for n in names]
-        los = np.array([a.lo for a in atoms], np.float64)  # indexable atoms always have lo
-        his = np.array([np.inf if a.hi is None else a.hi for a in atoms], np.float64)
-        lo_strict = np.array([a.lo_strict for a in atoms])
-        hi_strict = np.array([a.hi_strict for a in atoms])
-        i_lo = int(np.argmin(los))
-        loosest_lo = float(los[i_lo])
-        ls = bool(np.all(lo_strict[los == loosest_lo]))
-        if np.all(np.isfinite(his)):
-            top = float(his.max())
-            hs = bool(np.all(hi_strict[his == top]))
-            hi_arg: float | None = top
-        else:
-            hi_arg, hs = None, True
+    def _lookup_group(self, g: _Group, now: int, changes: Changes) -> None:
+        """One index lookup at the group's loosest range, one exact pass, per-rule ranges by bisection."""
+        if g.arrays is None:
+            g.prepare()
+        assert g.arrays is not None
+        names, los, his, lo_strict, hi_strict, uids, (loosest_lo, ls, hi_arg, hs) = g.arrays
         cand = g.index.obj.candidates(g.T, now, loosest_lo, hi_arg, ls, hs)
         self.stats["candidates"] += int(cand.shape[0])
         self.stats["post_checked"] += int(cand.shape[0])
@@ -510,7 +600,6 @@ class Evaluator:
             b = np.where(hi_strict, np.searchsorted(v, his, "left"), np.searchsorted(v, his, "right"))
             lens = np.maximum(b - a, 0)
             total = int(lens.sum())
-            uids = np.array([g.uids[n] for n in names], np.int64)
             if total:
                 starts = np.cumsum(lens) - lens
                 pos = np.arange(total, dtype=np.int64) - np.repeat(starts - a, lens)
@@ -520,23 +609,29 @@ class Evaluator:
                 pairs = np.zeros(0, np.int64)
         else:
             pairs = np.zeros(0, np.int64)
-        enter = np.setdiff1d(pairs, g.prev_pairs, assume_unique=True)
-        exit_ = np.setdiff1d(g.prev_pairs, pairs, assume_unique=True)
+        enter = sorted_diff(pairs, g.prev_pairs)
+        exit_ = sorted_diff(g.prev_pairs, pairs)
         g.prev_pairs = pairs
-        if enter.size or exit_.size:
-            by_uid = {u: n for n, u in g.uids.items()}
-            for arr, out in ((enter, entered), (exit_, exited)):
-                if not arr.size:
-                    continue
-                hi_bits = arr >> _SHIFT
-                bounds = np.flatnonzero(np.diff(hi_bits)) + 1
-                for chunk in np.split(arr, bounds):
-                    out[by_uid[int(chunk[0] >> _SHIFT)]] = chunk & np.int64(0xFFFFFFFF)
+        for arr, kind in ((enter, "ENTER"), (exit_, "EXIT")):
+            if arr.shape[0]:
+                names = g.name_of(arr >> _SHIFT)
+                changes.add(names, g.state.key_values(arr & np.int64(0xFFFFFFFF)), kind)
 
     def lookup(self, now: int) -> dict[str, set[str]]:
         """Current result set of every rule at ``now`` (as key values); advances the change state."""
         self.step(now)
-        return {name: set(self.current_ids(name)) for name in self.rules}
+        ids: dict[str, np.ndarray] = {}
+        for g in self.groups.values():
+            by_uid = {u: n for n, u in g.uids.items()}
+            pairs = g.prev_pairs
+            bounds = np.flatnonzero(np.diff(pairs >> _SHIFT)) + 1
+            for chunk in np.split(pairs, bounds) if pairs.size else []:
+                ids[by_uid[int(chunk[0] >> _SHIFT)]] = chunk & np.int64(0xFFFFFFFF)
+        out: dict[str, set[str]] = {}
+        for name, rule in self.rules.items():
+            cur = rule.prev if rule.group is None else ids.get(name, _EMPTY)
+            out[name] = set(rule.state.interner.keys(cur))
+        return out
 
     def current_ids(self, name: str) -> list[str]:
         """The rule's result at its last lookup, as key values."""
@@ -552,12 +647,7 @@ class Evaluator:
     def evaluate_now(self, name: str, now: int) -> set[str]:
         """PSoup: the rule's result at ``now`` from the state held, without touching change state."""
         rule = self.rules[name]
-        ctx = _Lookup(self, now)
-        if rule.group is not None:
-            ids = ctx.evaluate(rule)
-        else:
-            ids = ctx.evaluate(rule)
-        return set(rule.state.interner.keys(ids))
+        return set(rule.state.interner.keys(_Lookup(self, now).evaluate(rule)))
 
     @property
     def nbytes(self) -> int:
@@ -600,12 +690,6 @@ class _Lookup:
             self._domains[k] = d
         return d
 
-    def in_domain(self, st: _KeyState, W: int | None, keys: np.ndarray) -> np.ndarray:
-        if W is None or keys.shape[0] == 0:
-            return keys
-        cnt, _ = st.domain.window(keys, self.now - W, self.now)
-        return keys[cnt > 0]
-
     def evaluate(self, rule: _Rule) -> np.ndarray:
         """Sorted key ids satisfying the rule at now."""
         plan = rule.plan
@@ -619,8 +703,9 @@ class _Lookup:
             ]
             keys = cands[0] if len(cands) == 1 else np.unique(np.concatenate(cands))
             keys = np.sort(keys)
+            # no domain check: a key satisfying the rule satisfies a driving atom, so it has an
+            # event in that atom's window, which lies inside (now - W, now]
             self.ev.stats["candidates"] += int(keys.shape[0])
-            keys = self.in_domain(rule.state, plan.domain_ms, keys)
         else:
             keys = self.domain(rule.state, plan.domain_ms)
         if keys.shape[0] == 0:

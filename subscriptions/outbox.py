@@ -82,8 +82,12 @@ def encode_value(row: Outbox) -> bytes:
     return json.dumps(row.payload, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
-def _headers(row: Outbox) -> list[tuple[str, bytes]]:
-    h = [("outbox_id", str(row.id).encode())]
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _headers(row: Outbox) -> list[tuple[str, str | bytes | None]]:
+    h: list[tuple[str, str | bytes | None]] = [("outbox_id", str(row.id).encode())]
     version = row.payload.get("version") if isinstance(row.payload, dict) else None
     if version is not None:
         h.append(("version", str(version).encode()))
@@ -137,7 +141,7 @@ class OutboxRelay:
             .where(Outbox.topic == self.topic, Outbox.kafka_offset.is_not(None))
             .group_by(Outbox.kafka_partition)
         )
-        return {int(p): int(o) for p, o in rows}
+        return {int(p): int(o) for p, o in rows if p is not None and o is not None}
 
     def recover(self, timeout: float = 30.0) -> int:
         """Mark the rows whose records are on the topic but not yet marked; return how many."""
@@ -179,16 +183,19 @@ class OutboxRelay:
                 msg = consumer.poll(0.5)
                 if msg is None:
                     continue
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(int(msg.partition() or 0))
                         continue
-                    raise KafkaException(msg.error())
-                hdrs = dict(msg.headers() or [])
+                    raise KafkaException(error)
+                raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])  # type: ignore[arg-type]
+                hdrs = {k: v for k, v in raw_headers if v is not None}
                 oid = int(hdrs["outbox_id"]) if "outbox_id" in hdrs else None
                 ver = int(hdrs["version"]) if "version" in hdrs else None
-                key = msg.key().decode() if msg.key() is not None else ""
-                found.append((msg.partition(), msg.offset(), oid, key, ver))
+                raw_key = msg.key()
+                key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key or "")
+                found.append((int(msg.partition() or 0), int(msg.offset() or 0), oid, key, ver))
         finally:
             consumer.close()
         if not found:
@@ -198,25 +205,31 @@ class OutboxRelay:
             latest_version: dict[str, int] = {}
             for part, off, oid, key, ver in found:
                 if oid is not None:
-                    marked += s.execute(
-                        update(Outbox)
-                        .where(Outbox.id == oid, Outbox.topic == self.topic, Outbox.published_at.is_(None))
-                        .values(published_at=func.now(), kafka_partition=part, kafka_offset=off)
-                    ).rowcount
+                    marked += _rowcount(
+                        s.execute(
+                            update(Outbox)
+                            .where(
+                                Outbox.id == oid, Outbox.topic == self.topic, Outbox.published_at.is_(None)
+                            )
+                            .values(published_at=func.now(), kafka_partition=part, kafka_offset=off)
+                        )
+                    )
                 if ver is not None:
                     latest_version[key] = max(ver, latest_version.get(key, ver))
             for key, ver in latest_version.items():
                 # rows of an older version whose record compaction removed: superseded
-                marked += s.execute(
-                    update(Outbox)
-                    .where(
-                        Outbox.topic == self.topic,
-                        Outbox.key == key,
-                        Outbox.published_at.is_(None),
-                        Outbox.payload["version"].as_integer() <= ver,
+                marked += _rowcount(
+                    s.execute(
+                        update(Outbox)
+                        .where(
+                            Outbox.topic == self.topic,
+                            Outbox.key == key,
+                            Outbox.published_at.is_(None),
+                            Outbox.payload["version"].as_integer() <= ver,
+                        )
+                        .values(published_at=func.now())
                     )
-                    .values(published_at=func.now())
-                ).rowcount
+                )
         if marked:
             log.info("outbox recovery: %d row(s) were already on %s", marked, self.topic)
         return marked
@@ -240,11 +253,14 @@ class OutboxRelay:
             delivered: dict[int, tuple[int, int]] = {}
             errors: list[str] = []
 
-            def on_delivery(err: KafkaError | None, msg: Any, oid: int) -> None:
-                if err is not None:
-                    errors.append(str(err))
-                else:
-                    delivered[oid] = (msg.partition(), msg.offset())
+            def on_delivery(oid: int) -> Callable[[KafkaError | None, Any], None]:
+                def report(err: KafkaError | None, msg: Any) -> None:
+                    if err is not None:
+                        errors.append(str(err))
+                    else:
+                        delivered[oid] = (msg.partition(), msg.offset())
+
+                return report
 
             self._producer.begin_transaction()
             try:
@@ -254,7 +270,7 @@ class OutboxRelay:
                         key=row.key.encode(),
                         value=encode_value(row),
                         headers=_headers(row),
-                        on_delivery=lambda err, msg, oid=row.id: on_delivery(err, msg, oid),
+                        on_delivery=on_delivery(row.id),
                     )
                 self._producer.flush(30)
                 if errors or len(delivered) != len(rows):

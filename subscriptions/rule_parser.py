@@ -58,7 +58,7 @@ def _parser() -> Lark:
 
 def _pos_of(x: Any) -> A.Pos:
     if isinstance(x, Token):
-        return (x.line, x.column) if x.line is not None else None
+        return (int(x.line), int(x.column)) if x.line is not None and x.column is not None else None
     meta = getattr(x, "meta", None)
     if meta is not None and not getattr(meta, "empty", True):
         return (meta.line, meta.column)
@@ -267,7 +267,20 @@ def _flatten(parts: list[Any], cls: type) -> tuple[Any, ...]:
 def _tree_depth(tree: Tree, limit: int) -> tuple[int, A.Pos]:  # type: ignore[type-arg]
     """Deepest nesting of HAVING/WHERE operators (iterative) and the position of the outermost
     node nested deeper than ``limit``."""
-    nesting = {"row_or", "row_and", "row_not", "or_", "and_", "not_", "add", "sub", "mul", "div", "neg", "agg"}
+    nesting = {
+        "row_or",
+        "row_and",
+        "row_not",
+        "or_",
+        "and_",
+        "not_",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "agg",
+    }
     flat = {"row_or", "row_and", "or_", "and_"}  # chains of these become one n-ary node
     best = 0
     over: list[tuple[int, int]] = []
@@ -345,7 +358,8 @@ def _syntax_error(text: str, exc: UnexpectedInput) -> RuleError:
             what = f"unexpected {str(tok)!r}"
         expected = _readable(exc.accepts or exc.expected)
     elif isinstance(exc, UnexpectedCharacters):
-        ch = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        at = exc.pos_in_stream or 0
+        ch = text[at] if at < len(text) else ""
         what = f"unexpected character {ch!r}"
         if ch == '"':
             what += " (strings use single quotes)"
@@ -369,7 +383,9 @@ def parse_syntax(text: str) -> A.Rule:
     group_key = rest[-3]
     having = rest[-1]
     rule = A.Rule(str(stream), str(key), where, having, pos=_pos_of(select))
-    object.__setattr__(rule, "_positions", {"stream": _pos_of(stream), "key": _pos_of(key), "group": _pos_of(group_key)})
+    object.__setattr__(
+        rule, "_positions", {"stream": _pos_of(stream), "key": _pos_of(key), "group": _pos_of(group_key)}
+    )
     object.__setattr__(rule, "_group_key", str(group_key))
     return rule
 

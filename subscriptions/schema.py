@@ -19,7 +19,8 @@ class FieldSpec:
     non_negative: bool = False
     #: closed set of allowed values (string enums such as trades.side), or None
     values: tuple[str, ...] | None = None
-    #: a typical per-event value, used only to rank indexable atoms (see compiler.choose_driver)
+    #: a typical per-event value: ranks indexable atoms (compiler.choose_driver) and is the unit
+    #: of CI-SUM over the field (evaluator)
     typical: float = 1.0
 
     @property

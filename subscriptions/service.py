@@ -15,6 +15,7 @@ change anything (pausing a paused subscription) writes nothing.
 
 from __future__ import annotations
 
+import builtins
 import re
 import uuid
 from collections.abc import Callable
@@ -111,7 +112,15 @@ def change_message(sub: Subscription, change: str, changed_at: datetime) -> dict
         "version": sub.version,
         "change": change,
         "changed_at": changed_at.isoformat(),
+        # the fields engine.core.parse_subscription_change reads
+        "op": _OPS[sub.state],
+        "status": sub.state,
+        "rule": sub.rule_text,
     }
+
+
+#: subscription state -> the engine's operation
+_OPS = {"active": "upsert", "paused": "pause", "deleted": "delete"}
 
 
 def _default_compile(text: str) -> dict[str, Any]:
@@ -183,7 +192,7 @@ class SubscriptionService:
         with self._sessions() as s:
             return SubscriptionView.of(self._find(s, user, ref, lock=False))
 
-    def history(self, user: str, ref: str | uuid.UUID) -> list[dict[str, Any]]:
+    def history(self, user: str, ref: str | uuid.UUID) -> builtins.list[dict[str, Any]]:
         """Every version of one of the user's subscriptions, oldest first."""
         with self._sessions() as s:
             sub = self._find(s, user, ref, lock=False, include_deleted=True)

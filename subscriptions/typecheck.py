@@ -91,7 +91,9 @@ class _Checker:
         """Check one literal against the field's type (pos: the literal's position)."""
         if f.numeric and isinstance(value, str):
             raise self.err(
-                f"field {f.name!r} is a number; it cannot be compared with the string {value!r}", pos, ["a number"]
+                f"field {f.name!r} is a number; it cannot be compared with the string {value!r}",
+                pos,
+                ["a number"],
             )
         if not f.numeric and not isinstance(value, str):
             raise self.err(
@@ -152,7 +154,9 @@ class _Checker:
         if a.field is None and a.func != "COUNT":
             raise self.err(f"{a.func}(*) is not allowed; only COUNT(*)", a.pos, [f"{a.func}(field)"])
         if a.distinct and a.func != "COUNT":
-            raise self.err(f"DISTINCT is only allowed in COUNT, not in {a.func}", a.pos, ["COUNT(DISTINCT field)"])
+            raise self.err(
+                f"DISTINCT is only allowed in COUNT, not in {a.func}", a.pos, ["COUNT(DISTINCT field)"]
+            )
         if a.field is None and a.distinct:
             raise self.err("COUNT(DISTINCT *) is not allowed; name a field", a.arg_pos or a.pos, ["a field"])
         if a.field is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import time
@@ -34,8 +35,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 LABEL = "tidewatch.test.pid"
-SETUP_HINT = "run `scripts/containers_setup.sh` (installs Podman, starts its Docker-API service, builds the images)"
+SETUP_HINT = (
+    "run `scripts/containers_setup.sh` (installs Podman, starts its Docker-API service, builds the images)"
+)
 _ADVERTISED_FILE = "/tmp/tidewatch-advertised-listeners"
+SERVICE_IDLE_S = 300  # a service the fixtures started exits after this long without requests
 
 
 # --- the container runtime ------------------------------------------------------------
@@ -75,6 +79,19 @@ class ContainerRuntime:
         urls.append("unix:///var/run/docker.sock")
         return urls
 
+    @staticmethod
+    def _listening(url: str) -> bool:
+        """A process accepts connections on this unix socket (it may be too busy to answer)."""
+        if not url.startswith("unix://"):
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2)
+            try:
+                sock.connect(url.removeprefix("unix://"))
+                return True
+            except OSError:
+                return False
+
     def connect(self) -> str:
         """Find (or start, if Podman is installed) a Docker API; fail loudly otherwise."""
         for url in self.candidates():
@@ -82,7 +99,17 @@ class ContainerRuntime:
                 self.url = url
                 break
         else:
-            if self.settings.container_host is None and shutil.which("podman"):
+            podman_url = f"unix://{self.settings.podman_socket}"
+            if self._listening(podman_url):
+                # busy, not absent: never start a second service on the same path (when
+                # either exits, Podman unlinks the socket file under the other one)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not self._ping(podman_url):
+                    time.sleep(1)
+                if not self._ping(podman_url):
+                    pytest.fail(f"the Docker API on {podman_url} does not answer", pytrace=False)
+                self.url = podman_url
+            elif self.settings.container_host is None and shutil.which("podman"):
                 self.url = self._start_podman_service()
             else:
                 pytest.fail(
@@ -93,6 +120,11 @@ class ContainerRuntime:
         os.environ["DOCKER_HOST"] = self.url
         os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
         os.environ["TESTCONTAINERS_CONNECTION_MODE"] = "docker_host"
+        # the same, in case testcontainers was imported (and read its config) before
+        from testcontainers.core.config import ConnectionMode, testcontainers_config
+
+        testcontainers_config.ryuk_disabled = True
+        testcontainers_config.connection_mode_override = ConnectionMode.docker_host
         return self.url
 
     def _start_podman_service(self) -> str:
@@ -103,7 +135,7 @@ class ContainerRuntime:
         url = f"unix://{sock}"
         with log.open("ab") as out:
             self.started_service = subprocess.Popen(
-                ["podman", "system", "service", "--time=0", url],
+                ["podman", "system", "service", f"--time={SERVICE_IDLE_S}", url],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -115,7 +147,9 @@ class ContainerRuntime:
                 return url
             time.sleep(0.2)
         self.close()
-        pytest.fail(f"podman system service did not answer on {url} (log: {log}): {SETUP_HINT}", pytrace=False)
+        pytest.fail(
+            f"podman system service did not answer on {url} (log: {log}): {SETUP_HINT}", pytrace=False
+        )
 
     def client(self) -> docker.DockerClient:
         import docker
@@ -151,7 +185,21 @@ class ContainerRuntime:
         return removed
 
     def close(self) -> None:
+        """Stop the service this session started, unless containers of others still use it."""
         if self.started_service is not None:
+            try:
+                client = self.client()
+                try:
+                    others = client.containers.list(all=True)
+                finally:
+                    client.close()
+            except Exception:
+                others = []
+            if others:
+                # another session (or compose project) works through it: leave it to its
+                # idle timeout (--time) instead of pulling the socket from under them
+                self.started_service = None
+                return
             self.started_service.terminate()
             try:
                 self.started_service.wait(timeout=10)
@@ -229,7 +277,9 @@ def _wait_for_kafka(bootstrap: str, container: Any, timeout: float) -> None:
             break
         time.sleep(0.5)
     logs = container.logs().decode(errors="replace")[-4000:]
-    pytest.fail(f"Kafka in {container.name} did not answer on {bootstrap} ({last}); logs:\n{logs}", pytrace=False)
+    pytest.fail(
+        f"Kafka in {container.name} did not answer on {bootstrap} ({last}); logs:\n{logs}", pytrace=False
+    )
 
 
 def _put_file(container: Any, path: str, content: bytes) -> None:

@@ -101,6 +101,8 @@ class Settings(BaseSettings):
     engine_down_after_s: float = Field(
         60.0, description="Health banner: engine down after this long without a batch"
     )
+    dashboard_detail_minutes: float = Field(10.0, description="Key detail: span of the aggregate charts")
+    dashboard_detail_max_messages: int = Field(500_000, description="Key detail: most Kafka records read per chart")
 
     # --- containers (tests/conftest.py, docker-compose.yml; docs/containers.md) ---
     container_host: str | None = Field(

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -82,6 +83,14 @@ def _tidewatch(*args: str) -> list[str]:
 
 APPS: list[App] = [
     App(
+        name="relay",
+        what="outbox relay (subscription changes to Kafka)",
+        available=lambda: _cli_has("subscriptions", "relay"),
+        missing="`tidewatch subscriptions relay` is not there yet (subscriptions/store_cli.py)",
+        argv=lambda s: _tidewatch("subscriptions", "relay"),
+        settle_s=3.0,
+    ),
+    App(
         name="engine",
         what="Spark engine",
         available=lambda: _cli_has("engine", "run"),
@@ -125,7 +134,7 @@ APPS: list[App] = [
 ]
 
 
-def _log(s: Settings, name: str):  # type: ignore[no-untyped-def]
+def _log(s: Settings, name: str) -> Path:
     return s.run_dir / "logs" / f"{name}.log"
 
 
@@ -145,14 +154,26 @@ def start_app(app: App, s: Settings) -> process.ProcessRecord:
             raise process.StartupFailed(f"{app.name} exited at start-up; see {_log(s, app.name)}")
         return url is not None and _http_ok(url)
 
-    if url is not None:
-        process.wait_until(ready, timeout=app.settle_s, what=app.what)
-    else:
-        deadline = time.monotonic() + app.settle_s
-        while time.monotonic() < deadline:
-            ready()
-            time.sleep(0.25)
+    try:
+        if url is not None:
+            process.wait_until(ready, timeout=app.settle_s, what=app.what)
+        else:
+            deadline = time.monotonic() + app.settle_s
+            while time.monotonic() < deadline:
+                ready()
+                time.sleep(0.25)
+    except BaseException as exc:
+        process.stop(s.run_dir, app.name)  # kills it if it hangs, drops the record either way
+        tail = _tail(_log(s, app.name))
+        raise RuntimeError(f"{exc}" + (f"\n--- last lines of its log ---\n{tail}" if tail else "")) from exc
     return rec
+
+
+def _tail(path: Path, n: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
 
 
 # --- up / down / status ---------------------------------------------------------------------
@@ -190,20 +211,26 @@ def start_services(s: Settings | None = None, *, migrate: bool = True, topics: b
         )
 
 
-def stop_all(s: Settings | None = None) -> list[str]:
-    """Stop every recorded process: apps (reverse order), anything else recorded, Kafka, PostgreSQL."""
+def _running(s: Settings) -> set[str]:
+    return {r.name for r in process.all_records(s.run_dir) if process.is_running(r)}
+
+
+def stop_all(s: Settings | None = None, *, only: set[str] | None = None) -> list[str]:
+    """Stop recorded processes (all, or the names in ``only``): apps in reverse start order,
+    anything else recorded, then Kafka, then PostgreSQL."""
     s = s or get_settings()
+    wanted = (lambda name: True) if only is None else (lambda name: name in only)
     stopped = []
     for app in reversed(APPS):
-        if process.stop(s.run_dir, app.name):
+        if wanted(app.name) and process.stop(s.run_dir, app.name):
             stopped.append(app.name)
     known = {a.name for a in APPS} | {kafka_service.NAME, pg_service.NAME}
     for rec in process.all_records(s.run_dir):
-        if rec.name not in known and process.stop(s.run_dir, rec.name):
+        if rec.name not in known and wanted(rec.name) and process.stop(s.run_dir, rec.name):
             stopped.append(rec.name)
-    if kafka_service.stop(s):
+    if wanted(kafka_service.NAME) and kafka_service.stop(s):
         stopped.append(kafka_service.NAME)
-    if pg_service.stop(s):
+    if wanted(pg_service.NAME) and pg_service.stop(s):
         stopped.append(pg_service.NAME)
     return stopped
 
@@ -213,11 +240,12 @@ def up(
         bool, typer.Option("--services-only", help="only Kafka and PostgreSQL (migrated, topics)")
     ] = False,
     skip: Annotated[
-        list[str] | None, typer.Option("--skip", help="an app not to start: engine, dashboard, feed")
+        list[str] | None, typer.Option("--skip", help="an app not to start: relay, engine, dashboard, feed")
     ] = None,
 ) -> None:
     """Start the embedded stack: Kafka, PostgreSQL (migrated), engine, dashboard, demo feed."""
     s = get_settings()
+    already = _running(s)
     try:
         start_services(s)
         if not services_only:
@@ -233,7 +261,8 @@ def up(
                 console.print(f"[green]✓[/] {app.what}{where} (pid {rec.pid}, log {_log(s, app.name)})")
     except (Exception, KeyboardInterrupt) as exc:
         console.print(f"[red]✗ start-up failed:[/] {exc}")
-        stopped = stop_all(s)
+        # undo only what this invocation started; what ran before keeps running
+        stopped = stop_all(s, only=_running(s) - already)
         console.print(f"stopped again: {', '.join(stopped) or 'nothing'}")
         raise typer.Exit(1) from None
     if process.is_running(process.read_record(s.run_dir, "dashboard")):

@@ -49,6 +49,10 @@ def _live() -> None:
         f"{get_settings().dashboard_refresh_s:g} s."
     )
     if rows:
+        last = rows[0]
+        st.text(
+            f"Latest: {last.kind} {last.key} ({last.subscription}) as of {last.as_of:%Y-%m-%d %H:%M:%S %Z}"
+        )
         df = charts.alerts_frame(rows)
         df.insert(0, "new", [r.seq > cursor for r in rows])
         st.dataframe(df.drop(columns=["seq"]), hide_index=True, width="stretch", height=360)

@@ -7,27 +7,23 @@ browser session, so reruns show the same list; the cursor is advanced to the sna
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import catchup
 from dashboard.catchup import Catchup
 from dashboard.ui import CATCHUP, client_id, current_user, go, sessions
 
+#: keys of a current result set listed on the page
+CURRENT_LIMIT = 200
 
-def _alerts_table(group: catchup.AwayGroup) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "time": a.as_of,
-                "key": a.key,
-                "kind": a.kind,
-                "values": ", ".join(f"{k} = {v}" for k, v in sorted(a.values.items())),
-            }
-            for a in group.alerts
-        ],
-        columns=["time", "key", "kind", "values"],
-    )
+
+def listing(group: catchup.AwayGroup) -> str:
+    """The group's alerts as fixed-width plain text, newest first (shown in a code block)."""
+    lines = []
+    for a in group.alerts:
+        vals = ", ".join(f"{k} = {v}" for k, v in sorted(a.values.items()))
+        lines.append(f"{a.as_of:%Y-%m-%d %H:%M:%S}  {a.kind:<5}  {a.key}" + (f"  ({vals})" if vals else ""))
+    return "\n".join(lines)
 
 
 def render() -> None:
@@ -47,7 +43,7 @@ def render() -> None:
                 cols[2].metric("state", g.state)
                 if len(g.alerts) < g.total:
                     st.caption(f"The newest {len(g.alerts)} of {g.total}; the Alerts page lists them all.")
-                st.dataframe(_alerts_table(g), hide_index=True, width="stretch")
+                st.code(listing(g), language=None)
     else:
         st.success("Nothing happened while you were away.")
     st.subheader("Current results")
@@ -61,11 +57,10 @@ def render() -> None:
     for cs in snap.current:
         st.text(f"{cs.name} ({cs.state}): {len(cs.rows)} key(s)")
         if cs.rows:
-            st.dataframe(
-                pd.DataFrame([{"key": r.key, "since": r.since} for r in cs.rows], columns=["key", "since"]),
-                hide_index=True,
-                width="stretch",
-            )
+            shown = cs.rows[:CURRENT_LIMIT]
+            st.code("\n".join(f"{r.key}  (since {r.since:%Y-%m-%d %H:%M:%S})" for r in shown), language=None)
+            if len(cs.rows) > len(shown):
+                st.caption(f"The first {len(shown)} of {len(cs.rows)} keys.")
     st.button("Go to the live alerts", on_click=go, args=("Alerts",), key="away_done")
     # rendered: everything up to the snapshot's upto has been shown
     if snap.has_news:

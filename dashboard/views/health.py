@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import queries
+from dashboard import charts, queries
 from dashboard.ui import sessions
 
 
@@ -16,13 +16,21 @@ def render() -> None:
     cols[0].metric("events/s", "-" if h.events_per_s is None else f"{h.events_per_s:,.0f}")
     cols[1].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
     cols[2].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
-    cols[3].metric("dead letters", f"{h.dead_letters_total:,}", delta=f"{h.dead_letters_recent:,} recent")
+    cols[3].metric(
+        "dead letters",
+        f"{h.dead_letters_total:,}",
+        delta=f"{h.dead_letters_recent:,} recent" if h.dead_letters_recent else None,
+        delta_color="inverse",
+    )
     cols[4].metric("last batch", "-" if h.last_batch_at is None else f"{h.last_batch_at:%H:%M:%S}")
     if h.watermark is not None:
         st.caption(f"watermark {h.watermark:%Y-%m-%d %H:%M:%S %Z}, batch {h.last_batch_id}")
     if h.series:
-        df = pd.DataFrame(h.series).set_index("ts")
+        df = pd.DataFrame(h.series)
         c = st.columns(3)
-        c[0].line_chart(df[["events_per_s"]])
-        c[1].line_chart(df[["batch_ms"]])
-        c[2].line_chart(df[["lag_ms"]])
+        for col, (field, title) in zip(
+            c,
+            [("events_per_s", "events/s"), ("batch_ms", "batch duration (ms)"), ("lag_ms", "lag (ms)")],
+            strict=True,
+        ):
+            col.altair_chart(charts.metric_chart(df, field, title), width="stretch")

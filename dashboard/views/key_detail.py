@@ -1,28 +1,31 @@
 """Key detail: one key (a symbol or an IP) across the user's subscriptions.
 
 For each subscription: whether the key is in its current result and since when, the key's
-alerts, and a chart per aggregate the rule compares with a constant, with the threshold
-drawn in (values as recorded by the engine with each alert and current result).
+alerts, and -- on request, read from the key's recent events in Kafka
+(:mod:`dashboard.detail`) -- a chart of every aggregate the rule uses over its window,
+evaluated at pane boundaries, with the rule's thresholds drawn in.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, queries
-from dashboard.catchup import AlertRow
+from dashboard import charts, detail, queries
 from dashboard.rules import thresholds, validate
 from dashboard.ui import current_user, plain, sessions
+from tidewatch.settings import get_settings
 
 
 def render() -> None:
     user = current_user()
     sm = sessions()
     keys = queries.known_keys(sm, user.username)
-    cols = st.columns(2)
-    picked = cols[0].selectbox("Key", ["", *keys], key="detail_pick")
-    typed = cols[1].text_input("or type a key", key="detail_key", max_chars=200)
+    top = st.columns(2)
+    picked = top[0].selectbox("Key", ["", *keys], key="detail_pick")
+    typed = top[1].text_input("or type a key", key="detail_key", max_chars=200)
     key = (typed or picked or "").strip()
     if not key:
         st.info("Pick a key that appears in your alerts or results, or type one.")
@@ -48,21 +51,44 @@ def render() -> None:
     )
     if rows:
         st.altair_chart(charts.timeline(rows), width="stretch")
+    st.toggle(
+        "Chart the aggregates from the stream (reads the key's recent events from Kafka)",
+        key="detail_stream",
+    )
+    load = bool(st.session_state.get("detail_stream"))
+    settings = get_settings()
+    span_ms = int(settings.dashboard_detail_minutes * 60_000)
+    cache: dict[tuple[str, str, int], tuple[dict[str, Any], bool]] = {}
     for r in results:
         v = validate(r.rule_text)
         if not v.ok or v.plan is None:
             continue
-        mine = [a for a in rows if a.subscription_id == r.subscription_id]
-        if r.in_result and r.since is not None:
-            mine = [AlertRow(0, "", r.subscription_id, r.subscription, key, "NOW", r.since, r.values), *mine]
+        plan = v.plan
         with st.expander(f"Aggregates of {plain(r.subscription)}", expanded=True):
             st.code(r.rule_text, language=None)
-            lines = thresholds(v.plan)
-            for agg in v.plan.aggs:
-                series = charts.aggregate_series(mine, agg.text)
+            lines = thresholds(plan)
+            if not load:
+                for agg in plan.aggs:
+                    label = "; ".join(f"{t.op} {t.value:g}" for t in lines if t.aggregate == agg.text)
+                    st.text(f"{agg.text}" + (f"   threshold {label}" if label else ""))
+                continue
+            lookback = span_ms + detail.longest_window_ms(plan.aggs)
+            ck = (plan.stream, plan.key, lookback)
+            if ck not in cache:
+                try:
+                    cache[ck] = detail.recent_events(plan.stream, plan.key, key, lookback, settings)
+                except Exception as exc:  # noqa: BLE001 - Kafka down: say so, keep the page
+                    st.warning(f"Cannot read the {plan.stream} stream from Kafka: {type(exc).__name__}")
+                    cache[ck] = ({}, False)
+            cols, truncated = cache[ck]
+            if truncated:
+                st.caption(
+                    "Only part of the stream was read (limit or timeout); the oldest points may be low."
+                )
+            frames = detail.detail_frames(plan.stream, cols, plan.aggs, span_ms, settings.pane_ms)
+            if not frames:
+                st.caption(f"No {plan.stream} events of this key in the last {lookback // 60_000} minute(s).")
+                continue
+            for agg in plan.aggs:
                 marks = [t for t in lines if t.aggregate == agg.text]
-                if series.empty:
-                    label = "; ".join(f"{t.op} {t.value:g}" for t in marks) or "no constant threshold"
-                    st.caption(f"{agg.text}: no recorded values yet (threshold {label})")
-                    continue
-                st.altair_chart(charts.aggregate_chart(series, agg.text, marks), width="stretch")
+                st.altair_chart(charts.aggregate_chart(frames[agg.text], agg.text, marks), width="stretch")

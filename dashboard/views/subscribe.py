@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import catchup
-from dashboard.rules import TEMPLATES, validate
+from dashboard import catchup, detail
+from dashboard.rules import TEMPLATES, Validation, validate
 from dashboard.ui import current_user, flash, plain, sessions
 from subscriptions.errors import RuleError
 from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
@@ -71,6 +71,26 @@ def _change(action: str, sub_id: str) -> None:
         st.session_state["sub_confirm_delete"] = False
 
 
+def _preview(v: Validation) -> None:
+    """Keys satisfying the (unsaved) rule now: the backtest evaluator over the stream's recent events."""
+    assert v.plan is not None
+    settings = get_settings()
+    lookback = v.plan.domain_ms or int(settings.dashboard_detail_minutes * 60_000)
+    try:
+        cols, truncated = detail.recent_events(v.plan.stream, v.plan.key, None, lookback, settings)
+    except Exception as exc:  # noqa: BLE001 - Kafka down: say so, keep the editor usable
+        st.warning(f"Cannot read the {v.plan.stream} stream from Kafka: {type(exc).__name__}")
+        return
+    keys, now = detail.preview_keys(v.plan, cols, settings.pane_ms)
+    if now is None:
+        st.caption(f"No {v.plan.stream} events in the last {lookback // 1000} s.")
+        return
+    note = " (only part of the window was read: limit or timeout)" if truncated else ""
+    st.text(f"{len(keys)} key(s) match at {now} ms{note}")
+    if keys:
+        st.code("\n".join(keys[:500]), language=None)
+
+
 def _list(subs: list[SubscriptionView]) -> None:
     st.subheader("Your subscriptions")
     if not subs:
@@ -127,6 +147,11 @@ def render() -> None:
         st.success("The rule is valid.")
         with st.expander("Compiled plan (rules explain)", expanded=False):
             st.code(v.explain, language=None)
+        if st.toggle(
+            "Preview the keys that match now (reads the rule's window of the stream from Kafka)",
+            key="sub_preview",
+        ):
+            _preview(v)
     else:
         st.error(plain(v.summary))
         st.code(v.display, language=None)
@@ -154,7 +179,7 @@ def render() -> None:
         )
         with sessions()() as s:
             current = [c for c in catchup.current_sets(s, user.username) if c.subscription_id == editing.id]
-        st.subheader("Keys matching now")
+        st.subheader("Current result set")
         rows = current[0].rows if current else []
         if rows:
             st.dataframe(

@@ -7,11 +7,12 @@ Pure NumPy/Numba, no I/O: the Spark engine, the backtest and the benchmarks run 
 - :class:`MinMax` -- exact MIN/MAX (B-INT-style base intervals, section 3.1.1).
 - :class:`DistinctCount` -- COUNT DISTINCT (Golab et al. 2003).
 - :class:`CICount`, :class:`CISum` -- collective indexes CI-COUNT / CI-SUM (section 4) with
-  :func:`post_check_count` / :func:`post_check_sum` for exact answers.
+  :func:`exact_count` / :func:`exact_sum` (candidates, the unproven ones post-checked with R-INT)
+  for exact answers.
 """
 
-from .ci_count import CICount, post_check_count
-from .ci_sum import CISum, post_check_sum
+from .ci_count import CICount, exact_count, post_check_count
+from .ci_sum import CISum, exact_sum, post_check_sum
 from .distinct import DistinctCount
 from .keys import KeyInterner
 from .minmax import MinMax
@@ -24,6 +25,8 @@ __all__ = [
     "KeyInterner",
     "MinMax",
     "RInt",
+    "exact_count",
+    "exact_sum",
     "post_check_count",
     "post_check_sum",
 ]

@@ -161,7 +161,7 @@ class PooledStructure:
         for k in obj._kcols:
             obj._kcols[k] = arrays[f"k_{k}"].copy()
         n = grow_len(p.top)
-        for k, old in obj._cols.items():
+        for k in obj._cols:
             col = arrays[f"c_{k}"]
             new = np.empty((n,) + col.shape[1:], col.dtype)
             new[...] = obj._fill[k]

@@ -30,14 +30,17 @@ search tree at these sizes.
 
 from __future__ import annotations
 
+import bisect
 import math
+from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
 
 from ._pool import INT64_MIN
 
-BLOCK_SHIFT = 6  # 64 keys per summary block
+BLOCK_SHIFT = 4  # 16 keys per level-1 summary block
+BLOCK2_SHIFT = 8  # 256 keys (16 level-1 blocks) per level-2 summary block
 
 
 @nb.njit(cache=True, inline="always")
@@ -50,8 +53,9 @@ def _floor_log2(x):
 
 
 @nb.njit(cache=True)
-def levels_update(keys, ts, adds, m, TS, BM, p, L):
-    """Apply rows (key, ts, units) in array order. TS: int64[L*p, Kcap]; BM: int64[L*p, nblocks]."""
+def levels_update(keys, ts, adds, m, TS, BM, BM2, p, L):
+    """Apply rows (key, ts, units) in array order. TS: int64[L*p, Kcap]; BM / BM2: the slots'
+    maxima over blocks of 16 / 1024 keys."""
     for r in range(keys.shape[0]):
         a = adds[r]
         if a <= 0:
@@ -61,6 +65,7 @@ def levels_update(keys, ts, adds, m, TS, BM, p, L):
         m0 = m[k]
         m1 = m0 + a
         b = k >> BLOCK_SHIFT
+        b2 = k >> BLOCK2_SHIFT
         for lv in range(L - 1, -1, -1):
             offl = p * ((1 << lv) - 1)
             top1 = m1 - offl
@@ -89,45 +94,60 @@ def levels_update(keys, ts, adds, m, TS, BM, p, L):
                 TS[base + i, k] = v
                 if v > BM[base + i, b]:
                     BM[base + i, b] = v
+                    if v > BM2[base + i, b2]:
+                        BM2[base + i, b2] = v
         m[k] = m1
 
 
 @nb.njit(cache=True)
-def levels_lookup(s_lo, s_up, t, nkeys, TS, BM, act, bma, out):
-    """Keys k < nkeys with act[k] > t, (s_lo < 0 or TS[s_lo, k] > t) and
-    (s_up < 0 or TS[s_up, k] <= t). act[k] is the key's newest event timestamp.
+def levels_lookup(s_lo, s_up, s_lo_sure, s_up_sure, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure):
+    """Candidates: keys k < nkeys with act[k] > t (an event in the window), (s_lo < 0 or
+    TS[s_lo, k] > t) and (s_up < 0 or TS[s_up, k] <= t); act[k] is the key's newest event ts.
 
-    Blocks are filtered on the max summary of slot s_lo (of act when s_lo < 0). Writes the keys
-    into out and returns how many."""
+    sure[j] tells whether candidate out[j] is *proven* to satisfy the exact range by the index
+    alone: (s_lo_sure == -1 or TS[s_lo_sure, k] > t) and (s_up_sure == -1 or TS[s_up_sure, k]
+    <= t); a sure slot of -2 means "cannot be proven". Only the other candidates need the exact
+    post-check. Blocks are filtered on the two-level max summary of slot s_lo (of act when
+    s_lo < 0). Returns the number of candidates written to out / sure."""
     n = 0
-    nb_ = (nkeys + (1 << BLOCK_SHIFT) - 1) >> BLOCK_SHIFT
+    nb1 = (nkeys + (1 << BLOCK_SHIFT) - 1) >> BLOCK_SHIFT
+    nb2 = (nkeys + (1 << BLOCK2_SHIFT) - 1) >> BLOCK2_SHIFT
+    per2 = 1 << (BLOCK2_SHIFT - BLOCK_SHIFT)
     if s_lo >= 0:
         row = TS[s_lo]
         bm = BM[s_lo]
+        bm2 = BM2[s_lo]
     else:
         row = act
         bm = bma
-    for b in range(nb_):
-        if bm[b] <= t:
+        bm2 = bma2
+    need_act = s_lo < 0
+    up = TS[max(s_up, 0)]
+    los = TS[max(s_lo_sure, 0)]
+    ups = TS[max(s_up_sure, 0)]
+    for c in range(nb2):
+        if bm2[c] <= t:
             continue
-        k0 = b << BLOCK_SHIFT
-        k1 = min(nkeys, k0 + (1 << BLOCK_SHIFT))
-        if s_up < 0:
+        for b in range(c * per2, min(nb1, (c + 1) * per2)):
+            if bm[b] <= t:
+                continue
+            k0 = b << BLOCK_SHIFT
+            k1 = min(nkeys, k0 + (1 << BLOCK_SHIFT))
             for k in range(k0, k1):
-                if row[k] > t and act[k] > t:
+                if row[k] > t and (s_up < 0 or up[k] <= t) and (not need_act or act[k] > t):
                     out[n] = k
-                    n += 1
-        else:
-            up = TS[s_up]
-            for k in range(k0, k1):
-                if row[k] > t and act[k] > t and up[k] <= t:
-                    out[n] = k
+                    ok_lo = s_lo_sure == -1 or (s_lo_sure >= 0 and los[k] > t)
+                    ok_up = s_up_sure == -1 or (s_up_sure >= 0 and ups[k] <= t)
+                    sure[n] = ok_lo and ok_up
                     n += 1
     return n
 
 
 @nb.njit(cache=True)
-def recompute_blocks(TS, BM, blocks, nkeys):
+def recompute_blocks(TS, BM, BM2, blocks, nkeys):
+    """Recompute the level-1 summaries of the given blocks and the level-2 ones above them."""
+    per2 = 1 << (BLOCK2_SHIFT - BLOCK_SHIFT)
+    nb1 = BM.shape[1]
     for j in range(blocks.shape[0]):
         b = blocks[j]
         k0 = b << BLOCK_SHIFT
@@ -138,6 +158,18 @@ def recompute_blocks(TS, BM, blocks, nkeys):
                 if TS[s, k] > mx:
                     mx = TS[s, k]
             BM[s, b] = mx
+    last = -1
+    for j in range(blocks.shape[0]):
+        c = blocks[j] >> (BLOCK2_SHIFT - BLOCK_SHIFT)
+        if c == last:
+            continue
+        last = c
+        for s in range(TS.shape[0]):
+            mx = INT64_MIN
+            for b in range(c * per2, min(nb1, (c + 1) * per2)):
+                if BM[s, b] > mx:
+                    mx = BM[s, b]
+            BM2[s, c] = mx
 
 
 @nb.njit(cache=True)
@@ -183,25 +215,63 @@ def groups_needed(p: int, max_m: int) -> int:
     return L
 
 
+@dataclass(frozen=True)
+class LookupPlan:
+    """The slots one lookup reads: candidate slots (s_lo, s_up; -1 = none), proof slots
+    (sure_lo, sure_up; -1 = nothing to prove, -2 = cannot prove), the count bounds every
+    candidate is guaranteed to meet (gmin, gmax; None = unbounded) and the integer range
+    ``u <= count <= w`` of the exact answer."""
+
+    s_lo: int
+    s_up: int
+    sure_lo: int
+    sure_up: int
+    gmin: int
+    gmax: int | None
+    u: int | None
+    w: int | None
+
+
+class SlotTable:
+    """Distance bounds of the slots for one (p, L), and the slot choices of a lookup."""
+
+    def __init__(self, p: int, L: int) -> None:
+        A, H = slot_bounds(p, L)
+        self.p, self.L = p, L
+        self.A = A.tolist()
+        self.H = H.tolist()
+
+    def lower(self, u: int) -> tuple[int, int]:
+        """Slot for ``count >= u`` (u >= 1): the largest H <= u; returns (slot, its A)."""
+        s = bisect.bisect_right(self.H, u) - 1
+        return s, self.A[s]
+
+    def upper(self, w: int) -> tuple[int, int]:
+        """Slot for ``count <= w`` (w >= 0): the smallest A >= w + 1; returns (slot, its H) or
+        (-1, -1) when no slot can exclude anything."""
+        s = bisect.bisect_left(self.A, w + 1)
+        return (s, self.H[s]) if s < len(self.A) else (-1, -1)
+
+    def sure_lower(self, u: int) -> int:
+        """Slot proving ``count >= u``: the smallest A >= u (-2: none)."""
+        s = bisect.bisect_left(self.A, u)
+        return s if s < len(self.A) else -2
+
+    def sure_upper(self, w: int) -> int:
+        """Slot proving ``count <= w``: the largest H <= w + 1 (-2: none)."""
+        s = bisect.bisect_right(self.H, w + 1) - 1
+        return s if s >= 0 else -2
+
+
 def choose_slots(p: int, L: int, u: int | None, w: int | None) -> tuple[int, int, int, int]:
     """Slots for ``count >= u`` (u >= 1) and ``count <= w`` (w >= 0, None = unbounded).
 
     Returns (s_lo, s_up, guaranteed_min, guaranteed_max): s_up = -1 when the upper bound cannot
     exclude anything; the guarantees hold for every returned key (guaranteed_max = -1: none)."""
-    A, H = slot_bounds(p, L)
-    uu = max(1, u if u is not None else 1)
-    # largest H <= uu (H is increasing in slot order); slot 0 has H = 1
-    s_lo = int(np.searchsorted(H, uu, side="right") - 1)
-    gmin = int(A[s_lo])
-    s_up = -1
-    gmax = -1
-    if w is not None:
-        # smallest A >= w + 1
-        s = int(np.searchsorted(A, w + 1, side="left"))
-        if s < A.shape[0]:
-            s_up = s
-            gmax = int(H[s]) - 1
-    return s_lo, s_up, gmin, gmax
+    tab = SlotTable(p, L)
+    s_lo, gmin = tab.lower(max(1, u if u is not None else 1))
+    s_up, H = tab.upper(w) if w is not None else (-1, -1)
+    return s_lo, s_up, gmin, (H - 1 if s_up >= 0 else -1)
 
 
 def count_range(

@@ -270,9 +270,9 @@ def as_keys(key_ids: np.ndarray | list[int] | int) -> np.ndarray:
     return k
 
 
-def broadcast_i64(x: np.ndarray | int | float, m: int) -> np.ndarray:
+def broadcast_i64(x: object, m: int) -> np.ndarray:
     """Scalar or per-key array as a contiguous int64 array of length m."""
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.int64), (m,)))
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.int64), (m,)))  # type: ignore[call-overload]
 
 
 def order_batch(key_ids: np.ndarray, ts: np.ndarray, last_ts: np.ndarray) -> np.ndarray | None:

@@ -17,8 +17,8 @@ import math
 import numba as nb
 import numpy as np
 
-from ._levels import choose_slots, levels_lookup
-from ._pool import as_keys, order_batch
+from ._levels import LookupPlan, levels_lookup
+from ._pool import as_keys, order_batch, search_after
 from .ci_count import CICount
 from .rint import RInt
 
@@ -74,6 +74,8 @@ class CISum(CICount):
         if self.integral:
             q = v / self.unit
             self.integral = bool((q == np.floor(q)).all())
+            if not self.integral:
+                self._plans.clear()
         units = _units(keys, v, self.unit, self.csum)
         self._apply(keys, t, units)
 
@@ -81,7 +83,8 @@ class CISum(CICount):
     def _unit_range(
         self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
     ) -> tuple[int | None, int | None]:
-        """Unit bounds (u, w): every key whose sum lies in the range has u <= units <= w."""
+        """Unit bounds (u, w): every key whose sum lies in the range has u <= units <= w
+        (units in the window differ from sum / unit by less than one; exact for integral data)."""
         un = self.unit
         u = w = None
         if lo is not None:
@@ -98,6 +101,44 @@ class CISum(CICount):
                 w = math.ceil(x)
         return u, w
 
+    def _sure_range(
+        self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
+    ) -> tuple[int | None, int | None]:
+        """Unit bounds proving the range: units >= u_s implies the lower end, units <= w_s the
+        upper end (for non-integral data sum > (units - 1) unit and sum < (units + 1) unit)."""
+        if self.integral:
+            return self._unit_range(lo, hi, lo_strict, hi_strict)
+        un = self.unit
+        u = w = None
+        if lo is not None:
+            u = math.floor(lo / un) + 2  # (units - 1) unit > lo
+        if hi is not None:
+            w = math.ceil(hi / un) - 2  # (units + 1) unit < hi
+        return u, w
+
+    def plan(
+        self, lo: float | None, hi: float | None, lo_strict: bool = True, hi_strict: bool = True
+    ) -> LookupPlan | None:
+        """Slots of a lookup of ``SUM in (lo, hi)`` (None: the answer is empty)."""
+        return super().plan(lo, hi, lo_strict, hi_strict)
+
+    def _make_plan(
+        self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
+    ) -> LookupPlan | None:
+        u, w = self._unit_range(lo, hi, lo_strict, hi_strict)
+        if w is not None and (w < 0 or (u is not None and w < u)):
+            return None
+        tab = self._table()
+        if u is None or u <= 0:
+            s_lo, gmin = -1, 0
+        else:
+            s_lo, gmin = tab.lower(u)
+        s_up, h = tab.upper(w) if w is not None else (-1, -1)
+        us, ws = self._sure_range(lo, hi, lo_strict, hi_strict)
+        sure_lo = -1 if us is None or us <= 0 else tab.sure_lower(us)
+        sure_up = -1 if ws is None else (-2 if ws < 0 else tab.sure_upper(ws))
+        return LookupPlan(s_lo, s_up, sure_lo, sure_up, gmin, (h - 1) if s_up >= 0 else None, u, w)
+
     def candidates(
         self,
         T: int,
@@ -109,28 +150,19 @@ class CISum(CICount):
     ) -> np.ndarray:
         """Key ids whose SUM over (now - T, now] may lie in (lo, hi): a superset of the exact
         answer, restricted to keys with at least one event in the window."""
-        u, w = self._unit_range(lo, hi, lo_strict, hi_strict)
-        if w is not None and (w < 0 or (u is not None and w < u)):
-            return np.empty(0, np.int64)
-        s_lo, s_up, _, _ = choose_slots(self.p, self.L, u, w)
-        if u is None or u <= 0:
-            s_lo = -1
-        t = np.int64(now) - np.int64(T)
-        n = levels_lookup(s_lo, s_up, t, self._K, self.TS, self.BM, self.act, self.bma, self._out)
-        return self._out[:n].copy()
+        return self.lookup(T, now, lo, hi, lo_strict, hi_strict)[0]
 
     def guarantee(  # type: ignore[override]
         self, lo: float | None, hi: float | None, lo_strict: bool = True, hi_strict: bool = True
     ) -> tuple[float, float | None]:
         """(min, max) sum every candidate is guaranteed to have (for non-integral values the
         bounds are strict: sum > min and sum < max)."""
-        u, w = self._unit_range(lo, hi, lo_strict, hi_strict)
-        s_lo, s_up, gmin, gmax = choose_slots(self.p, self.L, u, w)
-        if u is None or u <= 0:
-            gmin = 0
+        pl = self.plan(lo, hi, lo_strict, hi_strict)
+        if pl is None:
+            return 0.0, None
         if self.integral:
-            return gmin * self.unit, (gmax * self.unit if s_up >= 0 else None)
-        return (gmin - 1) * self.unit, ((gmax + 1) * self.unit if s_up >= 0 else None)
+            return pl.gmin * self.unit, (pl.gmax * self.unit if pl.gmax is not None else None)
+        return (pl.gmin - 1) * self.unit, ((pl.gmax + 1) * self.unit if pl.gmax is not None else None)
 
     # ----------------------------------------------------------------- state
     @property
@@ -158,6 +190,7 @@ class CISum(CICount):
         kind, _, rest = b.partition(b"\x00")
         _, meta = unpack(rest)
         obj = super().from_bytes(b)
+        assert isinstance(obj, CISum)
         obj.unit = float(meta["unit"])
         obj.integral = bool(int(meta["integral"]))
         return obj  # type: ignore[return-value]
@@ -188,3 +221,57 @@ def post_check_sum(
     if hi is not None:
         keep &= (s < hi) if hi_strict else (s <= hi)
     return cand[keep]
+
+
+@nb.njit(cache=True)
+def _exact_sum_kernel(s_lo, s_up, sure_lo, sure_up, t, lo, hi, has_lo, has_hi, lo_strict, hi_strict, nkeys,
+                      TS, BM, BM2, act, bma, bma2, out, sure, head, end, base_sum, c_ts, c_sum, col):  # fmt: skip
+    """Candidates of the index, the unproven ones checked with R-INT window sums."""
+    n = levels_lookup(s_lo, s_up, sure_lo, sure_up, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure)
+    K = head.shape[0]
+    j = 0
+    for i in range(n):
+        k = out[i]
+        if not sure[i]:
+            if k >= K:
+                continue
+            h = head[k]
+            e = end[k]
+            if e <= h:
+                continue
+            i1 = search_after(c_ts, h, e, t)
+            s = c_sum[e - 1, col] - (c_sum[i1 - 1, col] if i1 > h else base_sum[k, col])
+            if has_lo and (s <= lo if lo_strict else s < lo):
+                continue
+            if has_hi and (s >= hi if hi_strict else s > hi):
+                continue
+        out[j] = k
+        j += 1
+    return j
+
+
+def exact_sum(
+    cs: CISum,
+    rint: RInt,
+    T: int,
+    now: int,
+    lo: float | None,
+    hi: float | None,
+    lo_strict: bool = True,
+    hi_strict: bool = True,
+    col: int = 0,
+) -> np.ndarray:
+    """Exact answer ``{k | SUM(now - T, now] in (lo, hi), at least one event}`` in key order:
+    CI-SUM candidates, the ones the index cannot prove post-checked with R-INT sums of column
+    col (every row of now - T < ts <= now must be applied). One Numba call."""
+    pl = cs.plan(lo, hi, lo_strict, hi_strict)
+    if pl is None:
+        return np.empty(0, np.int64)
+    kc = rint._kcols
+    n = _exact_sum_kernel(
+        pl.s_lo, pl.s_up, pl.sure_lo, pl.sure_up, np.int64(now) - np.int64(T),
+        float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0), lo is not None, hi is not None,
+        bool(lo_strict), bool(hi_strict), cs._K, cs.TS, cs.BM, cs.BM2, cs.act, cs.bma, cs.bma2, cs._out, cs._sure,
+        rint._pool.head, rint._pool.end, kc["base_sum"], rint._cols["ts"], rint._cols["sum"], int(col),
+    )  # fmt: skip
+    return cs._out[:n].copy()

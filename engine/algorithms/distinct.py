@@ -99,7 +99,9 @@ class DistinctCount(PooledStructure):
             keys, t, v = keys[order], t[order], v[order]
         c = self._cols
         p = self._pool
-        _append(keys, t, v, p.head, p.end, kc["first_seq"], kc["last_ts"], c["ts"], c["v"], c["prev"], self._index)
+        _append(
+            keys, t, v, p.head, p.end, kc["first_seq"], kc["last_ts"], c["ts"], c["v"], c["prev"], self._index
+        )
 
     def _on_expire(self, new_head: np.ndarray) -> None:
         _advance_seq(new_head, self._pool.head, self._kcols["first_seq"])
@@ -115,7 +117,9 @@ class DistinctCount(PooledStructure):
         keys = as_keys(key_ids)
         m = keys.shape[0]
         p = self._pool
-        i1, i2 = _bounds_time(keys, broadcast_i64(lo, m), broadcast_i64(hi, m), p.head, p.end, self._cols["ts"])
+        i1, i2 = _bounds_time(
+            keys, broadcast_i64(lo, m), broadcast_i64(hi, m), p.head, p.end, self._cols["ts"]
+        )
         return _distinct(keys, i1, i2, p.head, self._kcols["first_seq"], self._cols["prev"])
 
     def rows(self, key_ids: np.ndarray, n: object) -> np.ndarray:

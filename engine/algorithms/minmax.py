@@ -140,7 +140,9 @@ class MinMax(PooledStructure):
         p = self._pool
         s = self._sum
         keys = np.arange(p.n_keys, dtype=np.int64) if plan.fresh else plan.keys
-        _rebuild(keys, p.off, p.cap, p.head, p.end, self._cols["v"], s["s1min"], s["s1max"], s["s2min"], s["s2max"])
+        _rebuild(
+            keys, p.off, p.cap, p.head, p.end, self._cols["v"], s["s1min"], s["s1max"], s["s2min"], s["s2max"]
+        )
 
     def _after_restore(self) -> None:
         self._sum = {}
@@ -148,7 +150,9 @@ class MinMax(PooledStructure):
         p = self._pool
         s = self._sum
         keys = np.arange(p.n_keys, dtype=np.int64)
-        _rebuild(keys, p.off, p.cap, p.head, p.end, self._cols["v"], s["s1min"], s["s1max"], s["s2min"], s["s2max"])
+        _rebuild(
+            keys, p.off, p.cap, p.head, p.end, self._cols["v"], s["s1min"], s["s1max"], s["s2min"], s["s2max"]
+        )
 
     def append(self, key_ids: np.ndarray, ts: np.ndarray, values: np.ndarray) -> None:
         """Apply a batch of rows (per key by ts, ties in array order)."""
@@ -175,7 +179,12 @@ class MinMax(PooledStructure):
         keys = as_keys(key_ids)
         m = keys.shape[0]
         i1, i2 = _bounds_time(
-            keys, broadcast_i64(lo, m), broadcast_i64(hi, m), self._pool.head, self._pool.end, self._cols["ts"]
+            keys,
+            broadcast_i64(lo, m),
+            broadcast_i64(hi, m),
+            self._pool.head,
+            self._pool.end,
+            self._cols["ts"],
         )
         return self._lookup(i1, i2)
 

@@ -22,7 +22,9 @@ from ._pool import INT64_MIN, as_keys, broadcast_i64, order_batch, search_after
 
 
 @nb.njit(cache=True)
-def _append(keys, ts, vals, mult, head, end, base_cnt, base_sum, last_ts, c_ts, c_cnt, c_sum, c_val):
+def _append(
+    keys, ts, vals, mult, head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val
+):
     ncol = vals.shape[1]
     for i in range(keys.shape[0]):
         k = keys[i]
@@ -39,17 +41,21 @@ def _append(keys, ts, vals, mult, head, end, base_cnt, base_sum, last_ts, c_ts, 
             c_val[e, c] = vals[i, c]
         c_ts[e] = ts[i]
         c_cnt[e] = pc + mult[i]
+        tot[k] += mult[i]
+        if mult[i] != 1:
+            unit[k] = False
         end[k] = e + 1
         last_ts[k] = ts[i]
 
 
 @nb.njit(cache=True)
-def _advance_base(new_head, head, base_cnt, base_sum, c_cnt, c_sum):
+def _advance_base(new_head, head, end, base_cnt, base_sum, tot, c_cnt, c_sum):
     for k in range(head.shape[0]):
         if new_head[k] > head[k]:
             base_cnt[k] = c_cnt[new_head[k] - 1]
             for c in range(c_sum.shape[1]):
                 base_sum[k, c] = c_sum[new_head[k] - 1, c]
+            tot[k] = (c_cnt[end[k] - 1] - base_cnt[k]) if end[k] > new_head[k] else 0
 
 
 @nb.njit(cache=True)
@@ -127,18 +133,20 @@ def _first_last(i1, i2, c_val, col):
 
 
 @nb.njit(cache=True, inline="always")
-def kth_one(k, need, head, end, base_cnt, c_cnt, c_ts):
-    """Timestamp of key k's need-th newest unit (INT64_MIN if fewer; INT64_MAX for need <= 0)."""
-    h = head[k]
-    e = end[k]
+def kth_one(k, need, head, end, base_cnt, tot, unit, c_ts, c_cnt):
+    """Timestamp of key k's need-th newest unit (INT64_MIN if fewer; INT64_MAX for need <= 0).
+    tot[k] is the key's live count (``c_cnt[end - 1] - base_cnt[k]``); unit[k] says that every
+    row the key ever had stands for one event, so the answer is one array read."""
     if need <= 0:
         return np.iinfo(np.int64).max  # the 0-th newest event: "inside" any window
-    if e <= h:
-        return INT64_MIN
-    total = c_cnt[e - 1]
-    target = total - need  # the answer is the first row whose running count exceeds target
-    if target < base_cnt[k]:
-        return INT64_MIN  # fewer than need live units
+    if tot[k] < need:
+        return INT64_MIN  # fewer than need live units (dense pre-filter, no pool access)
+    e = end[k]
+    if unit[k]:
+        return c_ts[e - need]
+    h = head[k]
+    target = base_cnt[k] + tot[k] - need  # running count c_cnt[e - 1] is base + tot;
+    # the answer is the first row whose running count exceeds target
     g = e - need  # fast path: the newest need rows are single events
     if g >= h and c_cnt[g] > target and (c_cnt[g - 1] if g > h else base_cnt[k]) <= target:
         return c_ts[g]
@@ -154,19 +162,19 @@ def kth_one(k, need, head, end, base_cnt, c_cnt, c_ts):
 
 
 @nb.njit(cache=True)
-def _kth_newest(keys, kk, head, end, base_cnt, c_cnt, c_ts):
+def _kth_newest(keys, kk, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     m = keys.shape[0]
     K = head.shape[0]
     out = np.full(m, INT64_MIN, np.int64)
     for j in range(m):
         k = keys[j]
         if k < K:
-            out[j] = kth_one(k, kk[j], head, end, base_cnt, c_cnt, c_ts)
+            out[j] = kth_one(k, kk[j], head, end, base_cnt, tot, unit, c_ts, c_cnt)
     return out
 
 
 @nb.njit(cache=True)
-def count_filter(cand, n, u, w, t, head, end, base_cnt, c_cnt, c_ts):
+def count_filter(cand, n, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     """Exact post-check in place: keep among cand[:n] the keys with u <= COUNT(t, now] <= w
     (u <= 0 / w < 0: no bound), using COUNT >= x <=> x-th newest ts > t. Returns the new n."""
     K = head.shape[0]
@@ -175,9 +183,9 @@ def count_filter(cand, n, u, w, t, head, end, base_cnt, c_cnt, c_ts):
         k = cand[i]
         if k >= K:
             continue
-        if u > 0 and kth_one(k, u, head, end, base_cnt, c_cnt, c_ts) <= t:
+        if u > 0 and kth_one(k, u, head, end, base_cnt, tot, unit, c_ts, c_cnt) <= t:
             continue
-        if w >= 0 and kth_one(k, w + 1, head, end, base_cnt, c_cnt, c_ts) > t:
+        if w >= 0 and kth_one(k, w + 1, head, end, base_cnt, tot, unit, c_ts, c_cnt) > t:
             continue
         cand[j] = k
         j += 1
@@ -211,6 +219,8 @@ class RInt(PooledStructure):
         self._add_col("val", np.float64, self.n_cols, 0.0)
         self._add_kcol("base_cnt", np.int64, None, 0)
         self._add_kcol("base_sum", np.float64, self.n_cols, 0.0)
+        self._add_kcol("tot", np.int64, None, 0)  # live count per key (a dense pre-filter)
+        self._add_kcol("unit", np.bool_, None, True)  # every row of the key had mult == 1
 
     # ----------------------------------------------------------------- updates
     def append(
@@ -241,13 +251,14 @@ class RInt(PooledStructure):
         c = self._cols
         p = self._pool
         _append(
-            keys, t, v, mu, p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"],
+            keys, t, v, mu, p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], kc["tot"], kc["unit"],
             c["ts"], c["cnt"], c["sum"], c["val"],
         )  # fmt: skip
 
     def _on_expire(self, new_head: np.ndarray) -> None:
+        kc = self._kcols
         _advance_base(
-            new_head, self._pool.head, self._kcols["base_cnt"], self._kcols["base_sum"],
+            new_head, self._pool.head, self._pool.end, kc["base_cnt"], kc["base_sum"], kc["tot"],
             self._cols["cnt"], self._cols["sum"],
         )  # fmt: skip
 
@@ -262,7 +273,14 @@ class RInt(PooledStructure):
     def _agg(self, keys: np.ndarray, i1: np.ndarray, i2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         kc = self._kcols
         return _aggregate(
-            keys, i1, i2, self._pool.head, kc["base_cnt"], kc["base_sum"], self._cols["cnt"], self._cols["sum"]
+            keys,
+            i1,
+            i2,
+            self._pool.head,
+            kc["base_cnt"],
+            kc["base_sum"],
+            self._cols["cnt"],
+            self._cols["sum"],
         )
 
     def window(self, key_ids: np.ndarray, lo: object, hi: object) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +295,9 @@ class RInt(PooledStructure):
         i1, i2 = _bounds_rows(keys, broadcast_i64(n, keys.shape[0]), self._pool.head, self._pool.end)
         return self._agg(keys, i1, i2)
 
-    def first_last(self, key_ids: np.ndarray, lo: object, hi: object, col: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def first_last(
+        self, key_ids: np.ndarray, lo: object, hi: object, col: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Value of column col at the earliest / latest row in (lo, hi]; NaN when empty."""
         keys = as_keys(key_ids)
         i1, i2 = self._time_bounds(keys, lo, hi)
@@ -288,6 +308,15 @@ class RInt(PooledStructure):
         keys = as_keys(key_ids)
         i1, i2 = _bounds_rows(keys, broadcast_i64(n, keys.shape[0]), self._pool.head, self._pool.end)
         return _first_last(i1, i2, self._cols["val"], int(col))
+
+    def total(self, key_ids: np.ndarray) -> np.ndarray:
+        """Live count (sum of multiplicities of the rows not expired) per key."""
+        keys = as_keys(key_ids)
+        tot = self._kcols["tot"]
+        out = np.zeros(keys.shape[0], np.int64)
+        ok = keys < tot.shape[0]
+        out[ok] = tot[keys[ok]]
+        return out
 
     def last_ts(self, key_ids: np.ndarray) -> np.ndarray:
         """Timestamp of each key's newest live row (INT64_MIN if none)."""
@@ -302,8 +331,8 @@ class RInt(PooledStructure):
         keys = as_keys(key_ids)
         kc = self._kcols
         return _kth_newest(
-            keys, broadcast_i64(k, keys.shape[0]), self._pool.head, self._pool.end, kc["base_cnt"],
-            self._cols["cnt"], self._cols["ts"],
+            keys, broadcast_i64(k, keys.shape[0]), self._pool.head, self._pool.end, kc["base_cnt"], kc["tot"],
+            kc["unit"], self._cols["ts"], self._cols["cnt"],
         )  # fmt: skip
 
     # ----------------------------------------------------------------- state

@@ -28,9 +28,6 @@ def subscribe(
     return svc.create(user, rule, name=name)
 
 
-_batch = [10_000]
-
-
 def add_alerts(
     sm: sessionmaker[Session],
     sub_id: uuid.UUID,
@@ -41,11 +38,11 @@ def add_alerts(
 ) -> list[int]:
     """Write alerts ``(key, kind)`` of one subscription in one batch, like the engine; returns their seqs.
     ENTER keys go into ``current_results``, EXIT keys leave it."""
-    _batch[0] += 1
-    bid = _batch[0]
     t = as_of or datetime.now(UTC)
     seqs = []
     with sm.begin() as s:
+        s.execute(sa.text("LOCK TABLE engine_batches IN EXCLUSIVE MODE"))  # one writer, like the engine
+        bid = int(s.scalar(sa.select(sa.func.coalesce(sa.func.max(EngineBatch.batch_id), 0) + 1)))
         s.add(EngineBatch(batch_id=bid, watermark=t, events=0, alerts=len(items)))
         for key, kind in items:
             aid = f"{sub_id}|{key}|{kind}|{bid}"

@@ -49,18 +49,37 @@ def compile_rule(text: str, plan: object) -> tuple[tuple[int, int], str]:
 
 
 def make_core() -> EngineCore:
-    return EngineCore(pane_ms=G, allowed_lateness_ms=2 * G, max_future_ms=10**12,
-                      evaluator_factory=BruteCount, compile_rule=compile_rule)
+    return EngineCore(
+        pane_ms=G,
+        allowed_lateness_ms=2 * G,
+        max_future_ms=10**12,
+        evaluator_factory=BruteCount,
+        compile_rule=compile_rule,
+    )
 
 
 def records(symbols: list[str], ts: list[int], offset0: int) -> dict[str, pa.Table]:
     n = len(ts)
-    vals = encode_batch("trades", {"symbol": symbols, "ts": np.array(ts, np.int64), "price": np.ones(n),
-                                   "size": np.ones(n, np.int64), "side": ["BID"] * n,
-                                   "exchange": ["X"] * n}).messages()
-    return {"trades": pa.table({"partition": pa.array([0] * n, pa.int32()),
-                                "offset": pa.array(np.arange(offset0, offset0 + n, dtype=np.int64)),
-                                "value": pa.array(vals, pa.binary())})}
+    vals = encode_batch(
+        "trades",
+        {
+            "symbol": symbols,
+            "ts": np.array(ts, np.int64),
+            "price": np.ones(n),
+            "size": np.ones(n, np.int64),
+            "side": ["BID"] * n,
+            "exchange": ["X"] * n,
+        },
+    ).messages()
+    return {
+        "trades": pa.table(
+            {
+                "partition": pa.array([0] * n, pa.int32()),
+                "offset": pa.array(np.arange(offset0, offset0 + n, dtype=np.int64)),
+                "value": pa.array(vals, pa.binary()),
+            }
+        )
+    }
 
 
 def stream(seed: int, n_batches: int = 12, per: int = 40) -> list[tuple[list[str], list[int]]]:
@@ -78,7 +97,7 @@ def test_alerts_equal_brute_force_backtest() -> None:
     core = make_core()
     rule = SubscriptionChange("s1", "upsert", "busy", f"{3 * G} 4")
     batches = stream(1)
-    alerts, applied_keys, applied_ts, off = [], [], [], 0
+    alerts, off = [], 0
     for b, (syms, ts) in enumerate(batches):
         out = core.process(b, records(syms, ts, off), [rule] if b == 0 else [])
         off += len(ts)
@@ -91,7 +110,9 @@ def test_alerts_equal_brute_force_backtest() -> None:
     expect, prev = [], set()
     for tau in lookups:
         cur = brute(ev.keys, ev.ts, tau, 3 * G, 4)
-        expect += [("ENTER", k, tau) for k in sorted(cur - prev)] + [("EXIT", k, tau) for k in sorted(prev - cur)]
+        expect += [("ENTER", k, tau) for k in sorted(cur - prev)] + [
+            ("EXIT", k, tau) for k in sorted(prev - cur)
+        ]
         prev = cur
     assert [(a.kind, a.key, a.as_of) for a in alerts] == expect
     assert len({a.id for a in alerts}) == len(alerts)
@@ -109,7 +130,9 @@ def test_late_events_are_dead_lettered_and_never_applied() -> None:
 
 def test_new_rule_gets_results_at_once_from_old_data() -> None:
     core = make_core()
-    core.process(0, records(["A"] * 6 + ["B"], [10_100, 10_200, 10_300, 10_400, 10_500, 10_600, 10_700], 0), [])
+    core.process(
+        0, records(["A"] * 6 + ["B"], [10_100, 10_200, 10_300, 10_400, 10_500, 10_600, 10_700], 0), []
+    )
     core.process(1, records(["C"], [14_000], 7), [])
     assert core.applied_until == 12_000
     out = core.process(2, records([], [], 8), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 3")])
@@ -126,7 +149,9 @@ def test_snapshot_restore_then_continue_equals_uninterrupted() -> None:
         ids = []
         for b in range(lo, hi):
             syms, ts = batches[b]
-            ids += [a.id for a in core.process(b, records(syms, ts, 1000 * b), [rule] if b == 0 else []).alerts]
+            ids += [
+                a.id for a in core.process(b, records(syms, ts, 1000 * b), [rule] if b == 0 else []).alerts
+            ]
         return ids
 
     whole = run(make_core(), 0, len(batches))
@@ -142,3 +167,26 @@ def test_parse_subscription_change() -> None:
     assert (c.subscription_id, c.op, c.text) == ("7", "upsert", "SELECT ...")
     assert parse_subscription_change(b"7", None).op == "delete"
     assert parse_subscription_change(b"7", b'{"id": "7", "status": "paused"}').op == "pause"
+
+
+def test_subscription_versions_and_outbox_message() -> None:
+    msg = (
+        b'{"subscription_id": "u1", "name": "n", "rule_text": "3000 1", "rule": "3000 1", "op": "upsert",'
+        b' "status": "active", "version": 2}'
+    )
+    c = parse_subscription_change(b"u1", msg)
+    assert (c.op, c.version, c.text) == ("upsert", 2, "3000 1")
+    core = make_core()
+    out = core.process(0, records([], [], 0), [c])
+    assert "u1" in core.rules and not out.rule_errors
+    old = SubscriptionChange("u1", "delete", version=1)  # a replay of an older change: ignored
+    core.process(1, records([], [], 0), [old])
+    assert "u1" in core.rules
+    core.process(2, records([], [], 0), [SubscriptionChange("u1", "pause", version=3)])
+    assert "u1" not in core.rules
+
+
+def test_bad_rule_is_reported_not_fatal() -> None:
+    core = make_core()
+    out = core.process(0, records([], [], 0), [SubscriptionChange("x", "upsert", "x", "not a rule")])
+    assert out.rule_errors and out.rule_errors[0][0] == "x" and not core.rules

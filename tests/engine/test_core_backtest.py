@@ -62,8 +62,13 @@ def test_engine_core_equals_backtest(seed: int) -> None:
     from subscriptions.evaluator import Evaluator
 
     cols = trades(3000, seed)
-    core = EngineCore(pane_ms=G, allowed_lateness_ms=1500, max_future_ms=10**12,
-                      evaluator_factory=lambda: Evaluator("shared"), compile_rule=_compile)
+    core = EngineCore(
+        pane_ms=G,
+        allowed_lateness_ms=1500,
+        max_future_ms=10**12,
+        evaluator_factory=lambda: Evaluator("shared"),
+        compile_rule=_compile,
+    )
     changes = [SubscriptionChange(n, "upsert", n, t) for n, t in RULES.items()]
     got = []
     bounds = np.linspace(0, len(cols["ts"]), 25).astype(int)
@@ -85,12 +90,24 @@ def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
 
     cols = trades(3000, 3)
     # the evaluator keeps 60 s of raw history, so a new 20 s rule sees all it needs (PSoup)
-    core = EngineCore(pane_ms=G, allowed_lateness_ms=1500, max_future_ms=10**12,
-                      evaluator_factory=lambda: Evaluator("shared", history_ms=60_000), compile_rule=_compile)
-    core.process(0, {"trades": kafka_records(cols, 0, 1500)}, [SubscriptionChange("count", "upsert", "c", RULES["count"])])
+    core = EngineCore(
+        pane_ms=G,
+        allowed_lateness_ms=1500,
+        max_future_ms=10**12,
+        evaluator_factory=lambda: Evaluator("shared", history_ms=60_000),
+        compile_rule=_compile,
+    )
+    core.process(
+        0,
+        {"trades": kafka_records(cols, 0, 1500)},
+        [SubscriptionChange("count", "upsert", "c", RULES["count"])],
+    )
     tau = core.applied_until
-    out = core.process(1, {"trades": kafka_records(cols, 1500, 1500)},
-                       [SubscriptionChange("sum", "upsert", "s", RULES["sum"])])
+    out = core.process(
+        1,
+        {"trades": kafka_records(cols, 1500, 1500)},
+        [SubscriptionChange("sum", "upsert", "s", RULES["sum"])],
+    )
     first = {a.key for a in out.alerts if a.subscription_id == "sum" and a.as_of == tau and a.kind == "ENTER"}
     rules = [("sum", RULES["sum"], compile_rule(RULES["sum"]))]
     ref: set[str] = set()
@@ -103,7 +120,9 @@ def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
     got = [(a.as_of, a.subscription_id, a.key, a.kind) for a in out.alerts if a.as_of > tau]
     out = core.process(2, {"trades": kafka_records(cols, 1500, 3000)}, [])
     got += [(a.as_of, a.subscription_id, a.key, a.kind) for a in out.alerts if a.subscription_id == "sum"]
-    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], G) if tau < r[0] <= core.applied_until]
+    expect = [
+        r for r in iter_alerts(rules, [EventFile("trades", cols)], G) if tau < r[0] <= core.applied_until
+    ]
     assert sorted(got) == sorted(expect)
 
 
@@ -111,19 +130,29 @@ def test_snapshot_of_every_structure_kind() -> None:
     """COUNT DISTINCT, MIN/MAX, CI indexes: the snapshot round-trips and continuing is exact."""
     from subscriptions.evaluator import Evaluator
 
-    rules = {**RULES, "distinct": "SELECT symbol FROM trades GROUP BY symbol HAVING "
-             "COUNT(DISTINCT size) OVER LAST 10 SECONDS > 10"}
+    rules = {
+        **RULES,
+        "distinct": "SELECT symbol FROM trades GROUP BY symbol HAVING "
+        "COUNT(DISTINCT size) OVER LAST 10 SECONDS > 10",
+    }
     cols = trades(2000, 5)
 
     def run(split: int | None) -> list[tuple[int, str, str, str]]:
-        core = EngineCore(pane_ms=G, allowed_lateness_ms=1500, max_future_ms=10**12,
-                          evaluator_factory=lambda: Evaluator("shared"), compile_rule=_compile)
+        core = EngineCore(
+            pane_ms=G,
+            allowed_lateness_ms=1500,
+            max_future_ms=10**12,
+            evaluator_factory=lambda: Evaluator("shared"),
+            compile_rule=_compile,
+        )
         got = []
         for b in range(10):
             lo, hi = b * 200, (b + 1) * 200
             ch = [SubscriptionChange(n, "upsert", n, t) for n, t in rules.items()] if b == 0 else []
-            got += [(a.as_of, a.subscription_id, a.key, a.kind)
-                    for a in core.process(b, {"trades": kafka_records(cols, lo, hi)}, ch).alerts]
+            got += [
+                (a.as_of, a.subscription_id, a.key, a.kind)
+                for a in core.process(b, {"trades": kafka_records(cols, lo, hi)}, ch).alerts
+            ]
             if b == split:
                 core = EngineCore.from_bytes(core.to_bytes(), compile_rule=_compile)
         return got

@@ -39,7 +39,9 @@ def test_good_records_decode_in_offset_order() -> None:
     cols = _trades(50)
     vals = encode_batch("trades", cols).messages()
     dead = DeadLetters()
-    out = decode_records("trades", _records(vals, 1_000_000), late_until=None, max_future_ms=60_000, dead=dead)
+    out = decode_records(
+        "trades", _records(vals, 1_000_000), late_until=None, max_future_ms=60_000, dead=dead
+    )
     assert len(out) == 50 and len(dead) == 0
     np.testing.assert_array_equal(out.ts, cols["ts"])
     np.testing.assert_array_equal(out.offset, np.arange(50))
@@ -57,8 +59,19 @@ def test_every_bad_record_is_dead_lettered_with_reason() -> None:
     bad = [
         b"garbage",  # undecodable
         good[1][:-3],  # truncated
-        encode("packets", {"ts": 1, "src_ip": "a", "dst_ip": "b", "src_port": 1, "dst_port": 2,
-                           "protocol": "TCP", "length": 3, "tcp_flags": "S"}),  # wrong schema
+        encode(
+            "packets",
+            {
+                "ts": 1,
+                "src_ip": "a",
+                "dst_ip": "b",
+                "src_port": 1,
+                "dst_port": 2,
+                "protocol": "TCP",
+                "length": 3,
+                "tcp_flags": "S",
+            },
+        ),  # wrong schema
         rec(size=-1),
         rec(price=float("nan")),
         rec(price=float("inf")),
@@ -68,8 +81,14 @@ def test_every_bad_record_is_dead_lettered_with_reason() -> None:
     ]
     values = good + bad
     dead = DeadLetters()
-    out = decode_records("trades", _records(values, 1_000_000), late_until=999_500, max_future_ms=60_000, dead=dead,
-                         watermark=1_004_500)
+    out = decode_records(
+        "trades",
+        _records(values, 1_000_000),
+        late_until=999_500,
+        max_future_ms=60_000,
+        dead=dead,
+        watermark=1_004_500,
+    )
     assert len(out) == 10
     assert dead.counts() == {"undecodable": 3, "invalid": 4, "future": 1, "late": 1}
     # raw bytes and source offsets are kept
@@ -96,7 +115,12 @@ def test_packets_invariants() -> None:
         "tcp_flags": ["S", "", "A", "SA"],
     }
     dead = DeadLetters()
-    out = decode_records("packets", _records(encode_batch("packets", cols).messages(), 1000),
-                         late_until=None, max_future_ms=60_000, dead=dead)
+    out = decode_records(
+        "packets",
+        _records(encode_batch("packets", cols).messages(), 1000),
+        late_until=None,
+        max_future_ms=60_000,
+        dead=dead,
+    )
     assert len(out) == 1 and out.columns["src_ip"][0] == "10.0.0.1"
     assert dead.counts()["invalid"] == 3

@@ -20,7 +20,15 @@ from sqlalchemy import create_engine, text
 pytestmark = pytest.mark.integration
 
 from tests_engine_support import (  # noqa: E402
-    G, LATE_RULE, RULES, add_rule, backtest, make_scenario, produce, produce_rules, read_topic,
+    LATE_RULE,
+    RULES,
+    G,
+    add_rule,
+    backtest,
+    make_scenario,
+    produce,
+    produce_rules,
+    read_topic,
 )
 
 
@@ -107,7 +115,9 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     expect = backtest(sc, RULES, final)
     assert len(expect) > 100
     missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
-    assert not missing and not extra, f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
+    assert not missing and not extra, (
+        f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
+    )
     assert sorted(got) == expect
 
     late = [a for a in log if a[0] == sid]
@@ -135,5 +145,7 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     assert n_results == enter_minus_exit
 
 
-def test_engine_equals_backtest_exactly_once(spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path) -> None:
+def test_engine_equals_backtest_exactly_once(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
     run_scenario(spark, kafka_bootstrap, pg_url, tmp_path)

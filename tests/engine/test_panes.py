@@ -26,14 +26,28 @@ SPEC = PaneSpec(
     key="symbol",
     column_sets=(
         ColumnSet("all", None, sums=("size",), minmax=("price",), firstlast=("price",), distinct=("size",)),
-        ColumnSet("ask", lambda c: c["side"] == "ASK", sums=("size", "price"), minmax=("price",),
-                  firstlast=("price",), distinct=("size",)),
+        ColumnSet(
+            "ask",
+            lambda c: c["side"] == "ASK",
+            sums=("size", "price"),
+            minmax=("price",),
+            firstlast=("price",),
+            distinct=("size",),
+        ),
     ),
 )
 
 
 def test_pane_of_is_ceiling() -> None:
-    assert pane_of(np.array([0, 1, 999, 1000, 1001, -1, -1000]), G).tolist() == [0, 1000, 1000, 1000, 2000, 0, -1000]
+    assert pane_of(np.array([0, 1, 999, 1000, 1001, -1, -1000]), G).tolist() == [
+        0,
+        1000,
+        1000,
+        1000,
+        2000,
+        0,
+        -1000,
+    ]
 
 
 @pytest.mark.parametrize("seed", range(8))

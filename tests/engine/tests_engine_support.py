@@ -87,8 +87,11 @@ def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for name, text in RULES.items():
         sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
-        p.produce(topic, key=sid.encode(),
-                  value=json.dumps({"id": sid, "name": name, "rule": text, "status": "active"}).encode())
+        p.produce(
+            topic,
+            key=sid.encode(),
+            value=json.dumps({"id": sid, "name": name, "rule": text, "status": "active"}).encode(),
+        )
     p.flush()
 
 
@@ -133,8 +136,15 @@ def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str,
 
 def read_topic(bootstrap: str, topic: str, schema: str | None, timeout: float = 20.0) -> list[Any]:
     """Every committed record of a topic (decoded when ``schema`` is given), read_committed."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
     md = c.list_topics(topic, timeout=10).topics[topic]
     tps = [TopicPartition(topic, p) for p in md.partitions]
     ends = {}

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from ingest import avro
 from ingest.avro import AvroDecodeError, Coded, decode, decode_batch, encode, encode_batch
 
-TRADE = {"symbol": "AAPL", "ts": 1_709_564_400_123, "price": 171.25, "size": 300, "side": "ASK", "exchange": "NASDAQ"}
+TRADE = {
+    "symbol": "AAPL",
+    "ts": 1_709_564_400_123,
+    "price": 171.25,
+    "size": 300,
+    "side": "ASK",
+    "exchange": "NASDAQ",
+}
 PACKET = {
     "ts": 1_709_564_400_000,
     "src_ip": "10.0.0.1",
@@ -39,7 +46,14 @@ def test_every_schema_loads_parses_and_has_a_distinct_id() -> None:
 def test_trade_and_packet_fields_are_those_of_rules_md() -> None:
     assert avro.field_names("trades") == ["symbol", "ts", "price", "size", "side", "exchange"]
     assert avro.field_names("packets") == [
-        "ts", "src_ip", "dst_ip", "src_port", "dst_port", "protocol", "length", "tcp_flags"
+        "ts",
+        "src_ip",
+        "dst_ip",
+        "src_port",
+        "dst_port",
+        "protocol",
+        "length",
+        "tcp_flags",
     ]
 
 
@@ -61,14 +75,40 @@ def test_batch_encoder_is_byte_identical_to_fastavro(name: str, rec: dict) -> No
 
 
 def test_other_schemas_round_trip_through_fastavro() -> None:
-    alert = {"id": "s1|AAPL|ENTER|1000", "subscription_id": "s1", "rule_name": "r", "stream": "trades",
-             "key": "AAPL", "kind": "ENTER", "as_of": 1000, "values": {"sum": 1.5, "avg": None},
-             "batch_id": 3, "emitted_at": 1001}
+    alert = {
+        "id": "s1|AAPL|ENTER|1000",
+        "subscription_id": "s1",
+        "rule_name": "r",
+        "stream": "trades",
+        "key": "AAPL",
+        "kind": "ENTER",
+        "as_of": 1000,
+        "values": {"sum": 1.5, "avg": None},
+        "batch_id": 3,
+        "emitted_at": 1001,
+    }
     assert decode(encode("alerts", alert)) == alert
-    dl = {"source_topic": "trades", "source_partition": 0, "source_offset": 5, "key": b"k", "value": b"\x00x",
-          "reason": "undecodable", "detail": "", "event_ts": None, "watermark": 7, "logged_at": 9}
+    dl = {
+        "source_topic": "trades",
+        "source_partition": 0,
+        "source_offset": 5,
+        "key": b"k",
+        "value": b"\x00x",
+        "reason": "undecodable",
+        "detail": "",
+        "event_ts": None,
+        "watermark": 7,
+        "logged_at": 9,
+    }
     assert decode(encode("dead_letter", dl)) == dl
-    res = {"subscription_id": "s", "key": "10.0.0.1", "present": True, "as_of": 5, "values": {}, "batch_id": -1}
+    res = {
+        "subscription_id": "s",
+        "key": "10.0.0.1",
+        "present": True,
+        "as_of": 5,
+        "values": {},
+        "batch_id": -1,
+    }
     assert decode(encode("results", res), "results") == res
 
 
@@ -102,7 +142,16 @@ def test_encode_batch_decode_batch_round_trip(rows: list[dict]) -> None:
 
 def test_decode_batch_flags_malformed_and_foreign_records() -> None:
     good = encode_batch("trades", {k: [v] * 2 for k, v in TRADE.items()}).messages()
-    payloads = [good[0], b"", b"garbage", good[1][:-2], good[1] + b"\x00", encode("packets", PACKET), None, good[1]]
+    payloads = [
+        good[0],
+        b"",
+        b"garbage",
+        good[1][:-2],
+        good[1] + b"\x00",
+        encode("packets", PACKET),
+        None,
+        good[1],
+    ]
     rb, ok = decode_batch("trades", payloads)
     assert ok.tolist() == [True, False, False, False, False, False, False, True]
     assert rb.to_pylist() == [TRADE, TRADE]
@@ -118,7 +167,9 @@ def test_decode_batch_accepts_an_arrow_binary_column() -> None:
     assert rb.to_pylist() == [PACKET, PACKET]
 
 
-@pytest.mark.parametrize("bad", [b"", b"\x01\x00\x00\x00\x01abc", b"\x00\x00\x00\x03\xe7abc", b"\x00\x00\x00\x00\x01"])
+@pytest.mark.parametrize(
+    "bad", [b"", b"\x01\x00\x00\x00\x01abc", b"\x00\x00\x00\x03\xe7abc", b"\x00\x00\x00\x00\x01"]
+)
 def test_decode_rejects_what_is_not_a_framed_record(bad: bytes) -> None:
     with pytest.raises(AvroDecodeError):
         decode(bad)
@@ -134,7 +185,11 @@ def test_decode_rejects_trailing_bytes_and_wrong_stream() -> None:
 
 def test_coded_columns_and_plain_string_columns_encode_the_same() -> None:
     plain = {k: [v] * 5 for k, v in TRADE.items()}
-    coded = dict(plain, symbol=Coded(np.zeros(5, np.int32), ["AAPL"]), side=Coded(np.full(5, 1, np.int32), ["BID", "ASK"]))
+    coded = dict(
+        plain,
+        symbol=Coded(np.zeros(5, np.int32), ["AAPL"]),
+        side=Coded(np.full(5, 1, np.int32), ["BID", "ASK"]),
+    )
     assert encode_batch("trades", plain).messages() == encode_batch("trades", coded).messages()
 
 

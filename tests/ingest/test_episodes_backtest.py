@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,11 @@ def _momentum_holds(ts, price, size, side, exch, tau: int) -> bool:  # type: ign
     if hi <= lo20:
         return False
     last, first = price[hi - 1], price[lo20]
-    return bool(20 <= last <= 200 and last < 0.98 * first and size[lo2:hi][ask[lo2:hi]].sum() >= 0.7 * size[lo2:hi].sum())
+    return bool(
+        20 <= last <= 200
+        and last < 0.98 * first
+        and size[lo2:hi][ask[lo2:hi]].sum() >= 0.7 * size[lo2:hi].sum()
+    )
 
 
 def _volatility_holds(ts, price, size, tau: int) -> bool:  # type: ignore[no-untyped-def]
@@ -56,17 +61,23 @@ def _volatility_holds(ts, price, size, tau: int) -> bool:  # type: ignore[no-unt
         return False
     w = price[lo30:hi]
     last = w[-1]
-    return bool(20 <= last <= 200 and w.max() - w.min() > 0.03 * last and size[lo5:hi].mean() > 4 * size[lo30:hi].mean())
+    return bool(
+        20 <= last <= 200
+        and w.max() - w.min() > 0.03 * last
+        and size[lo5:hi].mean() > 4 * size[lo30:hi].mean()
+    )
 
 
 @pytest.fixture(scope="module")
 def market() -> tuple[TradeGenerator, list, dict[str, np.ndarray], list[dict]]:
-    gen = TradeGenerator(TradeConfig(rate=500), seed=7, session_open_ms=START - 2 * 3600_000)
-    eps = demo_episodes(gen, START + 32 * MIN, every_ms=3 * MIN, count=4)
+    # small enough for a quick backtest: 36 minutes (the volatility rule needs 30 of history) at 200 trades/s
+    gen = TradeGenerator(TradeConfig(rate=200, n_symbols=1000), seed=7, session_open_ms=START - 2 * 3600_000)
+    eps = demo_episodes(gen, START + 31 * MIN + 30_000, every_ms=150_000, count=2)
     gen.episodes = list(eps)
-    chunks = list(gen.chunks(START, START + 44 * MIN, 10_000))
+    chunks = list(gen.chunks(START, START + 36 * MIN, 10_000))
     cols = {
-        k: np.concatenate([c[k].to_numpy() if hasattr(c[k], "to_numpy") else c[k] for c in chunks]) for k in chunks[0]
+        k: np.concatenate([c[k].to_numpy() if hasattr(c[k], "to_numpy") else c[k] for c in chunks])
+        for k in chunks[0]
     }
     return gen, eps, cols, chunks
 
@@ -74,16 +85,15 @@ def market() -> tuple[TradeGenerator, list, dict[str, np.ndarray], list[dict]]:
 def test_each_episode_fires_its_rule_and_the_symbol_was_quiet_before(market) -> None:  # type: ignore[no-untyped-def]
     gen, eps, cols, _ = market
     for e in eps:
-        if e.kind not in (K_MOMENTUM, K_SURGE):
+        if e.kind not in (K_MOMENTUM, K_SURGE) or e.magnitude <= 0:  # skip recoveries and bursts
             continue
         m = cols["symbol"] == gen.symbols[e.symbol]
         ts, price, size, side, exch = (cols[k][m] for k in ("ts", "price", "size", "side", "exchange"))
         if e.kind == K_MOMENTUM:
-            def holds(tau: int) -> bool:
-                return _momentum_holds(ts, price, size, side, exch, tau)
+            holds = partial(_momentum_holds, ts, price, size, side, exch)
         else:
-            def holds(tau: int) -> bool:
-                return _volatility_holds(ts, price, size, tau)
+            holds = partial(_volatility_holds, ts, price, size)
+
         before = [holds(t) for t in range(e.start_ms - 5 * MIN, e.start_ms, 1000)]
         during = [holds(t) for t in range(e.start_ms, e.start_ms + 2 * MIN, 1000)]
         assert not any(before), f"{e.kind} on {gen.symbols[e.symbol]} fired before the episode"
@@ -100,7 +110,9 @@ def _backtest_available() -> str | None:
     names = {c.name for c in app.registered_commands}
     names |= {g.name for g in app.registered_groups}
     if "backtest" not in names:
-        return "`tidewatch backtest` is not registered yet (subscriptions.cli / subscriptions.backtest missing)"
+        return (
+            "`tidewatch backtest` is not registered yet (subscriptions.cli / subscriptions.backtest missing)"
+        )
     return None
 
 
@@ -112,29 +124,53 @@ def test_backtest_reports_the_injected_episodes(market, tmp_path: Path) -> None:
     trades = tmp_path / "trades.csv"
     write_csv(trades, iter(chunks), "trades")
     rules = tmp_path / "rules.jsonl"
-    rules.write_text(json.dumps({"name": "momentum", "rule": MOMENTUM}) + "\n"
-                     + json.dumps({"name": "volatility", "rule": VOLATILITY}) + "\n")
+    rules.write_text(
+        json.dumps({"name": "momentum", "rule": MOMENTUM})
+        + "\n"
+        + json.dumps({"name": "volatility", "rule": VOLATILITY})
+        + "\n"
+    )
     out = tmp_path / "alerts.jsonl"
     exe = shutil.which("tidewatch", path=str(Path(sys.executable).parent)) or "tidewatch"
     res = subprocess.run(
-        [exe, "backtest", "--rules", str(rules), "--events", f"trades={trades}", "--every", "1000", "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [
+            exe,
+            "backtest",
+            "--rules",
+            str(rules),
+            "--events",
+            f"trades={trades}",
+            "--every",
+            "1000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     alerts = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     enters = {(a["rule"], a["key"]): a["as_of"] for a in alerts if a["kind"] == "ENTER"}
     for e in eps:
-        if e.kind == K_MOMENTUM:
+        if e.kind == K_MOMENTUM and e.magnitude > 0:
             rule = "momentum"
         elif e.kind == K_SURGE:
             rule = "volatility"
         else:
             continue
         sym = gen.symbols[e.symbol]
-        hits = [a["as_of"] for a in alerts
-                if a["kind"] == "ENTER" and a["rule"] == rule and a["key"] == sym
-                and e.start_ms <= a["as_of"] <= e.start_ms + 60_000]
-        assert hits, f"backtest: no ENTER of {rule} for {sym} within a minute of the episode ({len(enters)} enters)"
+        hits = [
+            a["as_of"]
+            for a in alerts
+            if a["kind"] == "ENTER"
+            and a["rule"] == rule
+            and a["key"] == sym
+            and e.start_ms <= a["as_of"] <= e.start_ms + 60_000
+        ]
+        assert hits, (
+            f"backtest: no ENTER of {rule} for {sym} within a minute of the episode ({len(enters)} enters)"
+        )
 
 
 PACKET_RULES = {
@@ -160,16 +196,35 @@ def test_backtest_reports_the_injected_attacks(tmp_path: Path) -> None:
     out = tmp_path / "alerts.jsonl"
     exe = shutil.which("tidewatch", path=str(Path(sys.executable).parent)) or "tidewatch"
     res = subprocess.run(
-        [exe, "backtest", "--rules", str(rules), "--events", f"packets={packets}", "--every", "1000", "--out", str(out)],
-        capture_output=True, text=True, timeout=900,
+        [
+            exe,
+            "backtest",
+            "--rules",
+            str(rules),
+            "--events",
+            f"packets={packets}",
+            "--every",
+            "1000",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     alerts = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     enters = {(a["rule"], a["key"]) for a in alerts if a["kind"] == "ENTER"}
     for a in attacks:
         key = a.dst if a.kind == K_SYN_FLOOD else a.src
-        hits = [x["as_of"] for x in alerts if x["kind"] == "ENTER" and x["rule"] == a.kind and x["key"] == key
-                and a.start_ms <= x["as_of"] <= a.start_ms + 60_000]
+        hits = [
+            x["as_of"]
+            for x in alerts
+            if x["kind"] == "ENTER"
+            and x["rule"] == a.kind
+            and x["key"] == key
+            and a.start_ms <= x["as_of"] <= a.start_ms + 60_000
+        ]
         assert hits, f"backtest: no ENTER of {a.kind} for {key} within a minute of the attack"
     # normal traffic raises nothing: every ENTER is one of the attacks' keys
     keys = {(a.kind, a.dst if a.kind == K_SYN_FLOOD else a.src) for a in attacks}

@@ -95,6 +95,10 @@ def test_demo_attacks_cycle_through_the_three_kinds() -> None:
 
 
 def test_packets_reproducible() -> None:
-    a = _frame(PacketGenerator(PacketConfig(rate=500), seed=9, attacks=demo_attacks(1000, count=2)), 0, 20_000)
-    b = _frame(PacketGenerator(PacketConfig(rate=500), seed=9, attacks=demo_attacks(1000, count=2)), 0, 20_000)
+    a = _frame(
+        PacketGenerator(PacketConfig(rate=500), seed=9, attacks=demo_attacks(1000, count=2)), 0, 20_000
+    )
+    b = _frame(
+        PacketGenerator(PacketConfig(rate=500), seed=9, attacks=demo_attacks(1000, count=2)), 0, 20_000
+    )
     pd.testing.assert_frame_equal(a, b)

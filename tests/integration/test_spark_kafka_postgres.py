@@ -142,7 +142,9 @@ def test_avro_trades_flow_from_kafka_through_spark_into_postgres(
             F.conv(F.hex(F.substring("value", 2, 4)), 16, 10).cast("int") == F.lit(sid)
         )
         decoded = raw.select(
-            F.when(good_frame, from_avro(F.expr("substring(value, 6)"), load_schema_json("trades"))).alias("t"),
+            F.when(good_frame, from_avro(F.expr("substring(value, 6)"), load_schema_json("trades"))).alias(
+                "t"
+            ),
             (~good_frame).alias("bad"),
         )
         return (

@@ -110,7 +110,10 @@ def test_duplicate_aggregates_are_computed_once() -> None:
         HEAD + "LAST(price) OVER LAST 20 MINUTES BETWEEN 20 AND 200 "
         "AND LAST(price) OVER LAST 20 MINUTES < 0.98 * FIRST(price) OVER LAST 20 MINUTES"
     )
-    assert [a.text for a in p.aggs] == ["LAST(price) OVER LAST 20 MINUTES", "FIRST(price) OVER LAST 20 MINUTES"]
+    assert [a.text for a in p.aggs] == [
+        "LAST(price) OVER LAST 20 MINUTES",
+        "FIRST(price) OVER LAST 20 MINUTES",
+    ]
     assert {a.structure for a in p.aggs} == {("values", "TRUE", "price")}
 
 
@@ -120,7 +123,10 @@ def test_count_of_a_field_is_count_star() -> None:
 
 
 def test_key_domain_window() -> None:
-    assert plan("AVG(size) OVER 5 MINUTES TO 1 MINUTE AGO > 1 AND COUNT(*) OVER LAST 1 MINUTE > 1").domain_ms == 300_000
+    assert (
+        plan("AVG(size) OVER 5 MINUTES TO 1 MINUTE AGO > 1 AND COUNT(*) OVER LAST 1 MINUTE > 1").domain_ms
+        == 300_000
+    )
     assert plan("AVG(size) OVER LAST 3 ROWS > 1").domain_ms is None
     assert "every key seen so far" in explain(plan("AVG(size) OVER LAST 3 ROWS > 1"))
 
@@ -132,7 +138,9 @@ def test_explain_mentions_index_driver_and_post_check() -> None:
 
 
 def test_plan_json_round_trip_keeps_everything() -> None:
-    p = plan("COUNT(*) OVER LAST 10 SECONDS > 5 OR NOT (AVG(price) OVER LAST 3 ROWS > 2)", where="side = 'ASK'")
+    p = plan(
+        "COUNT(*) OVER LAST 10 SECONDS > 5 OR NOT (AVG(price) OVER LAST 3 ROWS > 2)", where="side = 'ASK'"
+    )
     q = Plan.from_json(p.to_json())
     assert q.to_json() == p.to_json()
     assert q.cond == p.cond and q.driver == p.driver

@@ -70,7 +70,9 @@ def test_rules_md_example_structures() -> None:
     assert isinstance(ask, A.Cmp) and ask.op == ">="
     assert ask.left == A.Agg("SUM", "size", False, A.RowCmp("side", "=", "ASK"), A.TimeWindow(120_000))
     hist = parse_rule(RULES_MD_EXAMPLES[3]).having
-    assert isinstance(hist, A.Cmp) and hist.left == A.Agg("AVG", "size", False, None, A.TimeWindow(120_000, 60_000))
+    assert isinstance(hist, A.Cmp) and hist.left == A.Agg(
+        "AVG", "size", False, None, A.TimeWindow(120_000, 60_000)
+    )
     pkt = parse_rule(RULES_MD_EXAMPLES[5])
     assert pkt.having.left == A.Agg("COUNT", "dst_port", True, None, A.TimeWindow(60_000))  # type: ignore[union-attr]
 
@@ -181,7 +183,9 @@ def test_between_in_having() -> None:
 
 
 def test_comments_and_layout() -> None:
-    a = parse_rule(f"-- a comment\nSELECT symbol\n  FROM trades -- trailing\nGROUP BY symbol\nHAVING {C1}\n > 5\n")
+    a = parse_rule(
+        f"-- a comment\nSELECT symbol\n  FROM trades -- trailing\nGROUP BY symbol\nHAVING {C1}\n > 5\n"
+    )
     assert a == parse_rule(HEAD + f"{C1} > 5")
 
 
@@ -244,7 +248,9 @@ def test_keywords_are_case_insensitive() -> None:
                        .replace("@@", "NASDAQ").replace("##", "ASK"))  # fmt: skip
     assert lower == upper
     mixed = "sElEcT symbol FrOm trades gRoUp By symbol HaViNg CoUnT(*) oVeR lAsT 1 mInUtE > 5 AnD nOt SuM(size) OvEr 2 MiNuTeS tO 1 mInUtE aGo < 3"
-    assert parse_rule(mixed) == parse_rule(mixed.upper().replace("SIZE", "size").replace("SYMBOL", "symbol").replace("TRADES", "trades"))
+    assert parse_rule(mixed) == parse_rule(
+        mixed.upper().replace("SIZE", "size").replace("SYMBOL", "symbol").replace("TRADES", "trades")
+    )
 
 
 def test_names_are_case_insensitive_but_strings_are_not() -> None:

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy import create_engine, pool, select
 from sqlalchemy.orm import Session
@@ -75,7 +75,7 @@ def _read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -
             "isolation.level": isolation,
         }
     )
-    c.subscribe([topic])
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])  # one partition; no group rebalance
     out = []
     try:
         while True:

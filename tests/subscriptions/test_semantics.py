@@ -75,7 +75,10 @@ def test_domain_is_taken_before_where() -> None:
 def test_domain_uses_the_longest_window() -> None:
     rows = [("A", 1000, 10, 1, "BID"), ("B", 14_000, 10, 1, "BID")]
     rule = HEAD + "COUNT(*) OVER LAST 5 SECONDS = 0 AND SUM(size) OVER LAST 20 SECONDS >= 0"
-    assert results(rule, rows, [15_000, 21_000, 22_000]) == [{"A"}, {"A"}, {"B"}]
+    # 15000: A is in (-5000, 15000] with no event in (10000, 15000]; B has one there
+    # 20999: (999, 20999] holds both; neither has an event in (15999, 20999]
+    # 21000: A's event (1000) left the 20 s domain window
+    assert results(rule, rows, [15_000, 20_999, 21_000]) == [{"A"}, {"A", "B"}, {"B"}]
 
 
 def test_avg_of_an_empty_set_is_null() -> None:
@@ -115,12 +118,18 @@ def test_division_by_zero_is_null() -> None:
 def test_time_window_is_open_on_the_left_closed_on_the_right() -> None:
     rows = [("A", 0, 1, 1, "BID"), ("A", 10_000, 1, 1, "BID"), ("A", 10_001, 1, 1, "BID")]
     rule = HEAD + "COUNT(*) OVER LAST 10 SECONDS = 1"
-    # at 10000: (0, 10000] holds only ts 10000; at 10001 it holds 10000 and 10001
-    assert results(rule, rows, [10_000, 10_001, 20_000, 20_001]) == [{"A"}, set(), set(), {"A"}]
+    # 10000: (0, 10000] holds only ts 10000; 10001: (1, 10001] holds 10000 and 10001;
+    # 20000: (10000, 20000] holds 10001 only; 20001: nothing left, A is out of the domain
+    assert results(rule, rows, [10_000, 10_001, 20_000, 20_001]) == [{"A"}, set(), {"A"}, set()]
 
 
 def test_historical_window() -> None:
-    rows = [("A", 1000, 1, 1, "BID"), ("A", 5000, 1, 2, "BID"), ("A", 12_000, 1, 4, "BID"), ("A", 15_000, 1, 8, "BID")]
+    rows = [
+        ("A", 1000, 1, 1, "BID"),
+        ("A", 5000, 1, 2, "BID"),
+        ("A", 12_000, 1, 4, "BID"),
+        ("A", 15_000, 1, 8, "BID"),
+    ]
     hist = "SUM(size) OVER 20 SECONDS TO 10 SECONDS AGO"
     # tau 21000: (1000, 11000] -> 2; tau 25000: (5000, 15000] -> 12; tau 30000: (10000, 20000] -> 12
     assert results(HEAD + f"{hist} = 2", rows, [21_000, 25_000]) == [{"A"}, set()]
@@ -142,11 +151,15 @@ def test_rows_window_counts_events_after_where_and_filter() -> None:
     avg2 = "AVG(size) FILTER (WHERE side = 'ASK') OVER LAST 2 ROWS"
     assert results(HEAD + f"{avg2} = 25", rows, [5000]) == [{"A"}]
     assert results(ASK_HEAD + "SUM(size) OVER LAST 3 ROWS = 60", rows, [5000]) == [{"A"}]
-    assert results(HEAD + "SUM(size) OVER LAST 3 ROWS = 1130", rows, [5000]) == [{"A"}]
+    assert results(HEAD + "SUM(size) OVER LAST 3 ROWS = 1050", rows, [5000]) == [{"A"}]
     # fewer rows than n: the window holds what there is
     assert results(HEAD + "COUNT(*) OVER LAST 10 ROWS = 5", rows, [5000]) == [{"A"}]
-    assert results(HEAD + "FIRST(size) OVER LAST 2 ROWS = 30 AND LAST(size) OVER LAST 2 ROWS = 1000", rows, [5000]) == [{"A"}]
-    assert results(HEAD + "MIN(size) OVER LAST 4 ROWS = 20 AND MAX(size) OVER LAST 4 ROWS = 1000", rows, [5000]) == [{"A"}]
+    assert results(
+        HEAD + "FIRST(size) OVER LAST 2 ROWS = 30 AND LAST(size) OVER LAST 2 ROWS = 1000", rows, [5000]
+    ) == [{"A"}]
+    assert results(
+        HEAD + "MIN(size) OVER LAST 4 ROWS = 20 AND MAX(size) OVER LAST 4 ROWS = 1000", rows, [5000]
+    ) == [{"A"}]
 
 
 def test_rows_only_rule_considers_every_key_seen_so_far() -> None:
@@ -166,8 +179,15 @@ def test_first_last_ties_keep_arrival_order() -> None:
 
 def test_batch_in_any_order_is_applied_in_ts_order() -> None:
     ev = Evaluator("shared")
-    ev.add_rule("r", compile_rule(HEAD + "FIRST(price) OVER LAST 10 SECONDS = 10 AND LAST(price) OVER LAST 10 SECONDS = 5"))
-    ev.apply("trades", ev_batch([("A", 2000, 5, 1, "BID"), ("A", 1000, 10, 1, "BID"), ("A", 1000, 20, 1, "BID")]))
+    ev.add_rule(
+        "r",
+        compile_rule(
+            HEAD + "FIRST(price) OVER LAST 10 SECONDS = 10 AND LAST(price) OVER LAST 10 SECONDS = 5"
+        ),
+    )
+    ev.apply(
+        "trades", ev_batch([("A", 2000, 5, 1, "BID"), ("A", 1000, 10, 1, "BID"), ("A", 1000, 20, 1, "BID")])
+    )
     assert ev.lookup(2000)["r"] == {"A"}
     with pytest.raises(ValueError):  # older than what the key already has
         ev.apply("trades", ev_batch([("A", 1500, 1, 1, "BID")]))
@@ -185,7 +205,9 @@ def test_count_distinct_min_max() -> None:
     assert results(HEAD + "COUNT(DISTINCT exchange) OVER LAST 2 SECONDS = 2", rows, [3000]) == [{"A"}]
     assert results(HEAD + "COUNT(DISTINCT exchange) OVER LAST 2 SECONDS = 1", rows, [4000]) == [{"A", "B"}]
     assert results(HEAD + "COUNT(DISTINCT price) OVER LAST 10 SECONDS = 3", rows, [5000]) == [{"A"}]
-    assert results(HEAD + "MAX(price) OVER LAST 10 SECONDS - MIN(price) OVER LAST 10 SECONDS = 20", rows, [5000]) == [{"A"}]
+    assert results(
+        HEAD + "MAX(price) OVER LAST 10 SECONDS - MIN(price) OVER LAST 10 SECONDS = 20", rows, [5000]
+    ) == [{"A"}]
     assert results(HEAD + "MAX(price) OVER LAST 2500 MILLISECONDS = 30", rows, [3000]) == [{"A"}]
     assert results(HEAD + "MAX(price) OVER LAST 2500 MILLISECONDS = 30", rows, [4500]) == [set()]
 
@@ -196,7 +218,9 @@ def test_thresholds_exact_at_the_boundary() -> None:
     assert results(HEAD + "COUNT(*) OVER LAST 10 SECONDS > 10", rows, [10_000]) == [set()]
     assert results(HEAD + "SUM(size) OVER LAST 10 SECONDS = 1000", rows, [10_000]) == [{"A"}]
     assert results(HEAD + "SUM(size) OVER LAST 10 SECONDS > 999.5", rows, [10_000]) == [{"A"}]
-    assert results(HEAD + "COUNT(*) OVER LAST 10 SECONDS BETWEEN 9 AND 10", rows, [10_000, 10_999, 11_000]) == [
+    assert results(
+        HEAD + "COUNT(*) OVER LAST 10 SECONDS BETWEEN 9 AND 10", rows, [10_000, 10_999, 11_000]
+    ) == [
         {"A"},
         {"A"},
         {"A"},
@@ -204,8 +228,13 @@ def test_thresholds_exact_at_the_boundary() -> None:
 
 
 def test_or_with_a_disjunct_satisfied_by_zero() -> None:
-    rows = [("A", 1000, 1, 1, "BID"), ("B", 1000, 1, 1, "ASK")] + [("C", 1000 + i, 1, 1, "ASK") for i in range(10)]
-    rule = HEAD + "COUNT(*) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS > 5 OR COUNT(*) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS = 0"
+    rows = [("A", 1000, 1, 1, "BID"), ("B", 1000, 1, 1, "ASK")] + [
+        ("C", 1000 + i, 1, 1, "ASK") for i in range(10)
+    ]
+    rule = (
+        HEAD
+        + "COUNT(*) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS > 5 OR COUNT(*) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS = 0"
+    )
     assert results(rule, rows, [5000]) == [{"A", "C"}]
 
 
@@ -249,3 +278,35 @@ def test_lookup_reports_enter_and_exit_changes() -> None:
     ev.apply("trades", ev_batch(rows[2:]))
     assert ev.step(5000).rows() == [(5000, "r", "A", "EXIT")]
     assert ev.step(6000).rows() == []
+
+
+def test_count_is_served_by_the_value_rint_of_the_same_predicate() -> None:
+    ev = Evaluator("shared")
+    ev.add_rules(
+        [
+            ("c", compile_rule(ASK_HEAD + "COUNT(*) OVER LAST 10 SECONDS > 1")),
+            ("s", compile_rule(ASK_HEAD + "SUM(size) OVER LAST 10 SECONDS > 10")),
+        ]
+    )
+    assert ev.structure_counts() == {"values": 1, "ci_count": 1, "ci_sum": 1}
+    ev.apply(
+        "trades", ev_batch([("A", 1000, 1, 10, "ASK"), ("A", 2000, 1, 5, "ASK"), ("B", 2000, 1, 50, "ASK")])
+    )
+    assert ev.lookup(2000) == {"c": {"A"}, "s": {"A", "B"}}
+    ev.remove_rule("s")  # the value R-INT still serves the COUNT
+    assert ev.structure_counts() == {"values": 1, "ci_count": 1}
+    assert ev.lookup(3000) == {"c": {"A"}}
+
+
+def test_rule_over_the_key_domain_added_after_index_driven_rules() -> None:
+    """The domain R-INT starts being kept when a rule needs it, filled from history (PSoup)."""
+    rows = [("A", 1000, 1, 100, "ASK"), ("B", 4000, 1, 1, "BID"), ("C", 9000, 1, 7, "BID")]
+    driven = HEAD + "COUNT(*) OVER LAST 10 SECONDS > 0"
+    domain = HEAD + "NOT (AVG(size) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS > 5)"
+    ev = Evaluator("shared")
+    ev.add_rule("driven", compile_rule(driven))
+    ev.apply("trades", ev_batch(rows))
+    assert ev.lookup(9000)["driven"] == {"A", "B", "C"}
+    ev.add_rule("domain", compile_rule(domain))
+    assert ev.evaluate_now("domain", 9000) == {"B", "C"}
+    assert ev.lookup(10_500)["domain"] == {"B", "C"}  # A's event left (500, 10500]

@@ -15,7 +15,7 @@ def test_cli_paths_are_detected():
 
 def test_apps_have_distinct_names_and_loopback_dashboard():
     names = [a.name for a in stack.APPS]
-    assert len(names) == len(set(names)) and {"engine", "dashboard", "feed"} <= set(names)
+    assert len(names) == len(set(names)) and {"relay", "engine", "dashboard", "feed"} <= set(names)
     dash = next(a for a in stack.APPS if a.name == "dashboard")
     argv = dash.argv(Settings(dashboard_port=18555))
     assert argv[argv.index("--server.address") + 1] == "127.0.0.1"

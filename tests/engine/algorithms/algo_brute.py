@@ -52,9 +52,7 @@ def streams(draw, max_keys: int = 6, max_events: int = 150, max_mult: int = 1) -
         mult = np.array(draw(st.lists(st.integers(0, max_mult), min_size=n, max_size=n)), dtype=np.int64)
     else:
         mult = np.ones(n, np.int64)
-    vals = np.array(
-        draw(st.lists(st.integers(-50, 50), min_size=n, max_size=n)), dtype=np.float64
-    ) * 0.5
+    vals = np.array(draw(st.lists(st.integers(-50, 50), min_size=n, max_size=n)), dtype=np.float64) * 0.5
     ivals = np.array(draw(st.lists(st.integers(0, 7), min_size=n, max_size=n)), dtype=np.int64)
     cuts = sorted(draw(st.lists(st.integers(0, max(n, 0)), max_size=4)))
     return Stream(keys, ts, mult, vals, ivals, cuts, K)
@@ -97,7 +95,9 @@ ALGO_SETTINGS = settings(
 )
 
 
-def feed(struct, s: Stream, rng: np.random.Generator, apply, roundtrip_at: int, expire_at: int, expire_to: int):
+def feed(
+    struct, s: Stream, rng: np.random.Generator, apply, roundtrip_at: int, expire_at: int, expire_to: int
+):
     """Apply the stream batch by batch with ``apply(struct, idx)``; round-trip the state through
     bytes after batch ``roundtrip_at`` and expire ``ts <= expire_to`` after batch ``expire_at``
     (lowered below the next batch's timestamps: expiry only drops data older than what follows).

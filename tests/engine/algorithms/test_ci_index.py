@@ -9,7 +9,7 @@ from algo_brute import ALGO_SETTINGS, INT64_MIN, Stream, feed, in_range, streams
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.algorithms import CICount, CISum, RInt, post_check_count, post_check_sum
+from engine.algorithms import CICount, CISum, RInt, exact_count, exact_sum, post_check_count, post_check_sum
 
 
 def _random_range(rng: np.random.Generator, scale: float):
@@ -31,7 +31,7 @@ def _window_totals(s: Stream, w: np.ndarray, what: np.ndarray):
     return tot, has
 
 
-def _check_lookups(idx, rint, s: Stream, rng, expired: int, what: np.ndarray, post, is_sum: bool):
+def _check_lookups(idx, rint, s: Stream, rng, expired: int, what: np.ndarray, post, exact_fn, is_sum: bool):
     now = int(s.ts[-1]) + int(rng.integers(0, 3)) if len(s.ts) else 0
     # windows never reach behind the expiry horizon (the structures' documented precondition)
     span = now - expired if expired > INT64_MIN else max(1, now - int(s.ts[0]) + 5)
@@ -43,10 +43,14 @@ def _check_lookups(idx, rint, s: Stream, rng, expired: int, what: np.ndarray, po
         tot, has = _window_totals(s, w, what)
         scale = max(2.0, float(tot.max()) if len(tot) else 2.0)
         lo, hi, ls, hs = _random_range(rng, scale)
-        exact = set(np.nonzero(has & (tot > 0 if not is_sum else True) & in_range(tot, lo, hi, ls, hs))[0].tolist())
-        cand = idx.candidates(T, now, lo, hi, ls, hs)
-        assert len(set(cand.tolist())) == len(cand)
+        exact = set(
+            np.nonzero(has & (tot > 0 if not is_sum else True) & in_range(tot, lo, hi, ls, hs))[0].tolist()
+        )
+        cand, sure = idx.lookup(T, now, lo, hi, ls, hs)
+        assert (np.diff(cand) > 0).all()  # key order, no duplicates
         assert exact <= set(cand.tolist()), "superset guarantee violated"
+        assert set(cand[sure].tolist()) <= exact, "a key proven by the index alone is not exact"
+        assert set(exact_fn(idx, rint, T, now, lo, hi, ls, hs).tolist()) == exact
         gmin, gmax = idx.guarantee(lo, hi, ls, hs)
         for k in cand:
             assert has[k], "a key without events in the window was returned"
@@ -80,7 +84,9 @@ def test_ci_count_superset_relaxation_and_exact_post_check(s: Stream, p: int, se
 
     pair, expired = feed(pair, s, rng, apply, rt, ex, t0 + int(rng.integers(0, 100)))
     if len(s.ts):
-        _check_lookups(pair.idx, pair.rint, s, rng, expired, s.mult.astype(float), post_check_count, False)
+        _check_lookups(
+            pair.idx, pair.rint, s, rng, expired, s.mult.astype(float), post_check_count, exact_count, False
+        )
 
 
 @ALGO_SETTINGS
@@ -91,7 +97,9 @@ def test_ci_count_superset_relaxation_and_exact_post_check(s: Stream, p: int, se
     rt=st.integers(-1, 4),
     integral=st.booleans(),
 )
-def test_ci_sum_superset_relaxation_and_exact_post_check(s: Stream, p: int, seed: int, rt: int, integral: bool):
+def test_ci_sum_superset_relaxation_and_exact_post_check(
+    s: Stream, p: int, seed: int, rt: int, integral: bool
+):
     rng = np.random.default_rng(seed)
     # non-negative values with a heavy tail: most small, some huge (O(p log a) updates)
     vals = np.floor(rng.pareto(0.7, len(s.ts)) * 10) if integral else rng.pareto(0.7, len(s.ts)) * 7.3
@@ -106,14 +114,7 @@ def test_ci_sum_superset_relaxation_and_exact_post_check(s: Stream, p: int, seed
     pair, expired = feed(pair, s, rng, apply, rt, -1, 0)
     assert pair.idx.integral == bool((vals / unit == np.floor(vals / unit)).all())
     if len(s.ts):
-        _check_lookups(pair.idx, pair.rint, s, rng, expired, vals, _post_sum_tolerant(vals), True)
-
-
-def _post_sum_tolerant(vals):
-    def post(rint, cand, T, now, lo, hi, ls, hs):
-        return post_check_sum(rint, cand, T, now, lo, hi, ls, hs)
-
-    return post
+        _check_lookups(pair.idx, pair.rint, s, rng, expired, vals, post_check_sum, exact_sum, True)
 
 
 class _Pair:

@@ -21,7 +21,10 @@ def _check_minmax(r: MinMax, s: Stream, rng: np.random.Generator, expired: int, 
         n = int(rng.integers(0, 3000))
         rmins, rmaxs = r.rows(keys, n)
         for k in keys:
-            for idx, a, b in ((sel_time(s, k, lo, hi, expired), mins[k], maxs[k]), (sel_rows(s, k, n, expired), rmins[k], rmaxs[k])):
+            for idx, a, b in (
+                (sel_time(s, k, lo, hi, expired), mins[k], maxs[k]),
+                (sel_rows(s, k, n, expired), rmins[k], rmaxs[k]),
+            ):
                 if len(idx):
                     assert a == s.vals[idx].min() and b == s.vals[idx].max()
                 else:
@@ -34,7 +37,13 @@ def test_minmax_matches_brute_force(s: Stream, seed: int, rt: int, ex: int):
     rng = np.random.default_rng(seed)
     t0 = int(s.ts[0]) if len(s.ts) else 0
     r, expired = feed(
-        MinMax(), s, rng, lambda m, perm: m.append(s.keys[perm], s.ts[perm], s.vals[perm]), rt, ex, t0 + int(rng.integers(0, 50))
+        MinMax(),
+        s,
+        rng,
+        lambda m, perm: m.append(s.keys[perm], s.ts[perm], s.vals[perm]),
+        rt,
+        ex,
+        t0 + int(rng.integers(0, 50)),
     )
     _check_minmax(r, s, rng, expired)
 
@@ -49,7 +58,9 @@ def test_minmax_long_streams_use_blocks(seed: int):
     ts = 1000 + np.cumsum(rng.integers(0, 3, n))
     vals = rng.normal(size=n)
     s = Stream(keys, ts, np.ones(n, np.int64), vals, np.zeros(n, np.int64), [500, 3000, 7000], 3)
-    m, expired = feed(MinMax(), s, rng, lambda m, perm: m.append(s.keys[perm], s.ts[perm], s.vals[perm]), 2, 1, 2000)
+    m, expired = feed(
+        MinMax(), s, rng, lambda m, perm: m.append(s.keys[perm], s.ts[perm], s.vals[perm]), 2, 1, 2000
+    )
     _check_minmax(m, s, rng, expired, n_queries=25)
 
 

@@ -2,7 +2,17 @@
 
 import numpy as np
 import pytest
-from algo_brute import ALGO_SETTINGS, INT64_MIN, Stream, feed, kth_newest, random_lo, sel_rows, sel_time, streams
+from algo_brute import (
+    ALGO_SETTINGS,
+    INT64_MIN,
+    Stream,
+    feed,
+    kth_newest,
+    random_lo,
+    sel_rows,
+    sel_time,
+    streams,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 

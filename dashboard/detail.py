@@ -1,0 +1,208 @@
+"""Key detail: the aggregates a rule uses, for one key, over time -- from the raw stream.
+
+:func:`aggregate_series` is pure NumPy: given the key's events (columns of its stream) and
+one aggregate of a compiled plan, it evaluates the aggregate at lookup times
+``tau`` exactly as RULES.md defines it (WHERE and FILTER applied first; time windows
+``(tau - n, tau - m]``; ROWS windows = the last n events with ``ts <= tau``; empty set:
+COUNT = SUM = 0, the others NULL).  Work is per lookup time (prefix sums for COUNT / SUM /
+AVG, slices for the rest), never per event in Python.
+
+:func:`recent_events` reads the key's recent events from Kafka (the dashboard never talks
+to Spark): every partition of the stream's topic from the offset of ``now - lookback``
+(``offsets_for_times``) up to its end when the read started, bounded by
+``settings.dashboard_detail_max_messages``; records are filtered by the Kafka message key
+when the rule's key is the topic's key (trades: ``symbol``; packets:
+``settings.packets_key``), else after decoding.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from subscriptions import ast as A
+from subscriptions.compiler import AggSpec, Plan
+from subscriptions.evaluator import BatchView
+from tidewatch.settings import Settings, get_settings
+
+
+def lookup_times(t_from: int, t_to: int, pane_ms: int, max_points: int = 600) -> np.ndarray:
+    """Pane-aligned lookup times in ``[t_from, t_to]``, thinned to at most ``max_points``."""
+    first = -(-t_from // pane_ms) * pane_ms
+    if t_to < first:
+        return np.zeros(0, np.int64)
+    n = (t_to - first) // pane_ms + 1
+    step = max(1, -(-n // max_points))
+    return first + np.arange(0, n, step, dtype=np.int64) * pane_ms
+
+
+def aggregate_series(stream: str, cols: dict[str, np.ndarray], agg: AggSpec, taus: np.ndarray) -> np.ndarray:
+    """The value of ``agg`` at each lookup time (float; NaN for NULL)."""
+    taus = np.asarray(taus, np.int64)
+    ts_all = np.asarray(cols["ts"], np.int64)
+    order = np.argsort(ts_all, kind="stable")  # ties keep arrival order (FIRST / LAST)
+    sorted_cols = {k: np.asarray(v)[order] for k, v in cols.items()}
+    mask = BatchView(stream, sorted_cols).mask(agg.predicate)
+    idx = np.arange(len(order)) if mask is None else np.flatnonzero(mask)
+    t = sorted_cols["ts"].astype(np.int64)[idx]
+    w = agg.window
+    if isinstance(w, A.TimeWindow):
+        lo = np.searchsorted(t, taus - w.start_ms, side="right")
+        hi = np.searchsorted(t, taus - w.end_ms, side="right")
+    else:
+        hi = np.searchsorted(t, taus, side="right")
+        lo = np.maximum(hi - w.n, 0)
+    count = (hi - lo).astype(np.float64)
+    if agg.func == "COUNT":
+        return count
+    raw = sorted_cols[str(agg.field)][idx]
+    if agg.func == "DISTINCT":
+        codes = pd.factorize(raw)[0]
+        return np.array([len(np.unique(codes[a:b])) for a, b in zip(lo, hi, strict=True)], np.float64)
+    v = raw.astype(np.float64)
+    out = np.full(len(taus), np.nan)
+    has = hi > lo
+    if agg.func in ("SUM", "AVG"):
+        cs = np.concatenate([[0.0], np.cumsum(v)])
+        s = cs[hi] - cs[lo]
+        if agg.func == "SUM":
+            return s
+        out[has] = s[has] / count[has]
+    elif agg.func == "FIRST":
+        out[has] = v[lo[has]]
+    elif agg.func == "LAST":
+        out[has] = v[hi[has] - 1]
+    elif agg.func in ("MIN", "MAX"):
+        f = np.min if agg.func == "MIN" else np.max
+        for i in np.flatnonzero(has):
+            out[i] = f(v[lo[i] : hi[i]])
+    else:
+        raise ValueError(f"unknown aggregate {agg.func}")
+    return out
+
+
+def longest_window_ms(aggs: list[AggSpec]) -> int:
+    """How far back the aggregates read (ROWS windows count as 0: they need the key's history)."""
+    return max((a.window.start_ms for a in aggs if isinstance(a.window, A.TimeWindow)), default=0)
+
+
+def recent_events(
+    stream: str,
+    key_field: str,
+    key: str | None,
+    lookback_ms: int,
+    settings: Settings | None = None,
+    timeout_s: float = 20.0,
+) -> tuple[dict[str, np.ndarray], bool]:
+    """The key's events (every key's when ``key`` is None) of the last ``lookback_ms`` from
+    Kafka; ``(columns, truncated)``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from engine.dead_letter import DeadLetters
+    from engine.decode import decode_records
+
+    st = settings or get_settings()
+    topic = st.topic_trades if stream == "trades" else st.topic_packets
+    topic_key = "symbol" if stream == "trades" else st.packets_key
+    by_kafka_key = key is not None and key_field == topic_key
+    want = (key or "").encode()
+    c = Consumer(
+        {
+            "bootstrap.servers": st.kafka_bootstrap,
+            "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    parts: list[int] = []
+    offs: list[int] = []
+    vals: list[bytes] = []
+    truncated = False
+    try:
+        meta = c.list_topics(topic, timeout=5)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None:
+            return {}, False
+        start_ms = int(time.time() * 1000) - lookback_ms
+        tps = [TopicPartition(topic, p, start_ms) for p in sorted(tmeta.partitions)]
+        starts = c.offsets_for_times(tps, timeout=5)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in tmeta.partitions}
+        todo = {tp.partition: ends[tp.partition] for tp in starts if 0 <= tp.offset < ends[tp.partition]}
+        if not todo:
+            return {}, False
+        c.assign([tp for tp in starts if tp.partition in todo])
+        seen = 0
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            for m in c.consume(num_messages=5000, timeout=0.5):
+                if m.error() is not None:
+                    continue
+                p, o = m.partition(), m.offset()
+                if p is None or o is None or p not in todo:
+                    continue
+                seen += 1
+                if o >= todo[p] - 1:
+                    del todo[p]
+                if by_kafka_key and m.key() != want:
+                    continue
+                value = m.value()
+                if value is not None:
+                    parts.append(p)
+                    offs.append(o)
+                    vals.append(value)
+            if seen >= st.dashboard_detail_max_messages:
+                truncated = True
+                break
+        truncated = truncated or bool(todo)
+    finally:
+        c.close()
+    if not vals:
+        return {}, truncated
+    table = pa.table(
+        {
+            "partition": pa.array(parts, pa.int32()),
+            "offset": pa.array(offs, pa.int64()),
+            "value": pa.array(vals, pa.binary()),
+        }
+    )
+    d = decode_records(stream, table, late_until=None, max_future_ms=10**12, dead=DeadLetters())
+    cols = d.columns
+    if key is not None and not by_kafka_key and len(d):
+        keep = np.asarray(cols[key_field]) == key
+        cols = {k: np.asarray(v)[keep] for k, v in cols.items()}
+    return cols, truncated
+
+
+def detail_frames(
+    stream: str, cols: dict[str, np.ndarray], aggs: list[AggSpec], span_ms: int, pane_ms: int
+) -> dict[str, pd.DataFrame]:
+    """For each aggregate text: a (time, value) frame over the last ``span_ms`` of the events."""
+    if not cols or len(cols.get("ts", [])) == 0:
+        return {}
+    ts = np.asarray(cols["ts"], np.int64)
+    t_to = int(ts.max())
+    taus = lookup_times(max(int(ts.min()), t_to - span_ms), t_to, pane_ms)
+    out: dict[str, pd.DataFrame] = {}
+    when = pd.to_datetime(taus, unit="ms", utc=True)
+    for a in aggs:
+        vals = aggregate_series(stream, cols, a, taus)
+        out[a.text] = pd.DataFrame({"time": when, "value": vals, "kind": "stream"})
+    return out
+
+
+def preview_keys(plan: Plan, cols: dict[str, np.ndarray], pane_ms: int) -> tuple[list[str], int | None]:
+    """Keys satisfying ``plan`` at the last pane boundary of ``cols`` (all keys' recent events),
+    evaluated by the backtest evaluator -- the engine's own code -- over those events."""
+    from subscriptions.evaluator import Evaluator
+
+    if not cols or len(cols.get("ts", [])) == 0:
+        return [], None
+    now = int(np.asarray(cols["ts"]).max()) // pane_ms * pane_ms
+    ev = Evaluator(strategy="shared")
+    ev.add_rule("preview", plan)
+    ev.apply(plan.stream, cols)
+    return sorted(ev.lookup(now).get("preview", set())), now

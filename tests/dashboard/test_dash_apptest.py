@@ -1,0 +1,194 @@
+"""Page logic with Streamlit's AppTest (no browser): login, ownership, validation, cursors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dash_helpers import PASSWORD, RULE, add_alerts, subscribe
+from sqlalchemy.orm import Session, sessionmaker
+from streamlit.testing.v1 import AppTest
+
+from dashboard import auth, catchup
+from subscriptions.service import SubscriptionService
+
+pytestmark = pytest.mark.integration
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboard" / "app.py")
+
+
+def app() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=60)
+
+
+def logged_in(sm: sessionmaker[Session], username: str, page: str | None = None) -> AppTest:
+    """An app whose browser session holds a live token of ``username`` (as after the login form)."""
+    at = app()
+    at.session_state["tw_token"] = auth.login(sm, username, PASSWORD).token
+    if page:
+        at.session_state["tw_page"] = page
+    return at.run()
+
+
+def shown(markdown: str) -> str:
+    """What Streamlit displays for Markdown produced by :func:`dashboard.ui.plain` (escapes removed)."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def texts(at: AppTest) -> list[str]:
+    return [t.value for t in at.text]
+
+
+def frames(at: AppTest) -> list[Any]:
+    return [d.value for d in at.dataframe]
+
+
+def test_without_a_session_only_the_login_page_is_shown(app_env: str) -> None:
+    at = app().run()
+    assert not at.exception
+    assert [t.label for t in at.tabs] == ["Log in", "Sign up"]
+    assert not at.sidebar.radio  # no navigation before login
+
+
+def test_sign_up_through_the_form_then_log_out(app_env: str, sm: sessionmaker[Session]) -> None:
+    from dash_helpers import unique
+
+    name = unique("form")
+    at = app().run()
+    at.text_input(key="signup_username").input(name)
+    at.text_input(key="signup_password").input(PASSWORD)
+    at.text_input(key="signup_password2").input(PASSWORD)
+    at.button(key="signup_submit").click().run()
+    assert not at.exception
+    assert f"Signed in as {name}" in [t.value for t in at.sidebar.text]
+    assert at.session_state["tw_page"] == "Alerts"  # nothing happened yet: no catch-up page
+    token = at.session_state["tw_token"]
+    assert auth.resolve(sm, token) is not None
+    at.sidebar.button(key="logout").click().run()
+    assert auth.resolve(sm, token) is None
+    assert [t.label for t in at.tabs] == ["Log in", "Sign up"]
+
+
+def test_wrong_password_shows_an_error(app_env: str, new_user: Any) -> None:
+    name = new_user()
+    at = app().run()
+    at.text_input(key="login_username").input(name)
+    at.text_input(key="login_password").input("not the password")
+    at.button(key="login_submit").click().run()
+    assert "wrong user name or password" in [shown(e.value) for e in at.error]
+    assert "tw_token" not in at.session_state
+
+
+def test_login_opens_while_you_were_away_and_advances_the_cursor_after_display(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    name = new_user("away")
+    sub = subscribe(svc, name, "<b>vol</b>")
+    seqs = add_alerts(sm, sub.id, [("AAPL", "ENTER"), ("MSFT", "ENTER")])
+    at = app().run()
+    at.text_input(key="login_username").input(name)
+    at.text_input(key="login_password").input(PASSWORD)
+    at.text_input(key="login_client").input("laptop")
+    at.button(key="login_submit").click().run()
+    assert not at.exception
+    assert at.session_state["tw_page"] == "While you were away"
+    assert "2 alert(s) while you were away" in [s.value for s in at.subheader]
+    assert "Subscription: <b>vol</b>" in texts(at)  # the name verbatim, as text
+    assert [m.value for m in at.metric][:2] == ["2", "0"]
+    listing = at.code[0].value.splitlines()
+    assert [ln.split()[2:] for ln in listing] == [["ENTER", "MSFT"], ["ENTER", "AAPL"]]
+    with sm() as s:
+        assert catchup.get_cursor(s, name, "laptop") == max(seqs)
+    # logging in again: nothing new is shown twice
+    at2 = app().run()
+    at2.text_input(key="login_username").input(name)
+    at2.text_input(key="login_password").input(PASSWORD)
+    at2.text_input(key="login_client").input("laptop")
+    at2.button(key="login_submit").click().run()
+    assert at2.session_state["tw_page"] == "Alerts"
+
+
+def test_alerts_page_shows_only_own_alerts_and_acknowledges_what_it_showed(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    a, b = new_user("a"), new_user("b")
+    sub_a = subscribe(svc, a, "a-rule")
+    sub_b = subscribe(svc, b, "b-rule")
+    add_alerts(sm, sub_a.id, [("SECRET", "ENTER")])
+    seqs_b = add_alerts(sm, sub_b.id, [("IBM", "ENTER")])
+    at = logged_in(sm, b, "Alerts")
+    assert not at.exception
+    (df,) = frames(at)
+    assert list(df["key"]) == ["IBM"] and list(df["subscription"]) == ["b-rule"] and list(df["new"]) == [True]
+    assert [o for o in at.multiselect(key="alerts_subs").options] == ["b-rule"]
+    with sm() as s:
+        assert catchup.get_cursor(s, b, "web") == seqs_b[0]
+    # a filter is kept over the live refresh (the fragment reruns alone) and filters the table
+    at.text_input(key="alerts_key").input("zzz").run()
+    assert at.text_input(key="alerts_key").value == "zzz"
+    assert not frames(at)
+
+
+def test_subscribe_page_validates_live_and_saves(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    name = new_user("sub")
+    at = logged_in(sm, name, "Subscribe")
+    assert not at.exception
+    assert at.button(key="sub_save").disabled  # nothing to save yet
+    at.text_area(key="sub_rule").input(
+        "SELECT symbol FROM trades\nGROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDZ > 1000"
+    ).run()
+    assert [shown(e.value) for e in at.error] == ["line 2, column 48: unexpected 'SECONDZ'"]
+    assert "SECONDZ" in at.code[0].value and "^" in at.code[0].value
+    assert at.button(key="sub_save").disabled
+    # a template fills the editor with a valid rule and the plan is shown
+    at.selectbox(key="sub_template").select("Heavy hitter").run()
+    assert "SUM(length) OVER LAST 1 MINUTE > 10000000" in at.text_area(key="sub_rule").value
+    assert [s.value for s in at.success] == ["The rule is valid."]
+    assert any("CI-SUM" in c.value for c in at.code)
+    nasty = "<img src=x onerror=alert(1)> '; DROP TABLE subscriptions; --"
+    at.text_input(key="sub_name").input(nasty)
+    at.button(key="sub_save").click().run()
+    assert not at.exception
+    (sub,) = svc.list(name)
+    assert sub.name == nasty and sub.state == "active"
+    assert nasty in list(frames(at)[0]["name"])
+    # pause, resume, delete through the page
+    at.button(key="sub_pause").click().run()
+    assert svc.get(name, sub.id).state == "paused"
+    at.button(key="sub_resume").click().run()
+    assert svc.get(name, sub.id).state == "active"
+    at.checkbox(key="sub_confirm_delete").check().run()
+    at.button(key="sub_delete").click().run()
+    assert svc.list(name) == []
+
+
+def test_subscribe_page_lists_only_own_subscriptions(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    a, b = new_user("a"), new_user("b")
+    subscribe(svc, a, "a-private", RULE)
+    at = logged_in(sm, b, "Subscribe")
+    assert "a-private" not in str(frames(at)) and "None yet." in [i.value for i in at.info]
+    assert at.selectbox(key="sub_edit").options == ["(new subscription)"]
+
+
+def test_key_detail_and_health_pages_render(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    name = new_user("kd")
+    sub = subscribe(svc, name, "vol")
+    add_alerts(sm, sub.id, [("AAPL", "ENTER")], values={"SUM(size) OVER LAST 5 MINUTES": 1234})
+    at = logged_in(sm, name, "Key detail")
+    assert not at.exception
+    assert at.selectbox(key="detail_pick").options == ["", "AAPL"]
+    at.selectbox(key="detail_pick").select("AAPL").run()
+    assert not at.exception
+    assert "Key: AAPL" in texts(at)
+    assert list(frames(at)[0]["in result now"]) == [True]
+    at.sidebar.radio(key="tw_page").set_value("Health").run()
+    assert not at.exception
+    assert at.metric  # events/s, batch duration, lag, dead letters, last batch

@@ -1,0 +1,62 @@
+"""Key detail reads one key's recent events from a real Kafka (the ``kafka_bootstrap`` fixture)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from dashboard.detail import aggregate_series, lookup_times, preview_keys, recent_events
+from ingest.avro import encode_batch
+from subscriptions.compiler import compile_rule
+from tidewatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def test_recent_events_of_one_key_from_kafka(kafka_bootstrap: str) -> None:
+    topic = f"dash-trades-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    now = int(time.time() * 1000)
+    symbols = ["AAPL", "MSFT", "AAPL", "IBM", "AAPL"]
+    ts = np.array([now - 4000, now - 3000, now - 2000, now - 1000, now - 500], np.int64)
+    sizes = np.array([600, 1, 300, 5, 200], np.int64)
+    msgs = encode_batch(
+        "trades",
+        {
+            "symbol": symbols,
+            "ts": ts,
+            "price": np.full(5, 100.0),
+            "size": sizes,
+            "side": ["BID"] * 5,
+            "exchange": ["NASDAQ"] * 5,
+        },
+    ).messages()
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for sym, m in zip(symbols, msgs, strict=True):
+        p.produce(topic, m, sym.encode())
+    assert p.flush(30) == 0
+    settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_trades=topic)
+    cols, truncated = recent_events("trades", "symbol", "AAPL", 60_000, settings)
+    assert not truncated
+    assert sorted(cols["ts"].tolist()) == [now - 4000, now - 2000, now - 500]
+    assert set(cols["symbol"]) == {"AAPL"}
+    plan = compile_rule(
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 1000"
+    )
+    (tau,) = lookup_times(now, now, 1)
+    assert aggregate_series("trades", cols, plan.aggs[0], np.array([tau])).tolist() == [1100.0]
+    # the Subscribe page's preview: every key's events, the evaluator at the last pane
+    every, _ = recent_events("trades", "symbol", None, 60_000, settings)
+    assert sorted(set(every["symbol"])) == ["AAPL", "IBM", "MSFT"]
+    wide = compile_rule(
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 800"
+    )
+    assert preview_keys(wide, every, 1000)[0] == ["AAPL"]
+    # a key nobody traded: nothing
+    assert recent_events("trades", "symbol", "NOPE", 60_000, settings)[0] == {}

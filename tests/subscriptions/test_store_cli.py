@@ -1,0 +1,63 @@
+"""``tidewatch subscribe`` / ``tidewatch subscriptions …`` end to end against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from typer.testing import CliRunner
+
+from subscriptions import store_cli
+from subscriptions.service import SubscriptionService
+from tidewatch.cli import app
+from tidewatch.db import migrate
+
+pytestmark = pytest.mark.integration
+
+RULE = "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDS > 1000"
+
+
+@pytest.fixture()
+def cli(pg_url, monkeypatch):
+    migrate.upgrade(pg_url)
+    svc = SubscriptionService(url=pg_url, topic=f"test-cli-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setattr(store_cli, "_service", lambda: svc)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def _listed(cli, user: str, *extra: str) -> list[dict]:
+    res = cli("subscriptions", "list", "--user", user, "--json", *extra)
+    assert res.exit_code == 0, res.output
+    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+
+
+def test_subscribe_list_pause_resume_delete(cli):
+    user, other = f"cli-{uuid.uuid4().hex[:6]}", f"cli-{uuid.uuid4().hex[:6]}"
+    res = cli("subscribe", "--user", user, "--name", "vol", RULE)
+    assert res.exit_code == 0 and "subscribed vol" in res.stdout
+    assert [(s["name"], s["state"], s["version"]) for s in _listed(cli, user)] == [("vol", "active", 1)]
+
+    assert cli("subscriptions", "pause", "vol", "--user", user).exit_code == 0
+    assert _listed(cli, user)[0]["state"] == "paused"
+    assert cli("subscriptions", "resume", "vol", "--user", user).exit_code == 0
+    assert _listed(cli, user)[0]["state"] == "active"
+
+    # another user sees nothing and can change nothing
+    assert _listed(cli, other) == []
+    res = cli("subscriptions", "delete", "vol", "--user", other)
+    assert res.exit_code == 1 and "no subscription" in res.output
+    assert _listed(cli, user)[0]["state"] == "active"
+
+    assert cli("subscriptions", "delete", "vol", "--user", user).exit_code == 0
+    assert _listed(cli, user) == []
+    assert _listed(cli, user, "--all")[0]["state"] == "deleted"
+
+
+def test_a_bad_rule_is_refused_with_its_position(cli):
+    user = f"cli-{uuid.uuid4().hex[:6]}"
+    res = cli("subscribe", "--user", user, RULE.replace("size", "sise"))
+    assert res.exit_code == 1
+    assert "rule refused" in res.output and "line 1, column" in res.output and "size" in res.output
+    assert _listed(cli, user) == []
