@@ -60,6 +60,8 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.driver.maxResultSize": "0",
         "spark.sql.shuffle.partitions": "4",
         "spark.default.parallelism": "4",
         "spark.ui.enabled": "false",

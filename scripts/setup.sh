@@ -41,6 +41,11 @@ have_pg || pkgs+=(postgresql)
 command -v java >/dev/null 2>&1 || pkgs+=(default-jre-headless)
 command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
 command -v runuser >/dev/null 2>&1 || pkgs+=(util-linux)
+if [ "$WITH_CONTAINERS" = 1 ]; then
+    # test-only tools: Debian's chromium for the browser tests, tcpdump for live pcap capture
+    [ -x /usr/bin/chromium ] || pkgs+=(chromium)
+    command -v tcpdump >/dev/null 2>&1 || pkgs+=(tcpdump)
+fi
 if [ "${#pkgs[@]}" -gt 0 ]; then
     command -v apt-get >/dev/null 2>&1 || die "missing ${pkgs[*]} and no apt-get: install them by hand"
     log "installing Debian packages: ${pkgs[*]}"
@@ -61,10 +66,10 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 stamp=.venv/.tidewatch-installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ ! -x .venv/bin/tidewatch ]; then
     log "installing Python dependencies (pip install -e '.[dev]')"
-    if ! .venv/bin/python -m pip install --disable-pip-version-check -e '.[dev]' >.venv/pip-install.log 2>&1; then
+    if ! .venv/bin/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[dev]' >.venv/pip-install.log 2>&1; then
         tail -n 30 .venv/pip-install.log >&2
         die "pip install failed (full log: .venv/pip-install.log)"
     fi

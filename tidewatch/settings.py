@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     topic_partitions: int = 2
     # --- feeds (ingest/) -------------------------------------------------------
     packets_key: str = Field("src_ip", description="packet field used as Kafka key (docs/feeds.md)")
+    demo_user: str = Field("demo", description="account `tidewatch up` creates with the example subscriptions")
+    demo_password: str = Field("tidewatch-demo", description="its password (embedded demo stack only)")
     demo_trade_rate: float = Field(1000.0, description="trades/s of `tidewatch feed trades --demo`")
     demo_packet_rate: float = Field(1000.0, description="packets/s of `tidewatch feed packets --demo`")
     demo_history_minutes: float = Field(31.0, description="history the demo feeds backfill before going live")
@@ -81,8 +83,9 @@ class Settings(BaseSettings):
         description="raw history the engine keeps so a new rule sees old data (PSoup); None: longest window in use",
     )
     engine_max_offsets_per_trigger: int | None = Field(
-        None, description="cap on Kafka records per micro-batch"
+        100_000, description="cap on Kafka records per micro-batch (bounds driver memory on a backlog)"
     )
+    spark_driver_memory: str = Field("3g", description="JVM heap of the Spark driver (local mode: all of Spark)")
 
     # --- collective indexes --------------------------------------------------
     ci_p: int = Field(8, description="CI-COUNT / CI-SUM parameter p (epsilon ~ 2/p), section 4.1.2")

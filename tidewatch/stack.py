@@ -211,6 +211,39 @@ def start_services(s: Settings | None = None, *, migrate: bool = True, topics: b
         )
 
 
+def seed_demo(s: Settings) -> None:
+    """Create the demo account with the trade examples of RULES.md as subscriptions (once).
+
+    The demo feed injects the episodes these rules look for, so alerts arrive within a minute
+    of `tidewatch up`; log in to the dashboard as ``settings.demo_user``.
+    """
+    from dashboard.auth import sign_up
+    from dashboard.rules import TEMPLATES
+    from subscriptions.service import SubscriptionService
+
+    if _user_exists(s):  # seeded before; what the user changed since stays as it is
+        return
+    service = SubscriptionService(settings=s)
+    sign_up(service._sessions, s.demo_user, s.demo_password)
+    trade_rules = {name: text for name, text in TEMPLATES.items() if " FROM trades" in text}
+    for name, text in trade_rules.items():
+        service.create(s.demo_user, text, name=name)
+    console.print(
+        f"[green]✓[/] demo account {s.demo_user!r} (password {s.demo_password!r}) "
+        f"with {len(trade_rules)} example subscriptions"
+    )
+
+
+def _user_exists(s: Settings) -> bool:
+    from sqlalchemy import select
+
+    from tidewatch.db.models import User
+    from tidewatch.db.session import session_scope
+
+    with session_scope(s.sqlalchemy_url) as session:
+        return session.scalar(select(User.id).where(User.username == s.demo_user)) is not None
+
+
 def _running(s: Settings) -> set[str]:
     return {r.name for r in process.all_records(s.run_dir) if process.is_running(r)}
 
@@ -249,6 +282,7 @@ def up(
     try:
         start_services(s)
         if not services_only:
+            seed_demo(s)
             for app in APPS:
                 if app.name in (skip or []):
                     console.print(f"[dim]-[/] {app.what}: skipped (--skip)")
