@@ -28,6 +28,7 @@ test-unit: setup
 lint:
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
+	$(VENV)/mypy tidewatch subscriptions ingest dashboard engine
 
 format:
 	$(VENV)/ruff format .

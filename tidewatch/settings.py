@@ -43,7 +43,9 @@ class Settings(BaseSettings):
     topic_partitions: int = 2
     # --- feeds (ingest/) -------------------------------------------------------
     packets_key: str = Field("src_ip", description="packet field used as Kafka key (docs/feeds.md)")
-    demo_user: str = Field("demo", description="account `tidewatch up` creates with the example subscriptions")
+    demo_user: str = Field(
+        "demo", description="account `tidewatch up` creates with the example subscriptions"
+    )
     demo_password: str = Field("tidewatch-demo", description="its password (embedded demo stack only)")
     demo_trade_rate: float = Field(1000.0, description="trades/s of `tidewatch feed trades --demo`")
     demo_packet_rate: float = Field(1000.0, description="packets/s of `tidewatch feed packets --demo`")
@@ -85,7 +87,9 @@ class Settings(BaseSettings):
     engine_max_offsets_per_trigger: int | None = Field(
         100_000, description="cap on Kafka records per micro-batch (bounds driver memory on a backlog)"
     )
-    spark_driver_memory: str = Field("3g", description="JVM heap of the Spark driver (local mode: all of Spark)")
+    spark_driver_memory: str = Field(
+        "3g", description="JVM heap of the Spark driver (local mode: all of Spark)"
+    )
 
     # --- collective indexes --------------------------------------------------
     ci_p: int = Field(8, description="CI-COUNT / CI-SUM parameter p (epsilon ~ 2/p), section 4.1.2")
@@ -105,7 +109,9 @@ class Settings(BaseSettings):
         60.0, description="Health banner: engine down after this long without a batch"
     )
     dashboard_detail_minutes: float = Field(10.0, description="Key detail: span of the aggregate charts")
-    dashboard_detail_max_messages: int = Field(500_000, description="Key detail: most Kafka records read per chart")
+    dashboard_detail_max_messages: int = Field(
+        500_000, description="Key detail: most Kafka records read per chart"
+    )
 
     # --- containers (tests/conftest.py, docker-compose.yml; docs/containers.md) ---
     container_host: str | None = Field(

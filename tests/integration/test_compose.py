@@ -1,8 +1,8 @@
 """``podman-compose up`` of docker-compose.yml brings the stack up; a trade reaches the engine.
 
-The engine service runs ``python -m engine.compose_probe`` here (``TIDEWATCH_COMPOSE_ENGINE_CMD``),
-a consumer that logs each ``PROBE*`` trade it decodes.  The test produces one framed Avro trade
-to ``trades`` through the host-mapped Kafka port and waits for the engine's log line, then
+The engine service runs the real engine (``tidewatch engine run``).  The test produces malformed
+framed Avro trades to ``trades`` through the host-mapped Kafka port and waits for the engine to
+route one to ``dead-letter``, then
 ``podman-compose down`` removes the project's containers, network and volumes (also when the
 test fails).  Ports are chosen free, and the project name carries the pytest PID, so this runs
 next to the embedded stack and next to other test sessions.
@@ -72,7 +72,6 @@ def compose_project(container_runtime) -> Iterator[ComposeProject]:
         "TIDEWATCH_COMPOSE_KAFKA_PORT": str(kafka_port),
         "TIDEWATCH_COMPOSE_PG_PORT": str(_free_port()),
         "TIDEWATCH_COMPOSE_DASHBOARD_PORT": str(_free_port()),
-        "TIDEWATCH_COMPOSE_ENGINE_CMD": "python -m engine.compose_probe --report-every 5",
         "TIDEWATCH_DEMO_TRADE_RATE": "20",
         "TIDEWATCH_DEMO_HISTORY_MINUTES": "1",
     }
@@ -90,7 +89,11 @@ def compose_project(container_runtime) -> Iterator[ComposeProject]:
 
 
 def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProject) -> None:
-    from confluent_kafka import Producer
+    """The real engine (``tidewatch engine run`` in the compose engine service) reads a trade we
+    produce: the trade is malformed on purpose (negative size), so the engine must route it to
+    ``dead-letter`` with its raw bytes -- which only the engine does.  A probe is sent every few
+    seconds until one comes back, as the engine's query may start after the first one."""
+    from confluent_kafka import Consumer, Producer
 
     from ingest.avro import encode
 
@@ -112,27 +115,39 @@ def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProje
     for service in ("kafka", "postgres", "engine", "dashboard", "feed"):
         assert f"{compose_project.name}_{service}_1" in running
 
+    bootstrap = f"127.0.0.1:{compose_project.kafka_port}"
     symbol = f"PROBE-{uuid.uuid4().hex[:8]}"
-    trade = {
-        "symbol": symbol,
-        "ts": int(time.time() * 1000),
-        "price": 101.5,
-        "size": 7,
-        "side": "BID",
-        "exchange": "XNYS",
-    }
-    producer = Producer(
-        {"bootstrap.servers": f"127.0.0.1:{compose_project.kafka_port}", "message.timeout.ms": 120_000}
+    producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 120_000})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"compose-test-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
     )
-    producer.produce("trades", key=symbol.encode(), value=encode("trades", trade))
-
-    deadline = time.monotonic() + 240
-    seen = ""
-    while time.monotonic() < deadline:
-        producer.poll(0)
-        seen = compose_project.logs("engine")
-        if f"saw {symbol} " in seen:
-            break
-        time.sleep(2)
-    assert producer.flush(30) == 0
-    assert f"saw {symbol} ts={trade['ts']} price=101.5 size=7" in seen, seen[-3000:]
+    consumer.subscribe(["dead-letter"])
+    found = None
+    deadline = time.monotonic() + 420
+    next_probe = 0.0
+    try:
+        while time.monotonic() < deadline and found is None:
+            if time.monotonic() >= next_probe:
+                trade = {
+                    "symbol": symbol,
+                    "ts": int(time.time() * 1000),
+                    "price": 101.5,
+                    "size": -7,
+                    "side": "BID",
+                    "exchange": "XNYS",
+                }
+                producer.produce("trades", key=symbol.encode(), value=encode("trades", trade))
+                producer.poll(0)
+                next_probe = time.monotonic() + 10
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None and symbol.encode() in (msg.value() or b""):
+                found = msg.value()
+        assert producer.flush(30) == 0
+    finally:
+        consumer.close()
+    assert found is not None, compose_project.logs("engine")[-3000:]
