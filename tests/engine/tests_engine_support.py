@@ -96,19 +96,26 @@ def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
 
 
 def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
-    """Trades (bad records mixed in) and packets, keyed by their key field."""
+    """Trades (bad records mixed in) and packets, keyed by their key field, sent merged in
+    event-time order as live feeds would send them: the engine's watermark is shared by the
+    streams, so sending one whole stream before the other would make the second one late."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
     tv = encode_batch("trades", sc.trades).messages()
+    pv = encode_batch("packets", sc.packets).messages()
+    rows = [(int(t), 0, i) for i, t in enumerate(sc.trades["ts"])]
+    rows += [(int(t), 1, i) for i, t in enumerate(sc.packets["ts"])]
+    rows.sort()
     every = len(tv) // (len(sc.bad_trades) + 1)
     bad = list(sc.bad_trades)
-    for i, (sym, v) in enumerate(zip(sc.trades["symbol"], tv, strict=True)):
-        p.produce(topics["trades"], key=str(sym).encode(), value=v)
-        if i and i % every == 0 and bad:
-            p.produce(topics["trades"], key=b"S0", value=bad.pop(0)[0])
-        if i % 1000 == 0:
+    for n, (_, stream, i) in enumerate(rows):
+        if stream == 0:
+            p.produce(topics["trades"], key=str(sc.trades["symbol"][i]).encode(), value=tv[i])
+            if i and i % every == 0 and bad:
+                p.produce(topics["trades"], key=b"S0", value=bad.pop(0)[0])
+        else:
+            p.produce(topics["packets"], key=str(sc.packets["src_ip"][i]).encode(), value=pv[i])
+        if n % 1000 == 0:
             p.poll(0)
-    for src, v in zip(sc.packets["src_ip"], encode_batch("packets", sc.packets).messages(), strict=True):
-        p.produce(topics["packets"], key=str(src).encode(), value=v)
     p.flush()
 
 
