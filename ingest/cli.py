@@ -242,6 +242,51 @@ def _pacing(speed: float | None, asap: bool) -> float | None:
     return None if asap else speed
 
 
+def _file_feed(
+    path: Path, open_chunks: Any, speed: float | None, asap: bool, rate: float | None
+) -> tuple[Iterator[tuple[dict[str, Any], Any]], Any]:
+    """A file replay: ``open_chunks(report)`` yields column chunks; a file that cannot be
+    opened or whose header is wrong stops the command with exit status 2."""
+    from ingest.csv_io import CsvError, CsvReport
+    from ingest.pcap import PcapError
+
+    report = CsvReport(str(path))
+    try:
+        chunks = open_chunks(report)
+        first = next(chunks, None)
+    except (CsvError, PcapError, OSError) as exc:
+        err.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
+
+    def all_chunks() -> Iterator[dict[str, Any]]:
+        if first is not None:
+            yield first
+        yield from chunks
+
+    return _file_source(all_chunks(), _pacing(speed, asap), rate), report
+
+
+def _generated_feed(
+    gen: Any,
+    start_ms: int,
+    duration: str | None,
+    history_ms: int,
+    speed: float | None,
+    asap: bool,
+    rate: float | None,
+) -> Iterator[tuple[dict[str, Any], Any]]:
+    """A synthetic stream: history as fast as possible, then live unless paced otherwise."""
+    return _synthetic_source(
+        gen,
+        start_ms=start_ms,
+        duration_ms=parse_duration_ms(duration) if duration else None,
+        history_ms=history_ms,
+        live=not asap and speed is None,
+        speed=_pacing(speed, asap),
+        rate=rate,
+    )
+
+
 def _trade_generator(
     seed: int,
     symbols: int,
@@ -301,22 +346,11 @@ def feed_trades(
         raise typer.BadParameter("give exactly one of --csv, --synthetic, --demo")
     report = None
     if csv is not None:
-        from ingest.csv_io import CsvError, CsvReport, read_csv_chunks
+        from ingest.csv_io import read_csv_chunks
 
-        report = CsvReport(str(csv))
-        try:
-            chunks = read_csv_chunks(csv, "trades", report=report)
-            first = next(chunks, None)
-        except (CsvError, OSError) as exc:
-            err.print(f"[red]{exc}")
-            raise typer.Exit(2) from exc
-
-        def all_chunks() -> Iterator[dict[str, Any]]:
-            if first is not None:
-                yield first
-            yield from chunks
-
-        source = _file_source(all_chunks(), _pacing(speed, asap), rate)
+        source, report = _file_feed(
+            csv, lambda r: read_csv_chunks(csv, "trades", report=r), speed, asap, rate
+        )
     else:
         start_ms = parse_time_ms(start)
         hist = (
@@ -333,17 +367,7 @@ def feed_trades(
             parse_duration_ms(episode_every),
             1000,
         )
-        dur = parse_duration_ms(duration) if duration else None
-        live = not asap and speed is None
-        source = _synthetic_source(
-            gen,
-            start_ms=start_ms,
-            duration_ms=dur,
-            history_ms=hist,
-            live=live,
-            speed=_pacing(speed, asap),
-            rate=rate,
-        )
+        source = _generated_feed(gen, start_ms, duration, hist, speed, asap, rate)
     raise typer.Exit(
         run_feed(
             "trades", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
@@ -386,27 +410,16 @@ def feed_packets(
         raise typer.BadParameter("give exactly one of --pcap, --csv, --synthetic, --demo")
     report = None
     if pcap is not None or csv is not None:
-        from ingest.csv_io import CsvError, CsvReport, read_csv_chunks
-        from ingest.pcap import PcapError, read_pcap_chunks
+        from ingest.csv_io import read_csv_chunks
+        from ingest.pcap import read_pcap_chunks
 
-        report = CsvReport(str(pcap or csv))
-        try:
-            if pcap is not None:
-                chunks = read_pcap_chunks(pcap, report=report)
-            else:
-                assert csv is not None
-                chunks = read_csv_chunks(csv, "packets", report=report)
-            first = next(chunks, None)
-        except (CsvError, PcapError, OSError) as exc:
-            err.print(f"[red]{exc}")
-            raise typer.Exit(2) from exc
-
-        def all_chunks() -> Iterator[dict[str, Any]]:
-            if first is not None:
-                yield first
-            yield from chunks
-
-        source = _file_source(all_chunks(), _pacing(speed, asap), rate)
+        if pcap is not None:
+            source, report = _file_feed(pcap, lambda r: read_pcap_chunks(pcap, report=r), speed, asap, rate)
+        else:
+            assert csv is not None
+            source, report = _file_feed(
+                csv, lambda r: read_csv_chunks(csv, "packets", report=r), speed, asap, rate
+            )
     else:
         from ingest.packets_gen import PacketConfig, PacketGenerator, demo_attacks
 
@@ -421,17 +434,7 @@ def feed_packets(
                 count=1000,
                 seed=seed,
             )
-        dur = parse_duration_ms(duration) if duration else None
-        live = not asap and speed is None
-        source = _synthetic_source(
-            gen,
-            start_ms=start_ms,
-            duration_ms=dur,
-            history_ms=hist,
-            live=live,
-            speed=_pacing(speed, asap),
-            rate=rate,
-        )
+        source = _generated_feed(gen, start_ms, duration, hist, speed, asap, rate)
     raise typer.Exit(
         run_feed(
             "packets", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
