@@ -420,6 +420,41 @@ def decode(payload: bytes, name: str | None = None) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- columnar decode
 @nb.njit(cache=True, nogil=True)
+def _utf8_ok(data, p, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Whether ``data[p:e]`` is well-formed UTF-8 (Unicode 15, table 3-7: no overlong forms,
+    no surrogates, nothing past U+10FFFF) -- Avro strings are UTF-8 by the specification."""
+    while p < e:
+        b = data[p]
+        if b < 0x80:
+            p += 1
+            continue
+        if 0xC2 <= b <= 0xDF:
+            n = 1
+            lo, hi = 0x80, 0xBF
+        elif 0xE0 <= b <= 0xEF:
+            n = 2
+            lo = 0xA0 if b == 0xE0 else 0x80
+            hi = 0x9F if b == 0xED else 0xBF
+        elif 0xF0 <= b <= 0xF4:
+            n = 3
+            lo = 0x90 if b == 0xF0 else 0x80
+            hi = 0x8F if b == 0xF4 else 0xBF
+        else:
+            return False
+        if p + n >= e:
+            return False
+        c = data[p + 1]
+        if c < lo or c > hi:
+            return False
+        for j in range(2, n + 1):
+            c = data[p + j]
+            if c < 0x80 or c > 0xBF:
+                return False
+        p += n + 1
+    return True
+
+
+@nb.njit(cache=True, nogil=True)
 def _decode_kernel(  # pragma: no cover - compiled
     data, starts, ends, sid, kinds, slots, n_str, ints, fbits, str_start, str_len, ok
 ):
@@ -461,7 +496,7 @@ def _decode_kernel(  # pragma: no cover - compiled
                 if k == 1:
                     ints[s, i] = v
                 else:
-                    if v < 0 or p + v > e:
+                    if v < 0 or p + v > e or not _utf8_ok(data, p, p + v):
                         good = False
                         break
                     str_start[s, i] = p

@@ -195,7 +195,7 @@ def read_csv_chunks(
 @nb.njit(cache=True, nogil=True)
 def _line_stats_kernel(a, n_lines):  # pragma: no cover - compiled
     commas = np.zeros(n_lines, np.int64)
-    quoted = np.zeros(n_lines, np.bool_)
+    quoted = np.zeros(n_lines, np.int64)
     blank = np.ones(n_lines, np.bool_)
     line = 0
     for i in range(a.shape[0]):
@@ -206,7 +206,7 @@ def _line_stats_kernel(a, n_lines):  # pragma: no cover - compiled
             commas[line] += 1
             blank[line] = False
         elif c == 34:
-            quoted[line] = True
+            quoted[line] += 1
             blank[line] = False
         elif c != 32 and c != 9 and c != 13:
             blank[line] = False
@@ -214,54 +214,89 @@ def _line_stats_kernel(a, n_lines):  # pragma: no cover - compiled
 
 
 def _line_stats(buf: bytes, n_lines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per line of ``buf`` (each ending in a newline): commas, has a quote, is blank (one Numba pass)."""
+    """Per line of ``buf`` (each ending in a newline): commas, quote characters, is blank (one Numba pass)."""
     a = np.frombuffer(buf, np.uint8)
     commas, quoted, blank = _line_stats_kernel(a, n_lines)
     return commas, quoted, blank
 
 
 def _parse_block(
-    stream: str, head: bytes, block: list[bytes], line0: int, want: list[str], rep: CsvReport
+    stream: str,
+    head: bytes,
+    block: list[bytes],
+    line0: int,
+    want: list[str],
+    rep: CsvReport,
+    numbers: np.ndarray | None = None,
 ) -> Iterator[dict[str, Any]]:
+    """Parse one block of lines (``block[i]`` is line ``line0 + i`` of the file, or
+    ``numbers[i]`` when given); bad lines go to ``rep`` with their line number and reason."""
+    if numbers is None:
+        numbers = np.arange(line0, line0 + len(block))
     nsep = len(head.decode("utf-8-sig").split(",")) - 1
-    commas, quoted, blank = _line_stats(b"".join(block), len(block))
+    commas, quotes, blank = _line_stats(b"".join(block), len(block))
+    # a row is one line: an odd number of quotes means a quoted field spans lines or never
+    # closes -- the line is reported, the parser never sees it (it would swallow the lines after)
+    unbalanced = quotes % 2 == 1
     # field-count check on unquoted lines (quoted ones are left to the parser)
-    commas = np.where(quoted, nsep, commas)
-    wrong = (commas != nsep) & ~blank
+    commas = np.where(quotes > 0, nsep, commas)
+    wrong = ((commas != nsep) & ~blank) | unbalanced
     pre_bad = [
-        BadLine(line0 + int(i), f"expected {nsep + 1} fields, saw {int(commas[i]) + 1}")
+        BadLine(
+            int(numbers[i]),
+            "unbalanced quote (a quoted field must close on its own line)"
+            if unbalanced[i]
+            else f"expected {nsep + 1} fields, saw {int(commas[i]) + 1}",
+        )
         for i in np.flatnonzero(wrong)
     ]
     if pre_bad:
         keep_idx = np.flatnonzero(~wrong)
         block = [block[i] for i in keep_idx]
-        lines_all = line0 + keep_idx
+        lines_all = numbers[keep_idx]
         blank = blank[keep_idx]
     else:
-        lines_all = np.arange(line0, line0 + len(block))
+        lines_all = numbers
+    df: pd.DataFrame | None
+    failure = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        df = pd.read_csv(
-            io.BytesIO(head + b"".join(block)),
-            dtype=str,
-            keep_default_na=False,
-            na_values=[],
-            skip_blank_lines=False,
-            on_bad_lines="warn",
-            encoding="utf-8",
-            encoding_errors="replace",
-        )
+        try:
+            df = pd.read_csv(
+                io.BytesIO(head + b"".join(block)),
+                dtype=str,
+                keep_default_na=False,
+                na_values=[],
+                skip_blank_lines=False,
+                on_bad_lines="warn",
+                encoding="utf-8",
+                encoding_errors="replace",
+            )
+        except pd.errors.ParserError as exc:
+            df, failure = None, str(exc)
     skipped: dict[int, str] = {}
-    for w in caught:
-        for m in _SKIP_RE.finditer(str(w.message)):
-            # parser line numbers count the header as line 1, like the file's
-            skipped[int(lines_all[int(m.group(1)) - 2])] = m.group(2).strip()
+    if df is not None:
+        for w in caught:
+            for m in _SKIP_RE.finditer(str(w.message)):
+                # parser line numbers count the header as line 1, like the file's
+                skipped[int(lines_all[int(m.group(1)) - 2])] = m.group(2).strip()
     lines = lines_all
     keep = ~np.isin(lines, np.fromiter(skipped, np.int64, len(skipped)))
     row_lines = lines[keep]
     row_blank = blank[keep]
-    if len(row_lines) != len(df):  # defensive: should not happen without embedded newlines
-        raise CsvError(f"line accounting failed near line {line0}: {len(df)} rows for {len(row_lines)} lines")
+    if df is not None and len(row_lines) != len(df):  # e.g. a bare carriage return mid-line
+        failure = f"{len(df)} rows parsed from {len(row_lines)} lines"
+        df = None
+    if df is None:
+        # find the line(s) the parser refuses: halve and parse each half again
+        rep.add_bad(pre_bad)
+        if len(block) == 1:
+            rep.add_bad([BadLine(int(lines_all[0]), f"malformed row ({failure})")])
+            return
+        mid = len(block) // 2
+        for lo, hi in ((0, mid), (mid, len(block))):
+            yield from _parse_block(stream, head, block[lo:hi], 0, want, rep, lines_all[lo:hi])
+        return
     bads = pre_bad + [BadLine(ln, f"malformed row ({why})") for ln, why in sorted(skipped.items())]
     df = df.loc[~row_blank, want]
     row_lines = row_lines[~row_blank]

@@ -256,6 +256,10 @@ class EngineMetric(Base):
     alerts: Mapped[int | None] = mapped_column(Integer)
     dead_letters: Mapped[int | None] = mapped_column(Integer)
     state_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: ``{reason: count}`` of the batch's dead letters (``dead_letters`` is their total).
+    dead_letter_reasons: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
 
 
 __all__ = [
