@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The repository / installation root (parent of the ``tidewatch`` package).
@@ -129,6 +129,58 @@ class Settings(BaseSettings):
     max_rule_chars: int = 4000
     max_rule_depth: int = 32
     max_rule_aggregates: int = 32
+
+    # --- engine: per-partition watermark (helper ENG) ---------------------------
+    engine_idle_timeout_ms: int = Field(
+        5_000,
+        description="a Kafka partition with no records that is this far (event time) behind the newest "
+        "one stops holding the engine's watermark back",
+    )
+    engine_pipeline: bool = Field(
+        True,
+        description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",
+    )
+
+    # --- reliability and security (helper REL; docs/RELIABILITY.md) ---------------
+    max_rule_window_days: float = Field(
+        366.0, description="longest time window a rule may use (longer: refused; the engine keeps that much)"
+    )
+    max_rule_rows: int = Field(1_000_000, description="largest n of a rule's LAST n ROWS window")
+    pg_engine_password: str | None = Field(
+        None, description="password of the PostgreSQL role tidewatch_engine (None: role cannot log in)"
+    )
+    pg_dashboard_password: str | None = Field(
+        None, description="password of the PostgreSQL role tidewatch_dashboard (None: role cannot log in)"
+    )
+    pg_relay_password: str | None = Field(
+        None, description="password of the PostgreSQL role tidewatch_relay (None: role cannot log in)"
+    )
+    kafka_security: str = Field(
+        "plaintext",
+        description="embedded broker: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; "
+        "the app's own clients do not speak it yet, see docs/RELIABILITY.md)",
+    )
+    kafka_admin_password: str | None = Field(
+        None, description="SCRAM password of the broker's super user 'admin'"
+    )
+    kafka_feed_password: str | None = Field(None, description="SCRAM password of principal 'feed'")
+    kafka_engine_password: str | None = Field(None, description="SCRAM password of principal 'engine'")
+    kafka_dashboard_password: str | None = Field(None, description="SCRAM password of principal 'dashboard'")
+    kafka_relay_password: str | None = Field(None, description="SCRAM password of principal 'relay'")
+
+    # --- dashboard: login rate limit across clients (helper DASH) -----------------
+    login_max_failures_per_user: int = Field(
+        50,
+        description="failed logins of one user name from all clients together within login_window_s "
+        "before every client is refused (bounds guessing from many addresses)",
+    )
+
+    @model_validator(mode="after")
+    def _bootstrap_follows_port(self) -> Settings:
+        """Without an explicit ``kafka_bootstrap``, clients use the embedded broker's ``kafka_port``."""
+        if "kafka_bootstrap" not in self.model_fields_set:
+            self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+        return self
 
     @property
     def sqlalchemy_url(self) -> str:
