@@ -344,6 +344,8 @@ def _classify(
         return Atom(**base, reason="not a suffix time window (LAST n unit)")  # type: ignore[arg-type]
     if math.isnan(c):
         return Atom(**base, reason="threshold is NULL (never true)")  # type: ignore[arg-type]
+    if math.isinf(c):  # a constant that overflowed (e.g. 1e308 * 10): the post-check compares exactly
+        return Atom(**base, reason="threshold is infinite (the constant overflows)")  # type: ignore[arg-type]
     lo: float | None = None
     hi: float | None = None
     lo_strict = hi_strict = True

@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from subscriptions import ast as A
 from subscriptions.errors import RuleError
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark")
 
@@ -192,6 +195,14 @@ class _Build(Transformer_NonRecursive):
         n = self._count(n_tok, "a window length", allow_zero)
         unit = str(unit_tok).lower().rstrip("s")
         ms = n * A.UNIT_MS[unit]
+        limit_ms = _limits().max_rule_window_days * A.UNIT_MS["day"]
+        if ms > limit_ms:  # also +inf: the engine keeps raw history as long as the longest window
+            raise self.err(
+                f"window {n_tok} {unit_tok} is longer than the limit of "
+                f"{A.fmt_num(_limits().max_rule_window_days)} days",
+                _pos_of(n_tok),
+                [f"a window of at most {A.fmt_num(_limits().max_rule_window_days)} days"],
+            )
         if not float(ms).is_integer():
             raise self.err(
                 f"window {n_tok} {unit_tok} is not a whole number of milliseconds",
@@ -216,6 +227,13 @@ class _Build(Transformer_NonRecursive):
 
     def win_rows(self, items: list[Token]) -> A.RowsWindow:
         n = self._count(items[1], "a ROWS window")
+        limit = _limits().max_rule_rows
+        if n > limit:
+            raise self.err(
+                f"a ROWS window of {items[1]} rows is larger than the limit of {limit}",
+                _pos_of(items[1]),
+                [f"at most {limit} rows"],
+            )
         if not n.is_integer():
             raise self.err("a ROWS window needs a whole number of rows", _pos_of(items[1]), ["an integer"])
         return A.RowsWindow(int(n), pos=_pos_of(items[0]))
@@ -247,6 +265,13 @@ class _Build(Transformer_NonRecursive):
     # --- rule
     def start(self, items: list[Any]) -> tuple[Any, ...]:
         return tuple(items)
+
+
+def _limits() -> Settings:
+    """The rule language limits of the settings (``max_rule_*``)."""
+    from tidewatch.settings import get_settings
+
+    return get_settings()
 
 
 def _op(tok: Token) -> str:

@@ -77,6 +77,13 @@ class App:
     settle_s: float = 3.0
 
 
+def _role_env(s: Settings, proc: str) -> dict[str, str]:
+    """``TIDEWATCH_DATABASE_URL`` of the process's least-privilege role when its password is
+    configured (``TIDEWATCH_PG_<PROC>_PASSWORD``; migration 0002_roles), else nothing."""
+    url = pg_service.process_url(s, proc)
+    return {"TIDEWATCH_DATABASE_URL": url} if url else {}
+
+
 def _tidewatch(*args: str) -> list[str]:
     return [sys.executable, "-m", "tidewatch.cli", *args]
 
@@ -88,6 +95,7 @@ APPS: list[App] = [
         available=lambda: _cli_has("subscriptions", "relay"),
         missing="`tidewatch subscriptions relay` is not there yet (subscriptions/store_cli.py)",
         argv=lambda s: _tidewatch("subscriptions", "relay"),
+        env=lambda s: _role_env(s, "relay"),
         settle_s=3.0,
     ),
     App(
@@ -96,7 +104,11 @@ APPS: list[App] = [
         available=lambda: _cli_has("engine", "run"),
         missing="`tidewatch engine run` is not there yet (engine/cli.py)",
         argv=lambda s: _tidewatch("engine", "run"),
-        env=lambda s: {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable},
+        env=lambda s: {
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            **_role_env(s, "engine"),
+        },
         settle_s=5.0,
     ),
     App(
@@ -121,6 +133,7 @@ APPS: list[App] = [
         ],
         port=lambda s: s.dashboard_port,
         health_url=lambda s: f"http://{s.dashboard_host}:{s.dashboard_port}/_stcore/health",
+        env=lambda s: _role_env(s, "dashboard"),
         settle_s=60.0,
     ),
     App(

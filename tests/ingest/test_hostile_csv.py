@@ -7,7 +7,9 @@ symbol, a missing header field and a blank line for the feed reader.
 
 Added here, for both readers: one hostile file with every kind of bad row we could think of and
 the exact line numbers that must be reported (and the exact rows that must come through), plus
-the shapes that break a reader today -- each a strict xfail naming the request in
+the shapes that break CSV parsers (a quoted line break, an unbalanced quote, raw bytes, bytes
+that are not UTF-8).  The feed reader survives them all (fixed after this file found them);
+what still breaks the backtest reader is a strict xfail naming the request in
 /tmp/tw/requests.md, so the suite turns red the day it is fixed and the mark must go.
 """
 
@@ -122,7 +124,7 @@ def test_feed_reader_edge_files(data: bytes) -> None:
     assert rep.bad == 0 and len(df) == (1 if b"AAPL" in data else 0)
 
 
-# ---------------------------------------------------------------- what breaks a reader today
+# ---------------------------------------------------------------- what breaks CSV parsers
 GOOD = b"AAPL,1000,10.5,5,BID,NASDAQ"
 BREAKERS = {
     "quoted-line-break": [GOOD, b'"AA\nPL",1001,10.5,5,BID,NASDAQ', GOOD],

@@ -24,6 +24,53 @@ def kafka_dir(settings: Settings | None = None) -> Path:
     return (settings or get_settings()).run_dir / "kafka"
 
 
+#: SASL mechanism of the opt-in ``kafka_security = "scram"`` mode
+SCRAM = "SCRAM-SHA-512"
+#: the broker's super user in that mode (also its inter-broker identity)
+ADMIN = "admin"
+
+
+def scram_enabled(settings: Settings) -> bool:
+    """True in the opt-in SASL/SCRAM + ACL mode (``TIDEWATCH_KAFKA_SECURITY=scram``)."""
+    mode = settings.kafka_security.lower()
+    if mode not in ("plaintext", "scram"):
+        raise ValueError(f"kafka_security must be 'plaintext' or 'scram', not {settings.kafka_security!r}")
+    return mode == "scram"
+
+
+def _admin_password(settings: Settings) -> str:
+    if not settings.kafka_admin_password:
+        raise RuntimeError("kafka_security=scram needs TIDEWATCH_KAFKA_ADMIN_PASSWORD")
+    return settings.kafka_admin_password
+
+
+def _listener_lines(settings: Settings, host: str, port: int, cport: int) -> list[str]:
+    if not scram_enabled(settings):
+        return [
+            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        ]
+    pw = _admin_password(settings).replace("\\", "\\\\").replace('"', '\\"')
+    return [
+        f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+        f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=SASL_PLAINTEXT",
+        "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        f"sasl.enabled.mechanisms={SCRAM}",
+        f"sasl.mechanism.inter.broker.protocol={SCRAM}",
+        f"listener.name.sasl_plaintext.{SCRAM.lower()}.sasl.jaas.config="
+        f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="{pw}";',
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        # the KRaft controller listener (loopback only) cannot use SCRAM: its peer is ANONYMOUS
+        f"super.users=User:{ADMIN};User:ANONYMOUS",
+        "allow.everyone.if.no.acl.found=false",
+    ]
+
+
 def server_properties(settings: Settings) -> str:
     d = kafka_dir(settings)
     host, port, cport = "127.0.0.1", settings.kafka_port, settings.kafka_controller_port
@@ -33,11 +80,7 @@ def server_properties(settings: Settings) -> str:
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{host}:{cport}",
-            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-            f"advertised.listeners=PLAINTEXT://{host}:{port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *_listener_lines(settings, host, port, cport),
             f"log.dirs={d / 'data'}",
             f"num.partitions={settings.topic_partitions}",
             "offsets.topic.replication.factor=1",
@@ -119,11 +162,27 @@ def prepare(settings: Settings | None = None) -> Path:
     d = kafka_dir(s)
     (d / "data").mkdir(parents=True, exist_ok=True)
     props = d / "server.properties"
+    props.touch(mode=0o600)  # holds the admin's SCRAM password in the scram mode
+    props.chmod(0o600)
     props.write_text(server_properties(s))
     (d / "log4j2.properties").write_text(log4j_properties(s))
     if not (d / "data" / "meta.properties").exists():
+        scram = (
+            ["--add-scram", f"{SCRAM}=[name={ADMIN},password={_admin_password(s)}]"]
+            if scram_enabled(s)
+            else []
+        )
         res = subprocess.run(
-            [*_jvm_args(s), "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)],
+            [
+                *_jvm_args(s),
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                _cluster_id(),
+                "-c",
+                str(props),
+                *scram,
+            ],
             capture_output=True,
             text=True,
         )
@@ -139,7 +198,9 @@ def healthy(settings: Settings | None = None, timeout: float = 3.0) -> bool:
         return False
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{s.kafka_port}", "log_level": 0})
+    admin = AdminClient(
+        {"bootstrap.servers": f"127.0.0.1:{s.kafka_port}", "log_level": 0, **client_config(s)}
+    )
     try:
         md = admin.list_topics(timeout=timeout)
     except Exception:  # noqa: BLE001
@@ -193,3 +254,137 @@ def stop(settings: Settings | None = None, *, timeout: float = 30.0) -> bool:
     """Controlled shutdown on SIGTERM; SIGKILL after ``timeout``."""
     s = settings or get_settings()
     return process.stop(s.run_dir, NAME, timeout=timeout)
+
+
+# ---------------------------------------------------------------- opt-in SASL/SCRAM + ACLs
+def client_config(settings: Settings, principal: str = ADMIN) -> dict[str, str]:
+    """librdkafka settings to connect as ``principal`` (``admin`` or a key of :data:`ACLS`);
+    empty in the plaintext mode."""
+    if not scram_enabled(settings):
+        return {}
+    password = (
+        _admin_password(settings) if principal == ADMIN else getattr(settings, f"kafka_{principal}_password")
+    )
+    if not password:
+        raise RuntimeError(
+            f"no SCRAM password for Kafka principal {principal!r} (TIDEWATCH_KAFKA_{principal.upper()}_PASSWORD)"
+        )
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": SCRAM,
+        "sasl.username": principal,
+        "sasl.password": password,
+    }
+
+
+#: principal -> the prefix of its consumer group ids and transactional ids in the code
+#: (engine/publish.py ``tidewatch-engine-<id>``, engine/app.py ``tidewatch-engine-replay``,
+#: dashboard/detail.py ``tidewatch-dashboard-<uuid>``, subscriptions/outbox.py
+#: ``tidewatch-outbox-relay``)
+ID_PREFIX = {
+    "engine": "tidewatch-engine",
+    "dashboard": "tidewatch-dashboard",
+    "relay": "tidewatch-outbox-relay",
+}
+
+
+def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
+    """Per principal: (resource type, name, pattern, operation) it is allowed; all else is denied.
+
+    * ``feed`` writes the stream topics (trades, packets) and nothing else;
+    * ``engine`` reads the streams and subscriptions, writes alerts, results and dead-letter
+      transactionally, and reads alerts back (its progress marker, engine/publish.py);
+    * ``dashboard`` reads alerts and results, and the streams (the key-detail charts read them);
+    * ``relay`` writes the subscriptions topic transactionally and reads it back (recovery).
+
+    Consumer groups and transactional ids are limited to the principal's :data:`ID_PREFIX`
+    (Spark's own Kafka source groups, ``spark-kafka-source*``, for the engine too).
+    """
+    s = settings
+    streams = [s.topic_trades, s.topic_packets]
+
+    def topics(names: list[str], *ops: str) -> list[tuple[str, str, str, str]]:
+        return [("topic", t, "literal", op) for t in names for op in ops]
+
+    def ids(principal: str, txn: bool) -> list[tuple[str, str, str, str]]:
+        prefix = ID_PREFIX[principal]
+        out = [("group", prefix, "prefixed", "READ")]
+        if txn:
+            out += [("transactional_id", prefix, "prefixed", op) for op in ("WRITE", "DESCRIBE")]
+        return out
+
+    out: dict[str, list[tuple[str, str, str, str]]] = {
+        "feed": topics(streams, "WRITE", "DESCRIBE"),
+        "engine": topics([*streams, s.topic_subscriptions, s.topic_alerts], "READ", "DESCRIBE")
+        + topics([s.topic_alerts, s.topic_results, s.topic_dead_letter], "WRITE", "DESCRIBE")
+        + ids("engine", txn=True)
+        + [("group", "spark-kafka-source", "prefixed", "READ")],
+        "dashboard": topics([s.topic_alerts, s.topic_results, *streams], "READ", "DESCRIBE")
+        + ids("dashboard", txn=False),
+        "relay": topics([s.topic_subscriptions], "WRITE", "READ", "DESCRIBE") + ids("relay", txn=True),
+    }
+    for principal in out:
+        out[principal].append(("cluster", "kafka-cluster", "literal", "IDEMPOTENT_WRITE"))
+        out[principal] = list(dict.fromkeys(out[principal]))  # e.g. DESCRIBE of a topic read and written
+    return out
+
+
+def ensure_principals(settings: Settings | None = None, timeout: float = 30.0) -> list[str]:
+    """Create (or update) the SCRAM credentials of every principal with a password, and its ACLs.
+
+    Runs as ``admin``; returns the principals set up.  Principals without a password are left out
+    (they cannot log in)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialAlteration,
+        UserScramCredentialUpsertion,
+    )
+
+    s = settings or get_settings()
+    if not scram_enabled(s):
+        return []
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{s.kafka_port}", **client_config(s)})
+    rules = acls(s)
+    users = [p for p in rules if getattr(s, f"kafka_{p}_password")]
+    if not users:
+        return []
+    ups: list[UserScramCredentialAlteration] = [
+        UserScramCredentialUpsertion(
+            p,
+            ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+            getattr(s, f"kafka_{p}_password").encode(),
+        )
+        for p in users
+    ]
+    for fut in admin.alter_user_scram_credentials(ups, request_timeout=timeout).values():
+        fut.result()
+    kinds = {
+        "topic": ResourceType.TOPIC,
+        "group": ResourceType.GROUP,
+        "cluster": ResourceType.BROKER,
+        "transactional_id": ResourceType.TRANSACTIONAL_ID,
+    }
+    patterns = {"literal": ResourcePatternType.LITERAL, "prefixed": ResourcePatternType.PREFIXED}
+    bindings = [
+        AclBinding(
+            kinds[kind],
+            name,
+            patterns[pat],
+            f"User:{p}",
+            "*",
+            getattr(AclOperation, op),
+            AclPermissionType.ALLOW,
+        )
+        for p in users
+        for kind, name, pat, op in rules[p]
+    ]
+    for fut in admin.create_acls(bindings, request_timeout=timeout).values():
+        fut.result()
+    return users

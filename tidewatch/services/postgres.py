@@ -205,8 +205,57 @@ def ensure_app_database(settings: Settings | None = None) -> None:
                         sql.Identifier(s.pg_database), sql.Identifier(s.pg_user)
                     )
                 )
+            ensure_process_roles(cur, s)
     finally:
         conn.close()
+
+
+#: the least-privilege role of each process (migration 0002_roles grants their privileges) ->
+#: the settings field holding its password
+PROCESS_ROLES = {
+    "engine": ("tidewatch_engine", "pg_engine_password"),
+    "dashboard": ("tidewatch_dashboard", "pg_dashboard_password"),
+    "relay": ("tidewatch_relay", "pg_relay_password"),
+}
+
+
+def ensure_process_roles(cur, settings: Settings) -> None:  # type: ignore[no-untyped-def]
+    """Create the per-process roles as the cluster's superuser (the application role has no
+    CREATEROLE: on PostgreSQL 15 that would let it grant itself almost anything).
+
+    A role with a password in the settings can log in (its password set as a SCRAM verifier
+    computed here, so the clear text never reaches the server); without one it is ``NOLOGIN``
+    and its process uses the application role.  The grants come from migration 0002_roles.
+    """
+    from psycopg2.extensions import encrypt_password
+
+    for role, field in PROCESS_ROLES.values():
+        password = getattr(settings, field)
+        cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+        if cur.fetchone() is None:
+            cur.execute(
+                sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT").format(
+                    sql.Identifier(role)
+                )
+            )
+        if password:
+            verifier = encrypt_password(password, role, cur.connection, "scram-sha-256")
+            cur.execute(sql.SQL("ALTER ROLE {} LOGIN PASSWORD %s").format(sql.Identifier(role)), (verifier,))
+        else:
+            cur.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+
+
+def process_url(settings: Settings, process: str) -> str | None:
+    """SQLAlchemy URL of ``process``'s own role (engine, dashboard, relay), or None when its
+    password is not configured (then the process uses ``settings.sqlalchemy_url``)."""
+    from sqlalchemy.engine import make_url
+
+    role, field = PROCESS_ROLES[process]
+    password = getattr(settings, field)
+    if not password:
+        return None
+    url = make_url(settings.sqlalchemy_url).set(username=role, password=password)
+    return url.render_as_string(hide_password=False)
 
 
 def healthy(settings: Settings | None = None) -> bool:
