@@ -8,7 +8,8 @@ Two workloads, each 1,000,000 events and 1,000 COUNT / SUM threshold rules, look
 
 For each workload the events are written to a CSV in a temporary directory and the real
 backtest (:func:`subscriptions.backtest.run_backtest`: CSV load, rule compilation, evaluation,
-alert file) runs with ``--strategy shared`` end to end.  The naive strategy evaluates every rule
+alert file) runs with ``--strategy shared`` end to end (the evaluator fed one row per (key, 1-s
+pane), as the backtest and the engine run it).  The naive strategy evaluates every rule
 on every key of its domain; it is run in the same process over the same input, for at most
 ``--naive-budget`` CPU seconds (it stops at a lookup boundary; its rate is measured over the part it
 processed, and the shared run's alerts over that part are checked to be identical).  Times
@@ -129,7 +130,7 @@ def run_eval(rules: Path, stream: str, events: Path, strategy: str, budget: floa
     Returns the cumulative events and CPU seconds after each lookup, and the alerts."""
     plans = load_rules(rules)
     f = load_events(stream, events)
-    ev = Evaluator(strategy)
+    ev = Evaluator(strategy, pane_ms=1000)  # as run_backtest: (key, pane) rows of the lookup period
     ev.add_rules((name, plan) for name, _t, plan in plans)
     ts = f.cols["ts"]
     t0 = (int(ts[0]) // 1000) * 1000

@@ -81,6 +81,8 @@ class EventFile:
     stream: str
     cols: dict[str, np.ndarray]
     malformed: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+    #: string fields factorized over the whole file: field -> (codes aligned with cols, uniques)
+    codes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -93,7 +95,7 @@ def load_events(stream: str, path: str | Path) -> EventFile:
         raise BacktestInputError(f"unknown stream {stream!r} (expected one of {', '.join(STREAMS)})")
     spec = STREAMS[stream]
     path = Path(path)
-    with path.open("r", newline="") as fh:
+    with path.open("r", newline="", encoding="utf-8", errors="replace") as fh:
         header_line = fh.readline()
     header = [h.strip() for h in header_line.strip().split(",")]
     missing = [f for f in spec.fields if f not in header]
@@ -107,15 +109,23 @@ def load_events(stream: str, path: str | Path) -> EventFile:
         )
         return "skip"
 
-    def read(typed: bool) -> pa.Table:
-        types = {h: pa.string() for h in header}
+    source: Any = path
+    blanked: set[int] = set()  # lines emptied before parsing (unbalanced quotes)
+
+    def read(typed: bool, binary: bool = False) -> pa.Table:
+        types = {h: pa.binary() if binary else pa.string() for h in header}
         if typed:
             for name, f in spec.fields.items():
+                # strings dictionary-encoded: one Python str per distinct value, not per row
                 types[name] = (
-                    pa.int64() if f.type == "int" else pa.float64() if f.type == "float" else pa.string()
+                    pa.int64()
+                    if f.type == "int"
+                    else pa.float64()
+                    if f.type == "float"
+                    else pa.dictionary(pa.int32(), pa.string())
                 )
         return pacsv.read_csv(
-            path,
+            pa.BufferReader(source) if isinstance(source, bytes) else source,
             read_options=pacsv.ReadOptions(use_threads=False),
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(
@@ -126,15 +136,38 @@ def load_events(stream: str, path: str | Path) -> EventFile:
             ),
         )
 
+    undecodable = None
     try:  # fast path: every value parses with its type
         table, typed = read(True), True
     except pa.ArrowInvalid:
         bad_rows.clear()
-        table, typed = read(False), False
+        try:
+            table, typed = read(False), False
+        except pa.ArrowInvalid:  # bytes that are not UTF-8: read raw bytes, decode value by value
+            bad_rows.clear()
+            try:
+                table = read(False, binary=True)
+            except pa.ArrowInvalid:  # an unbalanced quote swallows the following lines: blank them
+                bad_rows.clear()
+                physical = path.read_bytes().split(b"\n")
+                for i in range(1, len(physical)):
+                    if physical[i].count(b'"') % 2:
+                        physical[i] = b""
+                        blanked.add(i + 1)
+                source = b"\n".join(physical)
+                table = read(False, binary=True)
+                bad_rows.extend((line, "unbalanced quote") for line in sorted(blanked))
+            table, undecodable = _decode_table(table)
+            typed = False
     n = table.num_rows
     ok = np.ones(n, bool)
     reasons: dict[int, str] = {}
+    if undecodable is not None:
+        for i in np.flatnonzero(undecodable)[:100_000]:
+            reasons[int(i)] = "not UTF-8 text"
+        ok &= ~undecodable
     cols: dict[str, np.ndarray] = {}
+    facts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, f in spec.fields.items():
         column = table.column(name)
         if f.numeric:
@@ -162,25 +195,76 @@ def load_events(stream: str, path: str | Path) -> EventFile:
             else:
                 cols[name] = num.astype(np.float64)
         else:
-            raw = column.to_numpy(zero_copy_only=False).astype(object)
-            if f.values is not None:
-                good = pd.Index(raw).isin(list(f.values))
+            raw, good, fact = _strings(column, f.values)
+            if fact is not None:
+                facts[name] = fact
+            if name in spec.keys:  # like the feed reader and the engine (dead letter "invalid")
+                filled = (fact[1] != "")[fact[0]] if fact is not None else raw != ""
+                for i in np.flatnonzero(ok & ~filled)[:100_000]:
+                    reasons.setdefault(int(i), f"empty {name}")
+                ok &= filled
+            if good is not None:
                 for i in np.flatnonzero(ok & ~good)[:100_000]:
                     reasons.setdefault(
-                        int(i), f"bad {name} {raw[i]!r} (expected one of {', '.join(f.values)})"
+                        int(i), f"bad {name} {raw[i]!r} (expected one of {', '.join(f.values or ())})"
                     )
                 ok &= good
             cols[name] = raw
     if reasons:
-        lines = _row_lines(path, n, {b for b, _ in bad_rows})
+        lines = _row_lines(path, n, {b for b, _ in bad_rows} | blanked)
         bad_rows.extend((lines[i], r) for i, r in reasons.items())
     bad_rows.sort()
     if not ok.all():
         cols = {k: v[ok] for k, v in cols.items()}
+        facts = {k: (c[ok], u) for k, (c, u) in facts.items()}
     order = np.argsort(cols["ts"], kind="stable")
     if order.shape[0] > 1 and np.any(order[1:] < order[:-1]):
         cols = {k: v[order] for k, v in cols.items()}
-    return EventFile(stream, cols, bad_rows)
+        facts = {k: (c[order], u) for k, (c, u) in facts.items()}
+    return EventFile(stream, cols, bad_rows, facts)
+
+
+def _decode_table(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """A table of binary columns as UTF-8 strings, and the mask of rows with a value that is not
+    UTF-8 (its values become empty strings; the row is reported malformed)."""
+    bad = np.zeros(table.num_rows, bool)
+    out = {}
+    for name in table.column_names:
+        values = table.column(name).to_pylist()
+        texts = []
+        for i, v in enumerate(values):
+            try:
+                texts.append(v.decode("utf-8"))
+            except UnicodeDecodeError:
+                bad[i] = True
+                texts.append("")
+        out[name] = pa.array(texts, pa.string())
+    return pa.table(out), bad
+
+
+def _strings(
+    column: pa.ChunkedArray, allowed: tuple[str, ...] | None = None
+) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """An Arrow string column (plain or dictionary-encoded) as a NumPy object array of str;
+    when the field has a set of allowed values, the mask of valid rows (tested once per distinct
+    value of a dictionary-encoded column); and for a dictionary-encoded column its (codes,
+    uniques) over the whole file (the evaluator then hashes no strings per batch)."""
+    if not pa.types.is_dictionary(column.type):
+        raw = np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
+        good = None if allowed is None else np.asarray(pd.Index(raw).isin(list(allowed)), dtype=bool)
+        return raw, good, None
+    column = column.unify_dictionaries()  # one dictionary for every chunk
+    if column.num_chunks == 0:
+        return np.zeros(0, dtype=object), None if allowed is None else np.zeros(0, bool), None
+    uniques = np.asarray(column.chunk(0).dictionary.to_numpy(zero_copy_only=False), dtype=object)
+    codes = np.concatenate(
+        [np.asarray(c.indices.to_numpy(zero_copy_only=False), dtype=np.int64) for c in column.chunks]
+    )
+    raw = uniques[codes]
+    good = None
+    if allowed is not None:
+        good = np.asarray(pd.Index(uniques).isin(list(allowed)), dtype=bool)[codes]
+    return raw, good, (codes, uniques)
 
 
 def _row_lines(path: Path, n: int, skipped: set[int]) -> list[int]:
@@ -256,7 +340,8 @@ def iter_alerts(
         for f in files:
             a, b = starts[f.stream], int(bounds[f.stream][j])
             if b > a:
-                ev.apply(f.stream, {k: v[a:b] for k, v in f.cols.items()})
+                fact = {k: (c[a:b], u) for k, (c, u) in f.codes.items()}
+                ev.apply(f.stream, {k: v[a:b] for k, v in f.cols.items()}, fact)
                 starts[f.stream] = b
         yield from ev.step(int(tau)).rows()
         if progress is not None and (j % 64 == 0 or j == total - 1):
@@ -289,7 +374,9 @@ def run_backtest(
                 on_malformed(str(p), line, reason)
     if strict and malformed:
         raise BacktestInputError(f"{malformed} malformed row(s) and --strict was given")
-    ev = Evaluator(strategy)
+    # lookups at multiples of ``every``: windows that are multiples of it are served from
+    # (key, pane) rows of width ``every``, the others from raw events (identical answers)
+    ev = Evaluator(strategy, pane_ms=every)
     t_eval = time.perf_counter()
     n_alerts = 0
     buf: list[str] = []

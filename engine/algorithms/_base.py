@@ -68,14 +68,16 @@ class PooledStructure:
         return int(self._cols["ts"].shape[0])
 
     def _reserve(self, key_ids: np.ndarray) -> None:
-        need = np.bincount(key_ids, minlength=self._pool.n_keys).astype(np.int64)
-        plan = self._pool.reserve(need, self._pool_len())
+        plan = self._pool.reserve_batch(key_ids, self._pool_len())
         if plan is not None:
             self._apply_plan(plan)
 
-    def _new_col(self, name: str, old: np.ndarray, n: int) -> np.ndarray:
+    def _new_col(self, name: str, old: np.ndarray, n: int, keep: int = 0) -> np.ndarray:
+        """A column of n rows: the first ``keep`` rows copied from old, the rest filled (each
+        row written once; lengths grow geometrically, see :func:`grow_len`)."""
         new = np.empty((n,) + old.shape[1:], old.dtype)
-        new[...] = self._fill[name]
+        new[:keep] = old[:keep]
+        new[keep:] = self._fill[name]
         return new
 
     def _apply_plan(self, plan: Plan) -> None:
@@ -84,8 +86,7 @@ class PooledStructure:
             if plan.fresh:
                 new = self._new_col(name, old, grow_len(plan.new_len))
             elif plan.new_len > cur_len:
-                new = self._new_col(name, old, grow_len(plan.new_len))
-                new[:cur_len] = old
+                new = self._new_col(name, old, grow_len(plan.new_len), keep=cur_len)
                 old = new
             else:
                 new = old
@@ -158,6 +159,8 @@ class PooledStructure:
         p.min_cap = int(meta["min_cap"])
         p.top = int(meta["top"])
         p.off, p.cap, p.head, p.end = (arrays[f"p_{n}"].copy() for n in ("off", "cap", "head", "end"))
+        p._scratch = np.zeros(p.off.shape[0], np.int64)
+        p._cap_sum = None
         for k in obj._kcols:
             obj._kcols[k] = arrays[f"k_{k}"].copy()
         n = grow_len(p.top)

@@ -25,7 +25,15 @@ The *search index* of each slot is a two-level max summary over blocks of 64 key
 timestamps only grow, so an update keeps it exact with one ``max``): a lookup skips every
 block whose maximum is not in the window, and costs O(K / 64 + 64 |K_ao|) in the worst case
 and O(|K_ao|) for clustered answers; it is a flat array scan, which beats a pointer-based
-search tree at these sizes.
+search tree at these sizes. The columns are the index's own *positions* of the keys, not their
+ids: positions follow first appearance and are periodically renumbered by decreasing activity
+(:func:`relayout`), so the keys a threshold lookup returns -- the busy ones -- fill a few
+adjacent blocks, and the blocks' summaries skip the rest of the key space.
+
+The exact post-check (:func:`check_count`) uses section 4.1.1's observation on R-INT:
+``COUNT(now - T, now] >= u`` exactly when the key's u-th newest timestamp is later than
+``now - T`` -- one array read per key; the reads of all unproven candidates are issued in one
+branch-free gather so that their cache misses overlap.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import numba as nb
 import numpy as np
 
 from ._pool import INT64_MIN
+from .rint import kth_one
 
 BLOCK_SHIFT = 4  # 16 keys per level-1 summary block
 BLOCK2_SHIFT = 8  # 256 keys (16 level-1 blocks) per level-2 summary block
@@ -144,15 +153,18 @@ def levels_lookup(s_lo, s_up, s_lo_sure, s_up_sure, t, nkeys, TS, BM, BM2, act, 
 
 
 @nb.njit(cache=True)
-def recompute_blocks(TS, BM, BM2, blocks, nkeys):
-    """Recompute the level-1 summaries of the given blocks and the level-2 ones above them."""
+def recompute_blocks(TS, BM, BM2, blocks, nkeys, S=-1):
+    """Recompute the level-1 summaries of the given blocks and the level-2 ones above them
+    (slot rows 0..S-1; S < 0: every row of TS)."""
     per2 = 1 << (BLOCK2_SHIFT - BLOCK_SHIFT)
     nb1 = BM.shape[1]
+    if S < 0:
+        S = TS.shape[0]
     for j in range(blocks.shape[0]):
         b = blocks[j]
         k0 = b << BLOCK_SHIFT
         k1 = min(nkeys, k0 + (1 << BLOCK_SHIFT))
-        for s in range(TS.shape[0]):
+        for s in range(S):
             mx = INT64_MIN
             for k in range(k0, k1):
                 if TS[s, k] > mx:
@@ -164,7 +176,7 @@ def recompute_blocks(TS, BM, BM2, blocks, nkeys):
         if c == last:
             continue
         last = c
-        for s in range(TS.shape[0]):
+        for s in range(S):
             mx = INT64_MIN
             for b in range(c * per2, min(nb1, (c + 1) * per2)):
                 if BM[s, b] > mx:
@@ -173,16 +185,193 @@ def recompute_blocks(TS, BM, BM2, blocks, nkeys):
 
 
 @nb.njit(cache=True)
-def reset_expired(before_ts, nkeys, m, TS, act):
+def reset_expired(before_ts, nkeys, m, TS, act, S=-1):
     """Forget keys none of whose units is newer than before_ts; returns the touched blocks."""
     marks = np.zeros((nkeys >> BLOCK_SHIFT) + 1, np.bool_)
+    if S < 0:
+        S = TS.shape[0]
     for k in range(nkeys):
         if m[k] > 0 and TS[0, k] <= before_ts and act[k] <= before_ts:
             m[k] = 0
-            for s in range(TS.shape[0]):
+            for s in range(S):
                 TS[s, k] = INT64_MIN
             marks[k >> BLOCK_SHIFT] = True
     return np.nonzero(marks)[0].astype(np.int64)
+
+
+# ---------------------------------------------------------------------------- key positions
+# The index stores keys at *positions* of its own (slot columns, counts, block summaries), not
+# at their ids: a new key gets the next free position (first-seen order), and :func:`relayout`
+# periodically renumbers the positions by decreasing recent activity. The keys a threshold
+# lookup returns are the busy ones, so they end up in a few adjacent blocks: the block
+# summaries skip almost everything else and the slot rows a lookup or an update touches stay
+# in cache. This is a clustering of the search index (section 4.1's "search index per level"),
+# invisible to callers: lookups map positions back to key ids.
+
+
+@nb.njit(cache=True)
+def assign_positions(keys, pos_of, key_of, K):
+    """Positions of the rows' keys; keys without one get K, K + 1, ... in arrival order.
+    Returns (positions, new K). pos_of: key id -> position (-1: none); key_of: inverse."""
+    out = np.empty(keys.shape[0], np.int64)
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        q = pos_of[k]
+        if q < 0:
+            q = K
+            pos_of[k] = q
+            key_of[q] = k
+            K += 1
+        out[i] = q
+    return out, K
+
+
+@nb.njit(cache=True)
+def batch_max_units(pos, units, m):
+    """Largest m[k] after adding the batch's units (O(batch), m is left unchanged)."""
+    for i in range(pos.shape[0]):
+        m[pos[i]] += units[i]
+    mx = 0
+    for i in range(pos.shape[0]):
+        if m[pos[i]] > mx:
+            mx = m[pos[i]]
+    for i in range(pos.shape[0]):
+        m[pos[i]] -= units[i]
+    return mx
+
+
+@nb.njit(cache=True)
+def touch(pos, ts, units, act, bma, bma2, score):
+    """Per row: newest event timestamp of the key and its block maxima; activity score += units."""
+    for i in range(pos.shape[0]):
+        k = pos[i]
+        score[k] += units[i]
+        t = ts[i]
+        if t > act[k]:
+            act[k] = t
+        if t > bma[k >> BLOCK_SHIFT]:
+            bma[k >> BLOCK_SHIFT] = t
+        if t > bma2[k >> BLOCK2_SHIFT]:
+            bma2[k >> BLOCK2_SHIFT] = t
+
+
+@nb.njit(cache=True)
+def rebuild_act_blocks(act, bma, bma2, K):
+    """Block maxima of act over positions 0..K-1."""
+    bma[:] = INT64_MIN
+    bma2[:] = INT64_MIN
+    for k in range(K):
+        if act[k] > bma[k >> BLOCK_SHIFT]:
+            bma[k >> BLOCK_SHIFT] = act[k]
+        if act[k] > bma2[k >> BLOCK2_SHIFT]:
+            bma2[k >> BLOCK2_SHIFT] = act[k]
+
+
+@nb.njit(cache=True)
+def relayout_due(since, K, every):
+    """Relayout policy: after ``every`` rows (every < 0: max(65536, 4 K) rows, i.e. O(L p / 4)
+    amortized slot moves per row; every == 0: never)."""
+    if every == 0:
+        return False
+    if every < 0:
+        every = max(65536, 4 * K)
+    return since >= every
+
+
+@nb.njit(cache=True)
+def relayout(K, S, score, TS, BM, BM2, m, act, bma, bma2, key_of, pos_of, aux):
+    """Renumber positions 0..K-1 by decreasing activity score (stable: ties keep their order),
+    halve the scores (exponential decay of old activity), rebuild the block summaries.
+    aux (float64, per position; length 0 = none) is permuted too. O(K (S + log K))."""
+    order = np.argsort(-score[:K], kind="mergesort")
+    tmp = np.empty(K, np.int64)
+    for s in range(S):
+        row = TS[s]
+        for i in range(K):
+            tmp[i] = row[order[i]]
+        for i in range(K):
+            row[i] = tmp[i]
+    for arr in (m, act, key_of):
+        for i in range(K):
+            tmp[i] = arr[order[i]]
+        for i in range(K):
+            arr[i] = tmp[i]
+    for i in range(K):
+        tmp[i] = score[order[i]] >> 1
+    for i in range(K):
+        score[i] = tmp[i]
+    if aux.shape[0] >= K:
+        ftmp = np.empty(K, np.float64)
+        for i in range(K):
+            ftmp[i] = aux[order[i]]
+        for i in range(K):
+            aux[i] = ftmp[i]
+    for i in range(K):
+        pos_of[key_of[i]] = i
+    nb1 = (K + (1 << BLOCK_SHIFT) - 1) >> BLOCK_SHIFT
+    recompute_blocks(TS, BM, BM2, np.arange(nb1), K, S)
+    rebuild_act_blocks(act, bma, bma2, K)
+
+
+# ---------------------------------------------------------------------------- exact post-check
+@nb.njit(cache=True)
+def _kth_batch(keys, idx, n, need, res, slot, head, end, base_cnt, tot, unit, c_ts, c_cnt):
+    """res[i] = timestamp of key keys[idx[i]]'s need-th newest unit (kth_one), i < n, in two
+    passes: the row index of each single-event key is computed from small per-key arrays first,
+    then the pool is read in one branch-free gather, so the cache misses overlap."""
+    K = head.shape[0]
+    for i in range(n):
+        k = keys[idx[i]]
+        slot[i] = -1
+        if need <= 0:
+            res[i] = np.iinfo(np.int64).max
+        elif k < 0 or k >= K or tot[k] < need:
+            res[i] = INT64_MIN  # (k < 0: a candidate already rejected)
+        elif unit[k]:
+            slot[i] = end[k] - need
+        else:
+            res[i] = kth_one(k, need, head, end, base_cnt, tot, unit, c_ts, c_cnt)
+    for i in range(n):
+        j = slot[i]
+        if j >= 0:
+            res[i] = c_ts[j]
+
+
+@nb.njit(cache=True)
+def check_count(
+    out, sure, n, key_of, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt, scr_i, scr_j, scr_t
+):
+    """Exact post-check of a lookup's n candidates (positions in out, proof mask in sure):
+    out[:j] becomes the key ids of the candidates with ``u <= COUNT(t, now] <= w`` (u <= 0 /
+    w < 0: no bound), using ``COUNT >= x <=> x-th newest ts > t`` on R-INT for the unproven
+    ones only. Returns j; order is the positions' order. Scratch arrays: length >= n."""
+    nu = 0
+    K = head.shape[0]
+    for i in range(n):
+        k = key_of[out[i]]
+        out[i] = k
+        if not sure[i]:
+            if k >= K:
+                out[i] = -1  # no R-INT rows: cannot be in the answer
+            else:
+                scr_i[nu] = i
+                nu += 1
+    if u > 0:
+        _kth_batch(out, scr_i, nu, u, scr_t, scr_j, head, end, base_cnt, tot, unit, c_ts, c_cnt)
+        for i in range(nu):
+            if scr_t[i] <= t:
+                out[scr_i[i]] = -1
+    if w >= 0:
+        _kth_batch(out, scr_i, nu, w + 1, scr_t, scr_j, head, end, base_cnt, tot, unit, c_ts, c_cnt)
+        for i in range(nu):
+            if scr_t[i] > t:
+                out[scr_i[i]] = -1
+    j = 0
+    for i in range(n):
+        if out[i] >= 0:
+            out[j] = out[i]
+            j += 1
+    return j
 
 
 def slot_bounds(p: int, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -285,3 +474,23 @@ def count_range(
     if hi is not None:
         w = math.ceil(hi) - 1 if hi_strict else math.floor(hi)
     return u, w
+
+
+def build_plan(
+    tab: SlotTable, u: int | None, w: int | None, u_sure: int | None, w_sure: int | None, min_units: int
+) -> LookupPlan | None:
+    """The plan of a lookup of ``u <= units <= w`` (None: unbounded) over keys with an event in
+    the window, shared by CI-COUNT (min_units = 1: such a key has count >= 1) and CI-SUM
+    (min_units = 0). u_sure / w_sure: the bounds whose proof implies the exact range (equal to
+    u / w for counts and integral sums). None when the answer is empty."""
+    if w is not None and (w < min_units or (u is not None and w < u)):
+        return None
+    ue = max(u if u is not None else 0, min_units)
+    if ue <= 0:
+        s_lo, gmin = -1, 0  # no slot: candidates are the keys with an event in the window
+    else:
+        s_lo, gmin = tab.lower(ue)
+    s_up, h = tab.upper(w) if w is not None else (-1, -1)
+    sure_lo = -1 if u_sure is None or u_sure <= min_units else tab.sure_lower(u_sure)
+    sure_up = -1 if w_sure is None else (-2 if w_sure < 0 else tab.sure_upper(w_sure))
+    return LookupPlan(s_lo, s_up, sure_lo, sure_up, gmin, (h - 1) if s_up >= 0 else None, u, w)

@@ -80,6 +80,60 @@ def _plan_reserve(need, off, cap, head, end, top, min_cap):
 
 
 @nb.njit(cache=True)
+def _batch_need(keys, scratch):
+    """Distinct keys of a batch (first-appearance order) and their row counts, in O(batch);
+    scratch (zeros, one entry per key) is left zeroed."""
+    n = 0
+    uk = np.empty(keys.shape[0], np.int64)
+    for i in range(keys.shape[0]):
+        k = keys[i]
+        if scratch[k] == 0:
+            uk[n] = k
+            n += 1
+        scratch[k] += 1
+    need = np.empty(n, np.int64)
+    for j in range(n):
+        need[j] = scratch[uk[j]]
+        scratch[uk[j]] = 0
+    return uk[:n], need
+
+
+@nb.njit(cache=True)
+def _plan_reserve_keys(ukeys, uneed, off, cap, head, end, top, min_cap):
+    """:func:`_plan_reserve` for the keys of one batch only (O(batch), not O(K)); also returns
+    the change of the keys' total capacity."""
+    n = ukeys.shape[0]
+    keys = np.empty(n, np.int64)
+    src = np.empty(n, np.int64)
+    dst = np.empty(n, np.int64)
+    length = np.empty(n, np.int64)
+    j = 0
+    dcap = 0
+    for i in range(n):
+        k = ukeys[i]
+        nd = uneed[i]
+        if nd > 0 and end[k] + nd > off[k] + cap[k]:
+            live = end[k] - head[k]
+            want = live + nd
+            keys[j] = k
+            src[j] = head[k]
+            length[j] = live
+            if cap[k] > 0 and want <= cap[k] // 2:
+                dst[j] = off[k]  # slide to the start of the own region
+            else:
+                c = _next_pow2(max(min_cap, 2 * want))
+                dcap += c - cap[k]
+                off[k] = top
+                cap[k] = c
+                dst[j] = top
+                top += c
+            head[k] = dst[j]
+            end[k] = dst[j] + live
+            j += 1
+    return keys[:j], src[:j], dst[:j], length[:j], top, dcap
+
+
+@nb.njit(cache=True)
 def _plan_compact(need, off, cap, head, end, min_cap):
     """Plan a full compaction into a fresh pool (mutates off/cap/head/end); returns the new top."""
     K = need.shape[0]
@@ -189,6 +243,8 @@ class Pool:
         self.cap = np.zeros(0, np.int64)
         self.head = np.zeros(0, np.int64)
         self.end = np.zeros(0, np.int64)
+        self._scratch = np.zeros(0, np.int64)  # per key, all zero between calls (_batch_need)
+        self._cap_sum: int | None = 0  # sum of cap (None: unknown, recomputed when needed)
         self.top = 0
 
     @property
@@ -201,7 +257,7 @@ class Pool:
         if n <= K:
             return False
         newK = max(n, 2 * K, 16)
-        for name in ("off", "cap", "head", "end"):
+        for name in ("off", "cap", "head", "end", "_scratch"):
             a = np.zeros(newK, np.int64)
             a[:K] = getattr(self, name)
             setattr(self, name, a)
@@ -210,8 +266,30 @@ class Pool:
     def live(self) -> int:
         return int((self.end - self.head).sum())
 
+    def reserve_batch(self, key_ids: np.ndarray, pool_len: int) -> Plan | None:
+        """Make room for one more row per occurrence of a key in key_ids; returns the moves to
+        apply, if any. O(batch) (the full scan of :meth:`reserve` only when compacting)."""
+        if key_ids.shape[0] == 0:
+            return None
+        uk, un = _batch_need(key_ids, self._scratch)
+        if self._cap_sum is None:
+            self._cap_sum = int(self.cap.sum())
+        if self.top > 1024 and self.top > 2 * (self._cap_sum + int(un.sum())):
+            need = np.zeros(self.n_keys, np.int64)
+            need[uk] = un
+            return self.reserve(need, pool_len)
+        keys, src, dst, length, top, dcap = _plan_reserve_keys(
+            uk, un, self.off, self.cap, self.head, self.end, self.top, self.min_cap
+        )
+        self.top = int(top)
+        self._cap_sum += int(dcap)
+        if keys.shape[0] == 0:
+            return None
+        return Plan(keys, src, dst, length, max(self.top, pool_len), False)
+
     def reserve(self, need: np.ndarray, pool_len: int) -> Plan | None:
         """Make room for ``need[k]`` more rows per key; returns the moves to apply, if any."""
+        self._cap_sum = None
         total_cap = int(self.cap.sum())
         if self.top > 1024 and self.top > 2 * (total_cap + int(need.sum())):
             keys, src, dst, length, top = _plan_compact(
@@ -229,6 +307,7 @@ class Pool:
 
     def compact(self) -> Plan:
         """Plan a full compaction (used before serialization)."""
+        self._cap_sum = None
         need = np.zeros(self.n_keys, np.int64)
         keys, src, dst, length, top = _plan_compact(
             need, self.off, self.cap, self.head, self.end, self.min_cap

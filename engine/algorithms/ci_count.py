@@ -11,6 +11,12 @@ the key's u-th newest timestamp is later than ``now - T``.
 Batches of ``(key, ts, mult)`` rows serve raw events (mult = 1) and pane rows (mult = the
 pane's count) alike; a row of multiplicity a costs O(p log a), not O(a) (section 4.2).
 Precondition of a lookup: every applied timestamp is ``<= now``.
+
+Internally keys live at *positions* of the index (first-seen order, periodically renumbered by
+decreasing activity, see :func:`engine.algorithms._levels.relayout`), so that the busy keys a
+threshold lookup returns share a few blocks of the search index; the arrays ``TS``, ``m``,
+``act`` are indexed by position (``pos_of`` / ``key_of`` map ids and positions). Every public
+method takes and returns key ids.
 """
 
 from __future__ import annotations
@@ -23,75 +29,133 @@ from ._levels import (
     BLOCK_SHIFT,
     LookupPlan,
     SlotTable,
+    assign_positions,
+    batch_max_units,
+    build_plan,
+    check_count,
     count_range,
     eps_of,
     eps_upper_of,
     groups_needed,
     levels_lookup,
     levels_update,
+    rebuild_act_blocks,
     recompute_blocks,
+    relayout,
+    relayout_due,
     reset_expired,
+    touch,
 )
 from ._pool import INT64_MIN, as_keys, order_batch, pack, unpack
-from .rint import RInt, count_filter, kth_one
+from .rint import RInt, count_filter
 
 _MISSING = object()
+_NO_AUX = np.zeros(0, np.float64)
 
 
 class CICount:
-    """CI-COUNT over all keys of one substream family, with p sub-levels per level."""
+    """CI-COUNT over all keys of one substream family, with p sub-levels per level.
+
+    ``relayout_every``: rows between two renumberings of the key positions by activity (None:
+    max(65536, 4 K); 0: never)."""
 
     _kind = "cicount"
-    TS: np.ndarray  # int64[L * p, Kcap]: slot timestamps, slot-major (a lookup scans one row)
-    BM: np.ndarray  # int64[L * p, Kcap / 16]: slot maxima over blocks of 16 keys
-    BM2: np.ndarray  # int64[L * p, Kcap / 256]: slot maxima over blocks of 256 keys
-    m: np.ndarray  # int64[Kcap]: units (events) per key so far
-    act: np.ndarray  # int64[Kcap]: newest event timestamp per key
-    bma: np.ndarray  # block maxima of act (16 keys)
-    bma2: np.ndarray  # block maxima of act (256 keys)
+    TS: np.ndarray  # int64[La * p, Kcap]: slot timestamps by position, slot-major; rows >= L * p unused
+    BM: np.ndarray  # int64[La * p, Kcap / 16]: slot maxima over blocks of 16 positions
+    BM2: np.ndarray  # int64[La * p, Kcap / 256]: slot maxima over blocks of 256 positions
+    m: np.ndarray  # int64[Kcap]: units (events) per position so far
+    act: np.ndarray  # int64[Kcap]: newest event timestamp per position
+    bma: np.ndarray  # block maxima of act (16 positions)
+    bma2: np.ndarray  # block maxima of act (256 positions)
+    score: np.ndarray  # int64[Kcap]: recent activity per position (units, halved at each relayout)
+    pos_of: np.ndarray  # int64[Kcap]: key id -> position (-1: not seen)
+    key_of: np.ndarray  # int64[Kcap]: position -> key id
 
-    def __init__(self, p: int = 8) -> None:
+    def __init__(self, p: int = 8, relayout_every: int | None = None) -> None:
         if p < 1:
             raise ValueError("p must be >= 1")
         self.p = int(p)
-        self.L = 1
-        self._K = 0  # number of key ids in use
+        self.L = 1  # groups in use
+        self.relayout_every = -1 if relayout_every is None else max(0, int(relayout_every))
+        self._K = 0  # positions in use (keys seen)
+        self._nid = 0  # largest key id seen + 1
+        self._since = 0  # rows since the last relayout
         self._plans: dict[tuple, LookupPlan | None] = {}
         self._alloc(64, 1)
 
     # ----------------------------------------------------------------- storage
-    def _alloc(self, kcap: int, L: int) -> None:
-        S = L * self.p
+    @property
+    def La(self) -> int:
+        """Groups allocated (>= L): rows of groups not yet in use are reserved, never touched."""
+        return self.TS.shape[0] // self.p
+
+    def _alloc(self, kcap: int, La: int) -> None:
+        """(Re)allocate for kcap positions and La groups; the groups in use (self.L) are copied
+        or initialized, the rest of the rows stay untouched (np.empty: no memory committed)."""
+        S, Su = La * self.p, self.L * self.p
         nb1 = (kcap >> BLOCK_SHIFT) + 1
         nb2 = (kcap >> BLOCK2_SHIFT) + 1
-        TS = np.full((S, kcap), INT64_MIN, np.int64)
-        BM = np.full((S, nb1), INT64_MIN, np.int64)
-        BM2 = np.full((S, nb2), INT64_MIN, np.int64)
+        TS = np.empty((S, kcap), np.int64)
+        BM = np.empty((S, nb1), np.int64)
+        BM2 = np.empty((S, nb2), np.int64)
         m = np.zeros(kcap, np.int64)
         act = np.full(kcap, INT64_MIN, np.int64)
         bma = np.full(nb1, INT64_MIN, np.int64)
         bma2 = np.full(nb2, INT64_MIN, np.int64)
+        score = np.zeros(kcap, np.int64)
+        pos_of = np.full(kcap, -1, np.int64)
+        key_of = np.full(kcap, -1, np.int64)
         if hasattr(self, "TS"):
-            s0, k0 = self.TS.shape
-            TS[:s0, :k0] = self.TS
-            BM[:s0, : self.BM.shape[1]] = self.BM
-            BM2[:s0, : self.BM2.shape[1]] = self.BM2
-            m[:k0] = self.m
-            act[:k0] = self.act
-            bma[: self.bma.shape[0]] = self.bma
-            bma2[: self.bma2.shape[0]] = self.bma2
+            k0 = self.TS.shape[1]
+            TS[:Su, :k0] = self.TS[:Su]
+            TS[:Su, k0:] = INT64_MIN
+            BM[:Su, : self.BM.shape[1]] = self.BM[:Su]
+            BM[:Su, self.BM.shape[1] :] = INT64_MIN
+            BM2[:Su, : self.BM2.shape[1]] = self.BM2[:Su]
+            BM2[:Su, self.BM2.shape[1] :] = INT64_MIN
+            for new, old in ((m, self.m), (act, self.act), (score, self.score), (pos_of, self.pos_of),
+                             (key_of, self.key_of), (bma, self.bma), (bma2, self.bma2)):  # fmt: skip
+                new[: old.shape[0]] = old
+        else:
+            TS[:Su] = INT64_MIN
+            BM[:Su] = INT64_MIN
+            BM2[:Su] = INT64_MIN
         self.TS, self.BM, self.BM2, self.m, self.act, self.bma, self.bma2 = TS, BM, BM2, m, act, bma, bma2
+        self.score, self.pos_of, self.key_of = score, pos_of, key_of
         self._out = np.empty(kcap, np.int64)
         self._sure = np.empty(kcap, np.bool_)
-        self.L = L
+        self._scr = (np.empty(kcap, np.int64), np.empty(kcap, np.int64), np.empty(kcap, np.int64))
         self._tab: SlotTable | None = None
 
+    def _use_levels(self, L: int) -> None:
+        """Bring groups self.L..L-1 into use (rows already allocated): fill them empty."""
+        a, b = self.L * self.p, L * self.p
+        self.TS[a:b] = INT64_MIN
+        self.BM[a:b] = INT64_MIN
+        self.BM2[a:b] = INT64_MIN
+        self.L = L
+        self._tab = None
+
     def _grow(self, nkeys: int, max_m: int) -> None:
+        """Room for key ids < nkeys and max_m units per key. Both dimensions grow geometrically
+        (keys x2; groups: L needed + max(2, L / 2) allocated), so a table is copied only
+        O(log K + log log m) times; groups are only filled when they come into use."""
         kcap = self.TS.shape[1]
         L = max(self.L, groups_needed(self.p, max_m))
-        if nkeys > kcap or L > self.L:
-            self._alloc(max(kcap, nkeys, 2 * kcap if nkeys > kcap else 0), L)
-        self._K = max(self._K, nkeys)
+        La = self.La
+        if nkeys > kcap or L > La:
+            new_cap = max(kcap, nkeys, 2 * kcap if nkeys > kcap else 0)
+            self._alloc(new_cap, max(La, L + max(2, L // 2)) if L > La else La)
+        if L > self.L:
+            self._use_levels(L)
+
+    def reserve_keys(self, n_ids: int) -> None:
+        """Capacity hint: key ids ``< n_ids`` will come.  Allocates room for them at once (at
+        least doubling), so a caller that knows its key domain (the backtest interns a whole
+        file's keys first) pays one allocation instead of log K table copies."""
+        kcap = self.TS.shape[1]
+        if n_ids > kcap:
+            self._alloc(max(int(n_ids), 2 * kcap), self.La)
 
     @property
     def eps(self) -> float:
@@ -107,45 +171,76 @@ class CICount:
 
     @property
     def n_keys(self) -> int:
-        return self._K
+        """Largest key id seen + 1."""
+        return self._nid
+
+    def units(self, key_ids: np.ndarray) -> np.ndarray:
+        """Units (events for CI-COUNT) applied per key since it was last forgotten by expire."""
+        keys = as_keys(key_ids)
+        out = np.zeros(keys.shape[0], np.int64)
+        ok = keys < self._nid
+        q = self.pos_of[keys[ok]]
+        out[ok] = np.where(q >= 0, self.m[np.maximum(q, 0)], 0)
+        return out
+
+    def _aux(self) -> np.ndarray:
+        """Per-position float64 state of subclasses, permuted by relayouts."""
+        return _NO_AUX
 
     # ----------------------------------------------------------------- update
-    def _apply(self, keys: np.ndarray, ts: np.ndarray, units: np.ndarray) -> None:
-        n = keys.shape[0]
+    def _positions(self, keys: np.ndarray) -> np.ndarray:
+        """Positions of the keys of a batch (new keys get the next free ones)."""
+        nkeys = int(keys.max()) + 1
+        if nkeys > self.TS.shape[1]:
+            self._grow(nkeys, 0)
+        self._nid = max(self._nid, nkeys)
+        pos, self._K = assign_positions(keys, self.pos_of, self.key_of, self._K)
+        return pos
+
+    def _apply(self, pos: np.ndarray, ts: np.ndarray, units: np.ndarray, ordered: bool = False) -> None:
+        """Apply rows given by position (ordered: already in per-key ts order and validated)."""
+        n = pos.shape[0]
         if n == 0:
             return
         if ts.shape[0] != n or units.shape[0] != n:
             raise ValueError("key_ids, ts and mult must have the same length")
         if units.min() < 0:
             raise ValueError("multiplicities must be >= 0")
-        nkeys = int(keys.max()) + 1
-        if nkeys > self.TS.shape[1]:
-            self._grow(nkeys, 0)
-        order = order_batch(keys, ts, self._last)
-        if order is not None:
-            keys, ts, units = keys[order], ts[order], units[order]
-        per_key = np.bincount(keys, weights=units, minlength=nkeys)
-        max_m = int((self.m[:nkeys] + per_key).max()) if nkeys else 0
-        self._grow(nkeys, max_m)
-        levels_update(keys, ts, units, self.m, self.TS, self.BM, self.BM2, self.p, self.L)
-        _touch_act(keys, ts, self.act, self.bma, self.bma2)
+        if not ordered:
+            order = order_batch(pos, ts, self.act)
+            if order is not None:
+                pos, ts, units = pos[order], ts[order], units[order]
+        self._grow(0, int(batch_max_units(pos, units, self.m)))
+        levels_update(pos, ts, units, self.m, self.TS, self.BM, self.BM2, self.p, self.L)
+        touch(pos, ts, units, self.act, self.bma, self.bma2, self.score)
+        self._since += n
+        if relayout_due(self._since, self._K, self.relayout_every):
+            self.relayout()
 
-    @property
-    def _last(self) -> np.ndarray:
-        return self.act
+    def relayout(self) -> None:
+        """Renumber the key positions by decreasing recent activity (see
+        :func:`engine.algorithms._levels.relayout`); answers are unchanged."""
+        relayout(self._K, self.L * self.p, self.score, self.TS, self.BM, self.BM2, self.m, self.act, self.bma,
+                 self.bma2, self.key_of, self.pos_of, self._aux())  # fmt: skip
+        self._since = 0
 
     def update(self, key_ids: np.ndarray, ts: np.ndarray, mult: np.ndarray | None = None) -> None:
         """Apply a batch of rows; each stands for ``mult`` events (default 1) at its ts."""
         keys = as_keys(key_ids)
+        if keys.shape[0] == 0:
+            return
         t = np.ascontiguousarray(ts, dtype=np.int64)
         mu = np.ones(keys.shape[0], np.int64) if mult is None else np.ascontiguousarray(mult, dtype=np.int64)
-        self._apply(keys, t, mu)
+        if t.shape[0] != keys.shape[0] or mu.shape[0] != keys.shape[0]:
+            raise ValueError("key_ids, ts and mult must have the same length")
+        self._apply(self._positions(keys), t, mu)
 
     def expire(self, before_ts: int) -> None:
         """Forget keys with no event after before_ts (their state restarts empty)."""
-        blocks = reset_expired(np.int64(before_ts), self._K, self.m, self.TS, self.act)
+        S = self.L * self.p
+        blocks = reset_expired(np.int64(before_ts), self._K, self.m, self.TS, self.act, S)
         if blocks.shape[0]:
-            recompute_blocks(self.TS, self.BM, self.BM2, blocks, self._K)
+            recompute_blocks(self.TS, self.BM, self.BM2, blocks, self._K, S)
 
     # ----------------------------------------------------------------- lookup
     def _table(self) -> SlotTable:
@@ -157,7 +252,7 @@ class CICount:
     def plan(
         self, lo: float | None, hi: float | None, lo_strict: bool = True, hi_strict: bool = True
     ) -> LookupPlan | None:
-        """Slots of a lookup of ``COUNT in (lo, hi)`` (None: the answer is empty)."""
+        """Slots of a lookup of ``COUNT in (lo, hi)`` (SUM for CI-SUM; None: the answer is empty)."""
         key = (self.L, lo, hi, lo_strict, hi_strict)
         pl = self._plans.get(key, _MISSING)
         if pl is _MISSING:
@@ -166,18 +261,17 @@ class CICount:
             pl = self._plans[key] = self._make_plan(lo, hi, lo_strict, hi_strict)
         return pl  # type: ignore[return-value]
 
+    def _ranges(
+        self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
+    ) -> tuple[int | None, int | None, int | None, int | None, int]:
+        """(u, w, u_sure, w_sure, min_units) of :func:`engine.algorithms._levels.build_plan`."""
+        u, w = count_range(lo, hi, lo_strict, hi_strict)
+        return u, w, u, w, 1
+
     def _make_plan(
         self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
     ) -> LookupPlan | None:
-        u, w = count_range(lo, hi, lo_strict, hi_strict)
-        if w is not None and (w < 1 or (u is not None and w < u)):
-            return None
-        tab = self._table()
-        s_lo, gmin = tab.lower(max(1, u if u is not None else 1))
-        s_up, h = tab.upper(w) if w is not None else (-1, -1)
-        sure_lo = -1 if u is None or u <= 1 else tab.sure_lower(u)
-        sure_up = -1 if w is None else tab.sure_upper(w)
-        return LookupPlan(s_lo, s_up, sure_lo, sure_up, gmin, (h - 1) if s_up >= 0 else None, u, w)
+        return build_plan(self._table(), *self._ranges(lo, hi, lo_strict, hi_strict))
 
     def lookup(
         self,
@@ -200,7 +294,9 @@ class CICount:
             pl.s_lo, pl.s_up, pl.sure_lo, pl.sure_up, t, self._K, self.TS, self.BM, self.BM2, self.act, self.bma,
             self.bma2, self._out, self._sure,
         )  # fmt: skip
-        return self._out[:n].copy(), self._sure[:n].copy()
+        keys = self.key_of[self._out[:n]]
+        order = np.argsort(keys)
+        return keys[order], self._sure[:n][order]
 
     def candidates(
         self,
@@ -211,10 +307,10 @@ class CICount:
         lo_strict: bool = True,
         hi_strict: bool = True,
     ) -> np.ndarray:
-        """Key ids whose COUNT over (now - T, now] may lie in the range (lo, hi).
+        """Key ids whose COUNT (SUM for CI-SUM) over (now - T, now] may lie in the range (lo, hi).
 
-        A superset of the exact answer; every returned key has at least one event in the window
-        and a count within the relaxed range (see :meth:`guarantee`)."""
+        A superset of the exact answer in key order; every returned key has at least one event
+        in the window and a value within the relaxed range (see :meth:`guarantee`)."""
         return self.lookup(T, now, lo, hi, lo_strict, hi_strict)[0]
 
     def guarantee(
@@ -229,17 +325,34 @@ class CICount:
     # ----------------------------------------------------------------- state
     @property
     def nbytes(self) -> int:
-        arrays = (self.TS, self.BM, self.BM2, self.m, self.act, self.bma, self.bma2)
-        return int(sum(a.nbytes for a in arrays))
+        """Bytes of state in use: the rows of the groups in use (rows reserved for later groups
+        are address space only) and the per-position arrays."""
+        S = self.L * self.p
+        n = S * (self.TS.shape[1] + self.BM.shape[1] + self.BM2.shape[1]) * 8
+        arrays = (self.m, self.act, self.bma, self.bma2, self.score, self.pos_of, self.key_of)
+        return int(n + sum(a.nbytes for a in arrays))
 
     def bytes_per_key(self) -> float:
-        """Index state per key in use (slot timestamps + count + newest ts)."""
-        return (self.L * self.p * 8 + 16) if self._K else 0.0
+        """Index state per key in use: the L p slot timestamps with their share of the block
+        summaries (1/16 + 1/256), and count, newest ts, activity, pos_of, key_of."""
+        if not self._K:
+            return 0.0
+        S = self.L * self.p
+        return S * 8 * (1 + 1 / (1 << BLOCK_SHIFT) + 1 / (1 << BLOCK2_SHIFT)) + 5 * 8
 
     def to_bytes(self) -> bytes:
         K = self._K
-        arrays = {"TS": self.TS[:, :K], "m": self.m[:K], "act": self.act[:K]}
-        return self._kind.encode() + b"\x00" + pack(arrays, {"p": self.p, "L": self.L, "K": K})
+        arrays = {"TS": self.TS[: self.L * self.p, :K], "m": self.m[:K], "act": self.act[:K],
+                  "key_of": self.key_of[:K], "score": self.score[:K]}  # fmt: skip
+        meta: dict[str, int | float] = {
+            "p": self.p,
+            "L": self.L,
+            "K": K,
+            "nid": self._nid,
+            "since": self._since,
+            "every": self.relayout_every,
+        }
+        return self._kind.encode() + b"\x00" + pack(arrays, meta)
 
     @classmethod
     def from_bytes(cls, b: bytes) -> CICount:
@@ -249,43 +362,28 @@ class CICount:
         arrays, meta = unpack(rest)
         obj = cls(int(meta["p"]))
         K = int(meta["K"])
-        obj._alloc(max(64, K), int(meta["L"]))
-        obj._K = K
-        obj.TS[:, :K] = arrays["TS"]
+        key_of = arrays["key_of"] if "key_of" in arrays else np.arange(K, dtype=np.int64)  # older format
+        nid = int(meta["nid"]) if "nid" in meta else K
+        obj.relayout_every = int(meta["every"]) if "every" in meta else -1
+        obj._since = int(meta["since"]) if "since" in meta else 0
+        obj._alloc(max(64, K, nid), int(meta["L"]))
+        obj._use_levels(int(meta["L"]))
+        obj._K, obj._nid = K, nid
+        obj.TS[: obj.L * obj.p, :K] = arrays["TS"]
         obj.m[:K] = arrays["m"]
         obj.act[:K] = arrays["act"]
+        obj.key_of[:K] = key_of
+        obj.pos_of[key_of] = np.arange(K, dtype=np.int64)
+        if "score" in arrays:
+            obj.score[:K] = arrays["score"]
         obj._restore_extra(arrays)
         blocks = np.arange((K >> BLOCK_SHIFT) + 1, dtype=np.int64) if K else np.zeros(0, np.int64)
-        recompute_blocks(obj.TS, obj.BM, obj.BM2, blocks, K)
-        _rebuild_bma(obj.act, obj.bma, obj.bma2, K)
+        recompute_blocks(obj.TS, obj.BM, obj.BM2, blocks, K, obj.L * obj.p)
+        rebuild_act_blocks(obj.act, obj.bma, obj.bma2, K)
         return obj
 
     def _restore_extra(self, arrays: dict[str, np.ndarray]) -> None:
         """Hook for subclasses."""
-
-
-@nb.njit(cache=True)
-def _touch_act(keys, ts, act, bma, bma2):
-    """Newest event timestamp per key and its block maxima."""
-    for i in range(keys.shape[0]):
-        k = keys[i]
-        if ts[i] > act[k]:
-            act[k] = ts[i]
-        if ts[i] > bma[k >> BLOCK_SHIFT]:
-            bma[k >> BLOCK_SHIFT] = ts[i]
-        if ts[i] > bma2[k >> BLOCK2_SHIFT]:
-            bma2[k >> BLOCK2_SHIFT] = ts[i]
-
-
-@nb.njit(cache=True)
-def _rebuild_bma(act, bma, bma2, K):
-    bma[:] = INT64_MIN
-    bma2[:] = INT64_MIN
-    for k in range(K):
-        if act[k] > bma[k >> BLOCK_SHIFT]:
-            bma[k >> BLOCK_SHIFT] = act[k]
-        if act[k] > bma2[k >> BLOCK2_SHIFT]:
-            bma2[k >> BLOCK2_SHIFT] = act[k]
 
 
 def post_check_count(
@@ -314,24 +412,13 @@ def post_check_count(
 
 
 @nb.njit(cache=True)
-def _exact_count_kernel(s_lo, s_up, sure_lo, sure_up, u, w, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure,
-                        head, end, base_cnt, tot, unit, c_ts, c_cnt):  # fmt: skip
-    """Candidates of the index, the unproven ones checked with R-INT; returns the count in out."""
-    n = levels_lookup(s_lo, s_up, sure_lo, sure_up, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure)
-    K = head.shape[0]
-    j = 0
-    for i in range(n):
-        k = out[i]
-        if not sure[i]:
-            if k >= K:
-                continue
-            if u > 0 and kth_one(k, u, head, end, base_cnt, tot, unit, c_ts, c_cnt) <= t:
-                continue
-            if w >= 0 and kth_one(k, w + 1, head, end, base_cnt, tot, unit, c_ts, c_cnt) > t:
-                continue
-        out[j] = k
-        j += 1
-    return j
+def exact_count_kernel(s_lo, s_up, sure_lo, sure_up, u, w, t, K, TS, BM, BM2, act, bma, bma2, key_of, out, sure,
+                       scr_i, scr_j, scr_t, head, end, base_cnt, tot, unit, c_ts, c_cnt):  # fmt: skip
+    """One exact lookup: index candidates (positions), the unproven ones checked with R-INT;
+    out[:n] = the answer's key ids (in position order), returns n."""
+    n = levels_lookup(s_lo, s_up, sure_lo, sure_up, t, K, TS, BM, BM2, act, bma, bma2, out, sure)
+    return check_count(out, sure, n, key_of, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt, scr_i, scr_j,
+                       scr_t)  # fmt: skip
 
 
 def exact_count(
@@ -351,9 +438,10 @@ def exact_count(
     if pl is None:
         return np.empty(0, np.int64)
     kc = rint._kcols
-    n = _exact_count_kernel(
+    n = exact_count_kernel(
         pl.s_lo, pl.s_up, pl.sure_lo, pl.sure_up, -1 if pl.u is None else pl.u, -1 if pl.w is None else pl.w,
-        np.int64(now) - np.int64(T), ci._K, ci.TS, ci.BM, ci.BM2, ci.act, ci.bma, ci.bma2, ci._out, ci._sure,
-        rint._pool.head, rint._pool.end, kc["base_cnt"], kc["tot"], kc["unit"], rint._cols["ts"], rint._cols["cnt"],
+        np.int64(now) - np.int64(T), ci._K, ci.TS, ci.BM, ci.BM2, ci.act, ci.bma, ci.bma2, ci.key_of, ci._out,
+        ci._sure, *ci._scr, rint._pool.head, rint._pool.end, kc["base_cnt"], kc["tot"], kc["unit"], rint._cols["ts"],
+        rint._cols["cnt"],
     )  # fmt: skip
-    return ci._out[:n].copy()
+    return np.sort(ci._out[:n])

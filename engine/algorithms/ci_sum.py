@@ -17,7 +17,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ._levels import LookupPlan, levels_lookup
+from ._levels import levels_lookup
 from ._pool import as_keys, order_batch, search_after
 from .ci_count import CICount
 from .rint import RInt
@@ -41,16 +41,19 @@ class CISum(CICount):
 
     _kind = "cisum"
 
-    def __init__(self, p: int = 8, unit: float = 1.0) -> None:
+    def __init__(self, p: int = 8, unit: float = 1.0, relayout_every: int | None = None) -> None:
         if not unit > 0:
             raise ValueError("unit must be > 0")
         self.unit = float(unit)
         self.integral = True  # every value so far is a whole number of units
-        self.csum = np.zeros(64, np.float64)
-        super().__init__(p)
+        self.csum = np.zeros(64, np.float64)  # running sum per position
+        super().__init__(p, relayout_every)
 
-    def _alloc(self, kcap: int, L: int) -> None:
-        super()._alloc(kcap, L)
+    def _aux(self) -> np.ndarray:
+        return self.csum
+
+    def _alloc(self, kcap: int, La: int) -> None:
+        super()._alloc(kcap, La)
         if self.csum.shape[0] < kcap:
             c = np.zeros(kcap, np.float64)
             c[: self.csum.shape[0]] = self.csum
@@ -65,19 +68,19 @@ class CISum(CICount):
             return
         if not (v >= 0).all():
             raise ValueError("CI-SUM needs values >= 0 (and not NaN)")
-        nkeys = int(keys.max()) + 1
-        if nkeys > self.TS.shape[1]:
-            self._grow(nkeys, 0)
-        order = order_batch(keys, t, self.act)
+        if t.shape[0] != keys.shape[0]:
+            raise ValueError("key_ids, ts and values must have the same length")
+        pos = self._positions(keys)
+        order = order_batch(pos, t, self.act)
         if order is not None:
-            keys, t, v = keys[order], t[order], v[order]
+            pos, t, v = pos[order], t[order], v[order]
         if self.integral:
             q = v / self.unit
             self.integral = bool((q == np.floor(q)).all())
             if not self.integral:
                 self._plans.clear()
-        units = _units(keys, v, self.unit, self.csum)
-        self._apply(keys, t, units)
+        units = _units(pos, v, self.unit, self.csum)
+        self._apply(pos, t, units, ordered=True)
 
     # ----------------------------------------------------------------- lookup
     def _unit_range(
@@ -116,41 +119,12 @@ class CISum(CICount):
             w = math.ceil(hi / un) - 2  # (units + 1) unit < hi
         return u, w
 
-    def plan(
-        self, lo: float | None, hi: float | None, lo_strict: bool = True, hi_strict: bool = True
-    ) -> LookupPlan | None:
-        """Slots of a lookup of ``SUM in (lo, hi)`` (None: the answer is empty)."""
-        return super().plan(lo, hi, lo_strict, hi_strict)
-
-    def _make_plan(
+    def _ranges(
         self, lo: float | None, hi: float | None, lo_strict: bool, hi_strict: bool
-    ) -> LookupPlan | None:
+    ) -> tuple[int | None, int | None, int | None, int | None, int]:
         u, w = self._unit_range(lo, hi, lo_strict, hi_strict)
-        if w is not None and (w < 0 or (u is not None and w < u)):
-            return None
-        tab = self._table()
-        if u is None or u <= 0:
-            s_lo, gmin = -1, 0
-        else:
-            s_lo, gmin = tab.lower(u)
-        s_up, h = tab.upper(w) if w is not None else (-1, -1)
         us, ws = self._sure_range(lo, hi, lo_strict, hi_strict)
-        sure_lo = -1 if us is None or us <= 0 else tab.sure_lower(us)
-        sure_up = -1 if ws is None else (-2 if ws < 0 else tab.sure_upper(ws))
-        return LookupPlan(s_lo, s_up, sure_lo, sure_up, gmin, (h - 1) if s_up >= 0 else None, u, w)
-
-    def candidates(
-        self,
-        T: int,
-        now: int,
-        lo: float | None,
-        hi: float | None,
-        lo_strict: bool = True,
-        hi_strict: bool = True,
-    ) -> np.ndarray:
-        """Key ids whose SUM over (now - T, now] may lie in (lo, hi): a superset of the exact
-        answer, restricted to keys with at least one event in the window."""
-        return self.lookup(T, now, lo, hi, lo_strict, hi_strict)[0]
+        return u, w, us, ws, 0
 
     def guarantee(  # type: ignore[override]
         self, lo: float | None, hi: float | None, lo_strict: bool = True, hi_strict: bool = True
@@ -192,11 +166,14 @@ class CISum(CICount):
         obj = super().from_bytes(b)
         assert isinstance(obj, CISum)
         obj.unit = float(meta["unit"])
+        obj._plans.clear()
         obj.integral = bool(int(meta["integral"]))
         return obj  # type: ignore[return-value]
 
     def _restore_extra(self, arrays: dict[str, np.ndarray]) -> None:
         K = arrays["m"].shape[0]
+        if self.csum.shape[0] < self.TS.shape[1]:
+            self.csum = np.zeros(self.TS.shape[1], np.float64)
         self.csum[:K] = arrays["csum"]
 
 
@@ -225,13 +202,14 @@ def post_check_sum(
 
 @nb.njit(cache=True)
 def _exact_sum_kernel(s_lo, s_up, sure_lo, sure_up, t, lo, hi, has_lo, has_hi, lo_strict, hi_strict, nkeys,
-                      TS, BM, BM2, act, bma, bma2, out, sure, head, end, base_sum, c_ts, c_sum, col):  # fmt: skip
-    """Candidates of the index, the unproven ones checked with R-INT window sums."""
+                      TS, BM, BM2, act, bma, bma2, key_of, out, sure, head, end, base_sum, c_ts, c_sum, col):  # fmt: skip
+    """Candidates of the index, the unproven ones checked with R-INT window sums; out[:j] = the
+    answer's key ids (position order)."""
     n = levels_lookup(s_lo, s_up, sure_lo, sure_up, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure)
     K = head.shape[0]
     j = 0
     for i in range(n):
-        k = out[i]
+        k = key_of[out[i]]
         if not sure[i]:
             if k >= K:
                 continue
@@ -271,7 +249,8 @@ def exact_sum(
     n = _exact_sum_kernel(
         pl.s_lo, pl.s_up, pl.sure_lo, pl.sure_up, np.int64(now) - np.int64(T),
         float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0), lo is not None, hi is not None,
-        bool(lo_strict), bool(hi_strict), cs._K, cs.TS, cs.BM, cs.BM2, cs.act, cs.bma, cs.bma2, cs._out, cs._sure,
+        bool(lo_strict), bool(hi_strict), cs._K, cs.TS, cs.BM, cs.BM2, cs.act, cs.bma, cs.bma2, cs.key_of, cs._out,
+        cs._sure,
         rint._pool.head, rint._pool.end, kc["base_sum"], rint._cols["ts"], rint._cols["sum"], int(col),
     )  # fmt: skip
-    return cs._out[:n].copy()
+    return np.sort(cs._out[:n])

@@ -8,9 +8,8 @@ symbol, a missing header field and a blank line for the feed reader.
 Added here, for both readers: one hostile file with every kind of bad row we could think of and
 the exact line numbers that must be reported (and the exact rows that must come through), plus
 the shapes that break CSV parsers (a quoted line break, an unbalanced quote, raw bytes, bytes
-that are not UTF-8).  The feed reader survives them all (fixed after this file found them);
-what still breaks the backtest reader is a strict xfail naming the request in
-/tmp/tw/requests.md, so the suite turns red the day it is fixed and the mark must go.
+that are not UTF-8).  Both readers survive them all (fixed after this file found them) and
+report the same lines, the empty symbol included.
 """
 
 from __future__ import annotations
@@ -93,18 +92,12 @@ EMPTY_SYMBOL_LINE = 9
 
 
 def test_backtest_reader_reports_the_same_lines(tmp_path: Path) -> None:
-    """The backtest's own reader, same file: the same bad lines, except the empty symbol (below)."""
+    """The backtest's own reader, same file: the same bad lines, the same rows through."""
     df, bad = _backtest(tmp_path, _file([r for r, _ in ROWS]))
-    assert bad == [line for line in BAD_LINES if line != EMPTY_SYMBOL_LINE]
-    assert sorted(df.ts.tolist()) == sorted([*GOOD_TS, 1007])
+    assert bad == BAD_LINES
+    assert sorted(df.ts.tolist()) == sorted(GOOD_TS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="subscriptions.backtest.load_events accepts an empty symbol, which the feed reader and the "
-    "engine (dead letter 'invalid') refuse: the backtest then counts an event the engine does not "
-    "(requested in /tmp/tw/requests.md)",
-)
 def test_backtest_reader_refuses_an_empty_symbol_like_the_engine(tmp_path: Path) -> None:
     _, bad = _backtest(tmp_path, _file([r for r, _ in ROWS]))
     assert EMPTY_SYMBOL_LINE in bad
@@ -153,22 +146,7 @@ def test_feed_reader_reports_a_bare_carriage_return_line_and_keeps_the_rest() ->
     assert rep.bad == 1 and rep.bad_lines[0].line == 3  # header is line 1
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="subscriptions.backtest.load_events raises on bytes that are not UTF-8 "
-                "(requested in /tmp/tw/requests.md; RULES.md: malformed rows are reported and skipped)",
-            )
-            if n in ("all-256-bytes", "not-utf8")
-            else (),
-        )
-        for n in BREAKERS
-    ],
-)
+@pytest.mark.parametrize("name", list(BREAKERS))
 def test_backtest_reader_survives_lines_that_break_csv_parsers(tmp_path: Path, name: str) -> None:
     try:
         df, bad = _backtest(tmp_path, _file(BREAKERS[name]))
