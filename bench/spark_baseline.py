@@ -46,18 +46,42 @@ class ThresholdRule:
         return f"SELECT symbol FROM trades GROUP BY symbol HAVING {agg} OVER LAST {self.window_s} SECONDS > {self.threshold:g}"
 
 
-def make_rules(n: int, seed: int = 0) -> list[ThresholdRule]:
-    """``n`` COUNT/SUM threshold rules with windows of 1-30 minutes (whole minutes)."""
+def make_rules(
+    n: int, seed: int = 0, data: dict[str, Any] | None = None, ranks: tuple[int, int] = (5, 60)
+) -> list[ThresholdRule]:
+    """``n`` COUNT/SUM threshold rules with windows of 1-30 minutes (whole minutes).
+
+    Without ``data`` the thresholds are fixed small numbers (most busy symbols alert).  With
+    ``data`` (the trades the benchmark will send: ``symbol``, ``ts``, ``size`` columns) each
+    rule's threshold is set so that about ``r`` symbols satisfy it once its window is full,
+    ``r`` drawn from ``ranks``: the value a symbol reaches is estimated as its share of the
+    data over the window (``total * min(window, span) / span``) and the threshold is the
+    ``r``-th largest -- realistic selectivity (tens of 5,000 symbols alert, not thousands).
+    """
     import numpy as np
+    import pandas as pd
 
     rng = np.random.default_rng(seed)
+    est: dict[str | None, np.ndarray] = {}
+    span_s = 1.0
+    if data is not None:
+        ts = np.asarray(data["ts"], np.int64)
+        span_s = max((int(ts.max()) - int(ts.min())) / 1000.0, 1.0)
+        frame = pd.DataFrame({"symbol": data["symbol"], "size": np.asarray(data["size"], np.float64)})
+        g = frame.groupby("symbol", sort=False)["size"]
+        est[None] = np.sort(g.size().to_numpy(np.float64))[::-1]
+        est["size"] = np.sort(g.sum().to_numpy(np.float64))[::-1]
     out = []
     for i in range(n):
         w = int(rng.integers(1, 31)) * 60
-        if i % 2 == 0:
-            out.append(ThresholdRule(f"r{i}", w, None, float(rng.integers(3, 12))))
+        field = None if i % 2 == 0 else "size"
+        if data is None:
+            thr = float(rng.integers(3, 12)) if field is None else float(rng.integers(500, 3000))
         else:
-            out.append(ThresholdRule(f"r{i}", w, "size", float(rng.integers(500, 3000))))
+            vals = est[field] * min(w, span_s) / span_s
+            r = int(rng.integers(ranks[0], ranks[1] + 1))
+            thr = float(np.floor(vals[min(r, len(vals) - 1)]))
+        out.append(ThresholdRule(f"r{i}", w, field, thr))
     return out
 
 
@@ -154,7 +178,34 @@ def run_baseline(
         if q.isActive:
             q.stop()
     errors = [str(q.exception()) for q in queries if q.exception() is not None]
-    return {"seconds": wall, "finished": finished and not errors, "errors": errors, "processed": processed}
+    steady = [_steady(q.recentProgress, len(rules) if shape == "union" else 1) for q in queries]
+    return {
+        "seconds": wall,
+        "finished": finished and not errors,
+        "errors": errors,
+        "processed": processed,
+        # the slowest query's rate from the end of its first micro-batch to the end of its last
+        "steady_events_per_s": None if None in steady else min(steady),  # type: ignore[type-var]
+        "batches": max(len(q.recentProgress) for q in queries),
+    }
+
+
+def _steady(progress: list[dict[str, Any]], scans: int) -> float | None:
+    """Rows / second from the end of the first micro-batch to the end of the last (progress
+    reports; ``scans``: how many times each row is counted, once per union branch)."""
+    from datetime import datetime
+
+    done = [p for p in progress if int(p.get("numInputRows", 0)) > 0]
+    if len(done) < 3:
+        return None
+
+    def end(p: dict[str, Any]) -> float:
+        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        return start + float(p["durationMs"]["triggerExecution"]) / 1000.0
+
+    rows = sum(int(p["numInputRows"]) for p in done[1:]) / scans
+    span = end(done[-1]) - end(done[0])
+    return rows / span if span > 0 else None
 
 
 def main() -> None:

@@ -28,6 +28,20 @@ RENDER = {
 }
 
 
+#: widget state kept when the user goes to another page and back (Streamlit drops the state
+#: of a widget that a run did not draw): the rule being written, the filters, the key
+KEEP: tuple[str, ...] = ("sub_edit", "sub_template", "sub_name", "sub_rule")
+KEEP += ("alerts_subs", "alerts_key", "alerts_kinds", "detail_pick", "detail_key")
+
+
+def _keep_widget_state() -> None:
+    """Re-assign the :data:`KEEP` keys: a value set through Session State survives runs that
+    do not draw its widget, so a draft rule is still there after a look at the Alerts page."""
+    for k in KEEP:
+        if k in st.session_state:
+            st.session_state[k] = st.session_state[k]
+
+
 def _logout() -> None:
     auth.logout(sessions(), st.session_state.get(TOKEN))
     for k in list(st.session_state.keys()):
@@ -43,6 +57,7 @@ def main() -> None:
         login.render()
         return
     st.session_state["tw_user"] = user
+    _keep_widget_state()
     with st.sidebar:
         st.text(f"Signed in as {user.username}")
         if PAGE not in st.session_state or st.session_state[PAGE] not in PAGES:

@@ -9,8 +9,10 @@ PostgreSQL without a browser.
   is stored in ``user_sessions``, so a copy of the table does not let anyone log in.
 * Every attempt is recorded in ``login_attempts``; after ``settings.login_max_failures``
   failures of one user name from one client within ``settings.login_window_s`` seconds,
-  further attempts are refused without checking the password (and are not recorded, so
-  the lock ends ``login_window_s`` after the last counted failure).
+  further attempts from that client are refused without checking the password (and are
+  not recorded, so the lock ends ``login_window_s`` after the last counted failure).
+  Client addresses can be many (or spoofed), so ``settings.login_max_failures_per_user``
+  failures of one user name from all clients together lock that name for every client.
 * Unknown user names cost the same argon2 verification as known ones (no timing oracle),
   and the message never says which of the two was wrong.
 """
@@ -95,21 +97,22 @@ def sign_up(sessions: sessionmaker[Session], username: str, password: str) -> in
         return user.id
 
 
-def recent_failures(s: Session, username: str, client: str, settings: Settings) -> int:
+def recent_failures(s: Session, username: str, client: str | None, settings: Settings) -> int:
+    """Failed logins of ``username`` within ``login_window_s``: from ``client``, or from every
+    client when ``client`` is None."""
     since = func.now() - timedelta(seconds=settings.login_window_s)
-    return int(
-        s.scalar(
-            select(func.count())
-            .select_from(LoginAttempt)
-            .where(
-                LoginAttempt.username == username,
-                LoginAttempt.client == client,
-                LoginAttempt.succeeded.is_(False),
-                LoginAttempt.attempted_at > since,
-            )
+    q = (
+        select(func.count())
+        .select_from(LoginAttempt)
+        .where(
+            LoginAttempt.username == username,
+            LoginAttempt.succeeded.is_(False),
+            LoginAttempt.attempted_at > since,
         )
-        or 0
     )
+    if client is not None:
+        q = q.where(LoginAttempt.client == client)
+    return int(s.scalar(q) or 0)
 
 
 def login(
@@ -124,7 +127,10 @@ def login(
     username = (username or "")[:64]
     client = (client or "unknown")[:128]
     with sessions.begin() as s:
-        if recent_failures(s, username, client, st) >= st.login_max_failures:
+        if (
+            recent_failures(s, username, client, st) >= st.login_max_failures
+            or recent_failures(s, username, None, st) >= st.login_max_failures_per_user
+        ):
             raise RateLimited(
                 f"too many failed logins for this user name; try again in {st.login_window_s // 60 or 1} minute(s)"
             )

@@ -31,6 +31,7 @@ is the only writer of ``alerts`` and commits one micro-batch at a time
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,6 +45,57 @@ from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineBatch,
 
 #: alerts listed per subscription (the counts are always complete)
 PER_GROUP_LIMIT = 50
+#: what is shown for an alert or result without recorded values
+NO_VALUES = "\u2014"
+_MAX_VALUE_ITEMS = 12
+_MAX_VALUE_CHARS = 80
+
+
+def as_values(raw: object) -> dict[str, Any]:
+    """The ``values`` JSON of an alert / current result as a dict: ``None`` (JSON null) and
+    empty arrays or strings are ``{}``; anything else that is not an object is kept under
+    ``"value"`` rather than lost."""
+    if raw is None or (isinstance(raw, list | tuple | str) and not raw):
+        return {}
+    if isinstance(raw, dict):
+        return {str(k): v for k, v in raw.items()}
+    return {"value": raw}
+
+
+def _format_value(v: object) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        if v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
+        return f"{v:.6g}"
+    return _clip(v)
+
+
+def _clip(v: object) -> str:
+    """Text on one line, cut to ``_MAX_VALUE_CHARS``."""
+    text = " ".join(str(v).splitlines())
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 1] + "\u2026"
+
+
+def format_values(values: object) -> str:
+    """The values that made an alert fire, as one line of plain text, ``aggregate = value`` sorted by
+    aggregate; :data:`NO_VALUES` when nothing was recorded.  Numbers are shown compactly (an
+    integral float as an integer, others with 6 significant digits); long text and long lists
+    of aggregates are cut, so a malformed row cannot blow up the page."""
+    items = sorted(as_values(values).items())
+    if not items:
+        return NO_VALUES
+    shown = [f"{_clip(k)} = {_format_value(v)}" for k, v in items[:_MAX_VALUE_ITEMS]]
+    if len(items) > _MAX_VALUE_ITEMS:
+        shown.append(f"\u2026 ({len(items) - _MAX_VALUE_ITEMS} more)")
+    return ", ".join(shown)
 
 
 @dataclass(frozen=True)
@@ -176,7 +228,7 @@ def catch_up(
                         r["key"],
                         r["kind"],
                         r["as_of"],
-                        dict(r["values"] or {}),
+                        as_values(r["values"]),
                     )
                 )
             groups = list(by_id.values())
@@ -202,7 +254,7 @@ def current_sets(s: Session, username: str) -> list[CurrentSet]:
             .order_by(CurrentResult.subscription_id, CurrentResult.key)
         ).all()
         for sid, key, since, values in rows:
-            out[sid].rows.append(ResultRow(key, since, dict(values or {})))
+            out[sid].rows.append(ResultRow(key, since, as_values(values)))
     return list(out.values())
 
 

@@ -13,14 +13,16 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-from dashboard.catchup import AlertRow
+from dashboard.catchup import AlertRow, format_values
 from dashboard.rules import Threshold
 
+#: clock time on time axes (Vega's default shows ".500" ticks over a span of seconds)
+TIME_AXIS = alt.Axis(format="%H:%M:%S", labelOverlap=True)
 KIND_COLORS = alt.Scale(domain=["ENTER", "EXIT"], range=["#d62728", "#2ca02c"])
 
 
 def alerts_frame(rows: Iterable[AlertRow]) -> pd.DataFrame:
-    """Alert rows as a DataFrame (text columns stay text; values flattened to a JSON-ish string)."""
+    """Alert rows as a DataFrame (text columns stay text; values as one line, "\u2014" when none)."""
     data = [
         {
             "seq": r.seq,
@@ -28,7 +30,7 @@ def alerts_frame(rows: Iterable[AlertRow]) -> pd.DataFrame:
             "subscription": r.subscription,
             "key": r.key,
             "kind": r.kind,
-            "values": ", ".join(f"{k} = {v}" for k, v in sorted(r.values.items())),
+            "values": format_values(r.values),
         }
         for r in rows
     ]
@@ -42,7 +44,7 @@ def timeline(rows: Sequence[AlertRow]) -> alt.Chart:
         alt.Chart(df)
         .mark_tick(thickness=2, size=18)
         .encode(
-            x=alt.X("time:T", title="as of"),
+            x=alt.X("time:T", title="as of", axis=TIME_AXIS),
             y=alt.Y("subscription:N", title=None),
             color=alt.Color("kind:N", scale=KIND_COLORS, title="kind"),
             tooltip=["time:T", "subscription:N", "key:N", "kind:N", "values:N"],
@@ -67,7 +69,7 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
         alt.Chart(series)
         .mark_line(point=True)
         .encode(
-            x=alt.X("time:T", title="as of"),
+            x=alt.X("time:T", title="as of", axis=TIME_AXIS),
             y=alt.Y("value:Q", title=aggregate),
             tooltip=["time:T", "value:Q", "kind:N"],
         )
@@ -90,7 +92,9 @@ def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
         alt.Chart(df[["ts", field]].dropna())
         .mark_line(point=True)
         .encode(
-            x=alt.X("ts:T", title=None), y=alt.Y(f"{field}:Q", title=title), tooltip=["ts:T", f"{field}:Q"]
+            x=alt.X("ts:T", title=None, axis=TIME_AXIS),
+            y=alt.Y(f"{field}:Q", title=title),
+            tooltip=["ts:T", f"{field}:Q"],
         )
         .properties(height=200)
     )

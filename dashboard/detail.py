@@ -178,13 +178,20 @@ def recent_events(
 
 
 def detail_frames(
-    stream: str, cols: dict[str, np.ndarray], aggs: list[AggSpec], span_ms: int, pane_ms: int
+    stream: str,
+    cols: dict[str, np.ndarray],
+    aggs: list[AggSpec],
+    span_ms: int,
+    pane_ms: int,
+    now_ms: int | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """For each aggregate text: a (time, value) frame over the last ``span_ms`` of the events."""
+    """For each aggregate text: a (time, value) frame over the last ``span_ms`` up to ``now_ms``
+    (default: the last event), at pane boundaries.  Running to *now* shows a key that went
+    quiet: its windowed aggregates fall back as its events leave the windows."""
     if not cols or len(cols.get("ts", [])) == 0:
         return {}
     ts = np.asarray(cols["ts"], np.int64)
-    t_to = int(ts.max())
+    t_to = int(ts.max()) if now_ms is None else max(int(now_ms), int(ts.max()))
     taus = lookup_times(max(int(ts.min()), t_to - span_ms), t_to, pane_ms)
     out: dict[str, pd.DataFrame] = {}
     when = pd.to_datetime(taus, unit="ms", utc=True)
@@ -201,8 +208,13 @@ def preview_keys(plan: Plan, cols: dict[str, np.ndarray], pane_ms: int) -> tuple
 
     if not cols or len(cols.get("ts", [])) == 0:
         return [], None
-    now = int(np.asarray(cols["ts"]).max()) // pane_ms * pane_ms
+    ts = np.asarray(cols["ts"])
+    now = int(ts.max()) // pane_ms * pane_ms
+    # like the engine: only events at or before the lookup time are applied, in ts order
+    due = np.flatnonzero(ts <= now)
+    due = due[np.argsort(ts[due], kind="stable")]
     ev = Evaluator(strategy="shared")
     ev.add_rule("preview", plan)
-    ev.apply(plan.stream, cols)
+    if len(due):
+        ev.apply(plan.stream, {k: np.asarray(v)[due] for k, v in cols.items()})
     return sorted(ev.lookup(now).get("preview", set())), now

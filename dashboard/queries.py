@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard.catchup import AlertRow
+from dashboard.catchup import AlertRow, as_values
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
 from tidewatch.settings import Settings, get_settings
 
@@ -62,7 +62,7 @@ def alerts(
     q = q.order_by(Alert.seq.desc()).limit(max(1, min(int(limit), MAX_LIMIT)))
     with sessions() as s:
         return [
-            AlertRow(a.seq, a.alert_id, a.subscription_id, name, a.key, a.kind, a.as_of, dict(a.values or {}))
+            AlertRow(a.seq, a.alert_id, a.subscription_id, name, a.key, a.kind, a.as_of, as_values(a.values))
             for a, name in s.execute(q).all()
         ]
 
@@ -122,7 +122,7 @@ def key_results(sessions: sessionmaker[Session], username: str, key: str) -> lis
             .order_by(Subscription.name)
         ).all()
     return [
-        KeyResult(r[0], r[1], r[2], r[3], dict(r[4] or {}), r[5] is not None, r[5], dict(r[6] or {}))
+        KeyResult(r[0], r[1], r[2], r[3], dict(r[4] or {}), r[5] is not None, r[5], as_values(r[6]))
         for r in rows
     ]
 

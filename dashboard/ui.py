@@ -51,12 +51,16 @@ def client_id() -> str:
 
 
 def client_address() -> str:
-    """The browser's address for login rate limiting ("unknown" when Streamlit has none)."""
+    """The browser's address for login rate limiting ("unknown" when Streamlit has none).
+
+    Only a string is taken: without a real request (bare mode, AppTest) Streamlit's context
+    can hand back a stand-in object whose text differs on every run, which would give every
+    attempt a client of its own and so defeat the limit."""
     try:
         ip = st.context.ip_address
     except Exception:  # noqa: BLE001 - no request context (bare mode, tests)
         ip = None
-    return str(ip or "unknown")
+    return ip[:128] if isinstance(ip, str) and ip else "unknown"
 
 
 def go(page: str) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core import EngineCore, SubscriptionChange, parse_subscription_change
+from engine.core import EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
 from engine.publish import Publisher, ensure_topics
 from engine.store import Store
 
@@ -55,18 +55,16 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:
-    """``{topic: {partition: [first, last]}}`` of a batch of Kafka records."""
+    """``{topic: {partition: [first, last]}}`` of a batch of Kafka records (one Arrow group-by)."""
     out: dict[str, dict[str, list[int]]] = {}
     if tbl.num_rows == 0:
         return out
-    topics = tbl.column("topic").to_numpy(zero_copy_only=False)
-    parts = tbl.column("partition").to_numpy(zero_copy_only=False)
-    offs = tbl.column("offset").to_numpy(zero_copy_only=False)
-    for t in np.unique(topics):
-        mt = topics == t
-        for p in np.unique(parts[mt]):
-            m = mt & (parts == p)
-            out.setdefault(str(t), {})[str(int(p))] = [int(offs[m].min()), int(offs[m].max())]
+    g = tbl.select(["topic", "partition", "offset"]).group_by(["topic", "partition"])
+    agg = g.aggregate([("offset", "min"), ("offset", "max")]).to_pydict()
+    for t, p, lo, hi in zip(
+        agg["topic"], agg["partition"], agg["offset_min"], agg["offset_max"], strict=True
+    ):
+        out.setdefault(str(t), {})[str(int(p))] = [int(lo), int(hi)]
     return out
 
 
@@ -102,15 +100,13 @@ def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
 
 def default_core(settings: Any) -> EngineCore:
     """An empty :class:`EngineCore` with the shared-strategy evaluator configured by ``settings``."""
-    from subscriptions.evaluator import Evaluator
-
     return EngineCore(
         pane_ms=settings.pane_ms,
         allowed_lateness_ms=settings.allowed_lateness_ms,
         max_future_ms=settings.max_future_ms,
-        evaluator_factory=lambda: Evaluator(  # type: ignore[arg-type, return-value]
-            strategy="shared", ci_p=settings.ci_p, history_ms=settings.engine_history_ms
-        ),
+        idle_timeout_ms=getattr(settings, "engine_idle_timeout_ms", 5_000),
+        lookup_every_ms=getattr(settings, "engine_lookup_every_ms", None),
+        evaluator_factory=lambda: make_evaluator(settings),
     )
 
 
@@ -147,6 +143,9 @@ class EngineApp:
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
         self.core = self._core_factory()
         self.batches_done = 0
+        self.read_s = 0.0  # seconds the last batch took to reach the driver (Spark read + toArrow)
+        self._worker: Any = None  # pipelined mode: the thread evaluating / committing a batch
+        self._inflight: Any = None
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
 
     # ------------------------------------------------------------------ recovery
@@ -176,6 +175,14 @@ class EngineApp:
                 ranges = json.loads(path.read_text())
                 tbl = read_ranges(self.bootstrap, ranges)
                 self._process(b, tbl)
+        # pipelined mode: Spark may have committed batches whose output was not committed yet;
+        # they are finished here from their offset logs (Spark will not deliver them again)
+        logged = (
+            sorted(int(f.stem) for f in (self.state_dir / "batches").glob("*.json"))
+            if self.state_dir.exists()
+            else []
+        )
+        pending = [b for b in logged if b > last]
         published = self.publisher.last_published()
         for b in range(published + 1, last + 1):
             rows = self.store.alerts_of_batch(b)
@@ -183,6 +190,10 @@ class EngineApp:
                 "batch %d was committed but not published to Kafka: publishing its %d alerts", b, len(rows)
             )
             self.publisher.publish(b, rows)
+        for b in pending:
+            ranges = json.loads(self._batch_log(b).read_text())
+            log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
+            self.handle(read_ranges(self.bootstrap, ranges), b)
         log.info(
             "state at batch %d: %d rules, watermark %s",
             self.core.last_batch,
@@ -197,9 +208,33 @@ class EngineApp:
         return self.core.process(batch_id, parts, changes)
 
     def on_batch(self, df: Any, batch_id: int) -> None:
-        """``foreachBatch`` entry point (idempotent per batch id)."""
+        """``foreachBatch`` entry point (idempotent per batch id).
+
+        Pipelined (``engine_pipeline``): the batch's records are collected and its offset ranges
+        logged durably, then it is handed to a worker thread and this returns, so Spark reads
+        the next batch from Kafka (in its JVM) while this one is evaluated and committed; at
+        most one batch is in flight (the next call waits for it, and re-raises its failure so
+        the query stops).  Spark may then have committed a batch whose output is not committed
+        yet: :meth:`recover` finishes such batches from their offset logs."""
+        t0 = time.perf_counter()
         tbl = df.select(*RECORD_COLUMNS).toArrow()
-        self.handle(tbl, int(batch_id))
+        self.read_s = time.perf_counter() - t0
+        if not getattr(self.settings, "engine_pipeline", False):
+            self.handle(tbl, int(batch_id))
+            return
+        self.drain()
+        _atomic_write(self._batch_log(int(batch_id)), json.dumps(offset_ranges(tbl)).encode())
+        if self._worker is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
+        self._inflight = self._worker.submit(self.handle, tbl, int(batch_id))
+
+    def drain(self) -> None:
+        """Wait for the batch in flight (pipelined mode); re-raise its failure."""
+        fut, self._inflight = self._inflight, None
+        if fut is not None:
+            fut.result()
 
     def handle(self, tbl: pa.Table, batch_id: int) -> None:
         """Process one batch of Kafka records (Arrow) and deliver its output exactly once."""
@@ -239,10 +274,10 @@ class EngineApp:
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "done in %.0f ms (evaluation %.0f, PostgreSQL %.0f, Kafka %.0f)",
+            "done in %.0f ms (Spark read %.0f, evaluation %.0f, PostgreSQL %.0f, Kafka %.0f)",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), len(self.core.rules), total_s * 1000,
-            core_s * 1000, (t_kafka - t_pg) * 1000, (t_done - t_kafka) * 1000,
+            self.read_s * 1000, core_s * 1000, (t_kafka - t_pg) * 1000, (t_done - t_kafka) * 1000,
         )  # fmt: skip
 
     def snapshot(self) -> Path:
@@ -293,6 +328,9 @@ class EngineApp:
         )
 
     def close(self) -> None:
+        self.drain()
+        if self._worker is not None:
+            self._worker.shutdown()
         self.publisher.close()
         self.store.engine.dispose()
 

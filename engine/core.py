@@ -30,7 +30,7 @@ import json
 import logging
 import pickle
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,6 +72,9 @@ class Alert:
     key: str
     kind: str  # ENTER | EXIT
     as_of: int
+    #: the aggregates the rule compares, for this key at ``as_of`` (what made it fire):
+    #: aggregate text -> value (None for NULL); empty when the evaluator cannot say
+    values: dict[str, float | int | None] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def id(self) -> str:
@@ -140,12 +143,28 @@ class BatchOutput:
     rule_errors: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _default_evaluator() -> Evaluator:
+def make_evaluator(settings: Any) -> Evaluator:
+    """The shared-strategy evaluator configured by ``settings``, fed one row per (key, pane)
+    (``pane_ms``, Golab et al.'s basic windows) when the evaluator supports it: the engine
+    looks up at pane boundaries only, so pane rows give the same answers as raw events."""
+    import inspect
+
     from subscriptions.evaluator import Evaluator as SubEvaluator
+
+    kw: dict[str, Any] = {
+        "strategy": "shared",
+        "ci_p": settings.ci_p,
+        "history_ms": settings.engine_history_ms,
+    }
+    if "pane_ms" in inspect.signature(SubEvaluator).parameters:
+        kw["pane_ms"] = settings.pane_ms
+    return SubEvaluator(**kw)  # type: ignore[return-value]
+
+
+def _default_evaluator() -> Evaluator:
     from tidewatch.settings import get_settings
 
-    s = get_settings()
-    return SubEvaluator(strategy="shared", ci_p=s.ci_p, history_ms=s.engine_history_ms)  # type: ignore[return-value]
+    return make_evaluator(get_settings())
 
 
 def _default_compile(text: str, plan_json: Any) -> tuple[Any, str]:
@@ -201,8 +220,15 @@ class EngineCore:
         max_future_ms: int,
         evaluator_factory: Callable[[], Evaluator] = _default_evaluator,
         compile_rule: Callable[[str, Any], tuple[Any, str]] = _default_compile,
+        idle_timeout_ms: int = 5_000,
+        lookup_every_ms: int | None = None,
     ) -> None:
         self.g = int(pane_ms)
+        #: lookups at every multiple of L (a multiple of g; default g): the alert log equals
+        #: ``tidewatch backtest --every L``; a larger L divides the lookup cost of many rules by L/g
+        self.L = int(lookup_every_ms or pane_ms)
+        if self.L % self.g:
+            raise ValueError(f"lookup_every_ms ({self.L}) must be a multiple of pane_ms ({self.g})")
         self.lateness = int(allowed_lateness_ms)
         self.max_future_ms = int(max_future_ms)
         self._compile = compile_rule
@@ -210,7 +236,12 @@ class EngineCore:
         self.rules: dict[str, RuleInfo] = {}
         self.current: dict[str, set[str]] = {}
         self.pending: dict[str, Decoded] = {s: empty(s) for s in STREAMS}
-        self.max_ts: int | None = None
+        self.max_ts: int | None = None  # largest valid event time seen (all streams, all partitions)
+        self.idle_timeout = int(idle_timeout_ms)
+        #: largest valid event time per (stream, Kafka partition): the watermark is the smallest of
+        #: these over the partitions that are not idle, minus the allowed lateness
+        self.part_max: dict[tuple[str, int], int] = {}
+        self._wm: int | None = None
         self.applied_until: int | None = None  # last lookup time
         self.last_batch: int = -1
         self._fresh: set[str] = set()  # rules added since the last lookup step
@@ -219,11 +250,46 @@ class EngineCore:
     # ------------------------------------------------------------------ time
     @property
     def watermark(self) -> int | None:
-        return None if self.max_ts is None else self.max_ts - self.lateness
+        """The event-time watermark (never decreases; None before the first valid event)."""
+        return self._wm
+
+    def _note_partitions(self, stream: str, d: Decoded, delivered: set[tuple[str, int]]) -> None:
+        """Record the largest event time of each Kafka partition present in ``d``.
+
+        ``d`` is in (partition, offset) order (:func:`engine.decode.decode_records`), so each
+        partition is one run of rows."""
+        part = d.partition
+        starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]])
+        tops = np.maximum.reduceat(d.ts, starts)
+        for p, top in zip(part[starts].tolist(), tops.tolist(), strict=True):
+            k = (stream, int(p))
+            delivered.add(k)
+            old = self.part_max.get(k)
+            self.part_max[k] = int(top) if old is None else max(old, int(top))
+
+    def _advance_watermark(self, delivered: set[tuple[str, int]]) -> None:
+        """Per-partition watermark with an idle timeout (deterministic: a replay of the same
+        batches decides the same way).
+
+        The watermark is ``min(max ts of each active partition) - allowed lateness``, where a
+        partition is *active* when it delivered records in this batch or its largest event time
+        is within ``idle_timeout_ms`` of the largest one seen.  During a backlog drain Spark's
+        Kafka source gives every partition that has data some records in every micro-batch
+        (``maxOffsetsPerTrigger`` is prorated), so a lagging partition holds the watermark back
+        instead of having its events dead-lettered as ``late``; a partition that has gone quiet
+        stops holding it back once the others are ``idle_timeout_ms`` ahead of it.  The
+        watermark never decreases."""
+        if not self.part_max:
+            return
+        top = max(self.part_max.values())
+        self.max_ts = top
+        active = [m for k, m in self.part_max.items() if k in delivered or top - m <= self.idle_timeout]
+        cand = (min(active) if active else top) - self.lateness
+        self._wm = cand if self._wm is None else max(self._wm, cand)
 
     def _now(self) -> int | None:
         wm = self.watermark
-        return None if wm is None else (wm // self.g) * self.g
+        return None if wm is None else (wm // self.L) * self.L
 
     # ------------------------------------------------------------------ rules
     def _apply_change(self, ch: SubscriptionChange, out: BatchOutput) -> None:
@@ -256,12 +322,14 @@ class EngineCore:
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
             ev = self.evaluator
+            first = len(out.alerts)
             if hasattr(ev, "evaluate_now"):
                 found = ev.evaluate_now(sid, self.applied_until)
                 self._fresh.add(sid)  # its change state in the evaluator starts empty
             else:
                 found = ev.lookup(self.applied_until).get(sid, set())
             self._diff(sid, found, self.applied_until, out)
+            self._attach_values(out, first, self.applied_until)
 
     def _diff(self, sid: str, found: Iterable[str], tau: int, out: BatchOutput) -> None:
         info = self.rules[sid]
@@ -287,6 +355,7 @@ class EngineCore:
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
+        delivered: set[tuple[str, int]] = set()
         for stream, tbl in records.items():
             d = decode_records(
                 stream,
@@ -298,60 +367,124 @@ class EngineCore:
             )
             out.events[stream] = len(d)
             if len(d):
-                top = int(d.ts.max())
-                self.max_ts = top if self.max_ts is None else max(self.max_ts, top)
+                self._note_partitions(stream, d, delivered)
                 self.pending[stream] = _concat(self.pending[stream], d)
+        self._advance_watermark(delivered)
         now = self._now()
         if now is not None:
             if self.applied_until is None:
                 lows = [int(p.ts.min()) for p in self.pending.values() if len(p)]
-                start = (min(lows) // self.g) * self.g if lows else now
+                start = (min(lows) // self.L) * self.L if lows else now
             else:
-                start = self.applied_until + self.g
-            for tau in range(start, now + 1, self.g):
-                self._lookup_at(tau, out)
+                start = self.applied_until + self.L
+            if start <= now:
+                self._run_lookups(range(start, now + 1, self.L), out)
         self.last_batch = batch_id
         return out
 
-    def _lookup_at(self, tau: int, out: BatchOutput) -> None:
+    def _run_lookups(self, taus: range, out: BatchOutput) -> None:
+        """Apply the pending events pane by pane and look up at every ``tau`` of ``taus``.
+
+        Each stream's pending buffer is sorted by ``ts`` once (stable: ties keep arrival order,
+        older batches first, then (partition, offset)); the events due at ``tau`` are then the
+        next slice of it (no per-lookup scan or copy of the whole buffer)."""
+        bufs: dict[str, tuple[Decoded, np.ndarray]] = {}
         for stream, p in self.pending.items():
             if len(p) == 0:
                 continue
-            due = p.ts <= tau
-            if not due.any():
-                continue
-            idx = np.flatnonzero(due)
-            chunk = p.take(idx[np.argsort(p.ts[idx], kind="stable")])
-            self.pending[stream] = p.take(np.flatnonzero(~due))
-            self.evaluator.apply(stream, chunk.columns)
+            ts = p.ts
+            if len(p) > 1 and np.any(ts[1:] < ts[:-1]):
+                p = p.take(np.argsort(ts, kind="stable"))
+            bufs[stream] = (p, p.ts)
+        cursor = dict.fromkeys(bufs, 0)
+        for tau in taus:
+            for stream, (p, ts) in bufs.items():
+                lo = cursor[stream]
+                hi = int(np.searchsorted(ts, tau, "right"))
+                if hi > lo:
+                    self.evaluator.apply(stream, {k: v[lo:hi] for k, v in p.columns.items()})
+                    cursor[stream] = hi
+            self._lookup_at(tau, out)
+        for stream, (p, _) in bufs.items():
+            lo = cursor[stream]
+            self.pending[stream] = p if lo == 0 else p.take(np.arange(lo, len(p)))
+
+    def _attach_values(self, out: BatchOutput, first: int, tau: int) -> None:
+        """Give the alerts ``out.alerts[first:]`` (all at ``tau``) the values that made them fire.
+
+        Uses ``Evaluator.values(name, keys, now)`` (one call per rule), so it must run right
+        after the lookup at ``tau``, before later events are applied."""
+        ev = self.evaluator
+        if first >= len(out.alerts) or not hasattr(ev, "values"):
+            return
+        by_rule: dict[str, list[int]] = {}
+        for i in range(first, len(out.alerts)):
+            by_rule.setdefault(out.alerts[i].subscription_id, []).append(i)
+        for sid, idx in by_rule.items():
+            vals = self._values(sid, [out.alerts[i].key for i in idx], tau)
+            for i in idx:
+                a = out.alerts[i]
+                out.alerts[i] = replace(a, values=dict(vals.get(a.key) or {}))
+
+    def _lookup_at(self, tau: int, out: BatchOutput) -> None:
+        """Look every rule up at ``tau`` (every event with ``ts <= tau`` already applied)."""
         self.applied_until = tau
         out.lookups.append(tau)
         if not self.rules:
             return
         ev = self.evaluator
+        first = len(out.alerts)
         if not hasattr(ev, "step"):  # a plain lookup: diff every rule's whole result
             found = ev.lookup(tau)
             for sid in self.rules:
                 self._diff(sid, found.get(sid, ()), tau, out)
+            self._attach_values(out, first, tau)
             return
-        # the evaluator's own changes (cheap with thousands of rules), checked against ours
-        for as_of, sid, key, kind in ev.step(tau).rows():
-            if sid in self._fresh or sid not in self.rules:
-                continue
-            cur = self.current.setdefault(sid, set())
-            if (kind == "ENTER") == (key in cur):
-                continue
+        # the evaluator's own changes (cheap with thousands of rules), checked against ours;
+        # read block-wise (rule names, key values, kind) without building a row per change
+        changes = ev.step(tau)
+        parts = getattr(changes, "parts", None)
+        if parts is None:
+            parts = [
+                (np.array([r[1]], dtype=object), np.array([r[2]], dtype=object), r[3]) for r in changes.rows()
+            ]
+        by_rule: dict[str, list[tuple[str, str]]] = {}
+        for names, keys, kind in parts:
+            enter = kind == "ENTER"
+            for sid, key in zip(names.tolist(), keys.tolist(), strict=True):
+                if sid in self._fresh or sid not in self.rules:
+                    continue
+                cur = self.current.setdefault(sid, set())
+                if enter == (key in cur):
+                    continue
+                if enter:
+                    cur.add(key)
+                else:
+                    cur.discard(key)
+                by_rule.setdefault(sid, []).append((key, kind))
+        has_values = hasattr(ev, "values")
+        for sid in sorted(by_rule):  # alerts in (rule, key) order, like Changes.rows()
+            items = sorted(by_rule[sid])
             info = self.rules[sid]
-            out.alerts.append(Alert(sid, info.name, info.stream, key, kind, int(as_of)))
-            if kind == "ENTER":
-                cur.add(key)
-            else:
-                cur.discard(key)
+            vals = self._values(sid, [k for k, _ in items], tau) if has_values else {}
+            out.alerts.extend(
+                Alert(sid, info.name, info.stream, key, kind, tau, vals.get(key) or {}) for key, kind in items
+            )
             out.changed.add(sid)
+        first = len(out.alerts)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
                 self._diff(sid, ev.current_ids(sid), tau, out)  # type: ignore[attr-defined]
         self._fresh.clear()
+        self._attach_values(out, first, tau)
+
+    def _values(self, sid: str, keys: list[str], tau: int) -> dict[str, Any]:
+        """``Evaluator.values`` of one rule at ``tau`` ({} when unavailable: never lose an alert)."""
+        try:
+            return dict(self.evaluator.values(sid, keys, tau))  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("values of subscription %s at %d unavailable: %s", sid, tau, exc)
+            return {}
 
     # ------------------------------------------------------------------ state
     @property
@@ -379,6 +512,7 @@ class EngineCore:
             {
                 "version": 1,
                 "g": self.g,
+                "lookup_every": self.L,
                 "lateness": self.lateness,
                 "max_future_ms": self.max_future_ms,
                 "evaluator_cls": (type(ev).__module__, type(ev).__qualname__),
@@ -388,6 +522,9 @@ class EngineCore:
                 "current": self.current,
                 "pending": self.pending,
                 "max_ts": self.max_ts,
+                "part_max": self.part_max,
+                "watermark": self._wm,
+                "idle_timeout": self.idle_timeout,
                 "applied_until": self.applied_until,
                 "last_batch": self.last_batch,
                 "fresh": self._fresh,
@@ -420,11 +557,15 @@ class EngineCore:
             max_future_ms=doc["max_future_ms"],
             evaluator_factory=lambda: ev,
             compile_rule=compile_rule,
+            idle_timeout_ms=doc.get("idle_timeout", 5_000),
+            lookup_every_ms=doc.get("lookup_every"),
         )
         self.rules = doc["rules"]
         self.current = doc["current"]
         self.pending = doc["pending"]
         self.max_ts = doc["max_ts"]
+        self.part_max = doc.get("part_max", {})
+        self._wm = doc.get("watermark", None if self.max_ts is None else self.max_ts - self.lateness)
         self.applied_until = doc["applied_until"]
         self.last_batch = doc["last_batch"]
         self._fresh = doc.get("fresh", set())

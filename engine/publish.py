@@ -119,7 +119,7 @@ class Publisher:
                 "key": rec["key"],
                 "present": present,
                 "as_of": rec["as_of"],
-                "values": {},
+                "values": rec["values"],
                 "batch_id": batch_id,
             }
             p.produce(s.topic_results, key=rkey, value=encode("results", res))
@@ -142,6 +142,7 @@ class Publisher:
 
 
 def _alert_record(a: Alert | dict[str, Any], batch_id: int, now: int) -> dict[str, Any]:
+    d: dict[str, Any]
     if isinstance(a, Alert):
         d = {
             "id": a.id,
@@ -151,7 +152,13 @@ def _alert_record(a: Alert | dict[str, Any], batch_id: int, now: int) -> dict[st
             "key": a.key,
             "kind": a.kind,
             "as_of": a.as_of,
+            "values": a.values,
         }
     else:
-        d = {"rule_name": "", "stream": "", **a}
-    return {**d, "values": {}, "batch_id": batch_id, "emitted_at": now}
+        d = {"rule_name": "", "stream": "", "values": {}, **a}
+    return {**d, "values": avro_values(d["values"]), "batch_id": batch_id, "emitted_at": now}
+
+
+def avro_values(values: dict[str, Any] | None) -> dict[str, float | None]:
+    """An alert's values as the Avro ``map<null|double>`` (COUNTs as doubles, NULL as null)."""
+    return {str(k): None if v is None else float(v) for k, v in (values or {}).items()}

@@ -9,6 +9,7 @@ before (a re-run after a crash) and nothing is written again (DESIGN.md,
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -78,10 +79,11 @@ class Store:
                 # one statement per table, rows bound as arrays (unnest): thousands of alerts per batch
                 conn.execute(
                     text(
-                        "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, batch_id) "
-                        "SELECT a.id, a.sid, a.key, a.kind, to_timestamp(a.ms / 1000.0), :batch "
-                        "FROM unnest(CAST(:ids AS text[]), CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
-                        "CAST(:kinds AS text[]), CAST(:ms AS bigint[])) AS a(id, sid, key, kind, ms) "
+                        "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id) "
+                        "SELECT a.id, a.sid, a.key, a.kind, to_timestamp(a.ms / 1000.0), CAST(a.vals AS jsonb), "
+                        ":batch FROM unnest(CAST(:ids AS text[]), CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
+                        "CAST(:kinds AS text[]), CAST(:ms AS bigint[]), CAST(:vals AS text[])) "
+                        "AS a(id, sid, key, kind, ms, vals) "
                         "ORDER BY a.ms ON CONFLICT (alert_id) DO NOTHING"
                     ),
                     {
@@ -91,6 +93,7 @@ class Store:
                         "keys": [a.key for a in out.alerts],
                         "kinds": [a.kind for a in out.alerts],
                         "ms": [a.as_of for a in out.alerts],
+                        "vals": [json.dumps(a.values) for a in out.alerts],
                     },
                 )
             for sid in out.removed:
@@ -109,19 +112,22 @@ class Store:
                     ),
                     {"sids": [k[0] for k in gone], "keys": [k[1] for k in gone]},
                 )
-            came = [(k, a.as_of) for k, a in net.items() if a.kind == "ENTER"]
+            came = [(k, a) for k, a in net.items() if a.kind == "ENTER"]
             if came:
                 conn.execute(
                     text(
-                        "INSERT INTO current_results (subscription_id, key, since) "
-                        "SELECT d.sid, d.key, to_timestamp(d.ms / 1000.0) FROM unnest(CAST(:sids AS uuid[]), "
-                        "CAST(:keys AS text[]), CAST(:ms AS bigint[])) AS d(sid, key, ms) "
-                        "ON CONFLICT (subscription_id, key) DO UPDATE SET since = EXCLUDED.since, updated_at = now()"
+                        "INSERT INTO current_results (subscription_id, key, since, values) "
+                        "SELECT d.sid, d.key, to_timestamp(d.ms / 1000.0), CAST(d.vals AS jsonb) "
+                        "FROM unnest(CAST(:sids AS uuid[]), CAST(:keys AS text[]), CAST(:ms AS bigint[]), "
+                        "CAST(:vals AS text[])) AS d(sid, key, ms, vals) "
+                        "ON CONFLICT (subscription_id, key) DO UPDATE SET since = EXCLUDED.since, "
+                        "values = EXCLUDED.values, updated_at = now()"
                     ),
                     {
                         "sids": [k[0] for k, _ in came],
                         "keys": [k[1] for k, _ in came],
-                        "ms": [m for _, m in came],
+                        "ms": [a.as_of for _, a in came],
+                        "vals": [json.dumps(a.values) for _, a in came],
                     },
                 )
             conn.execute(insert(EngineMetric).values(batch_id=out.batch_id, **metrics))
@@ -132,13 +138,25 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(
-                    AlertRow.alert_id, AlertRow.subscription_id, AlertRow.key, AlertRow.kind, AlertRow.as_of
+                    AlertRow.alert_id,
+                    AlertRow.subscription_id,
+                    AlertRow.key,
+                    AlertRow.kind,
+                    AlertRow.as_of,
+                    AlertRow.values,
                 )
                 .where(AlertRow.batch_id == batch_id)
                 .order_by(AlertRow.seq)
             ).all()
         return [
-            {"id": r[0], "subscription_id": str(r[1]), "key": r[2], "kind": r[3], "as_of": dt_to_ms(r[4])}
+            {
+                "id": r[0],
+                "subscription_id": str(r[1]),
+                "key": r[2],
+                "kind": r[3],
+                "as_of": dt_to_ms(r[4]),
+                "values": dict(r[5] or {}),
+            }
             for r in rows
         ]
 

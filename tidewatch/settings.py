@@ -140,6 +140,11 @@ class Settings(BaseSettings):
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",
     )
+    engine_lookup_every_ms: int | None = Field(
+        None,
+        description="the engine looks every rule up at each multiple of this (a multiple of pane_ms; "
+        "default pane_ms); alerts equal `tidewatch backtest --every` this",
+    )
 
     # --- reliability and security (helper REL; docs/RELIABILITY.md) ---------------
     max_rule_window_days: float = Field(
@@ -173,6 +178,12 @@ class Settings(BaseSettings):
         50,
         description="failed logins of one user name from all clients together within login_window_s "
         "before every client is refused (bounds guessing from many addresses)",
+    )
+    feed_commit_every: int = Field(
+        10_000, description="resumable file feeds (--resume): records per Kafka transaction"
+    )
+    feed_progress_dir: Path | None = Field(
+        None, description="progress files of resumable feeds (default: <run_dir>/feed-progress)"
     )
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ def _live() -> None:
         st.text(
             f"Latest: {last.kind} {last.key} ({last.subscription}) as of {last.as_of:%Y-%m-%d %H:%M:%S %Z}"
         )
+        st.text(f"Values: {catchup.format_values(last.values)}")
         df = charts.alerts_frame(rows)
         df.insert(0, "new", [r.seq > cursor for r in rows])
         st.dataframe(df.drop(columns=["seq"]), hide_index=True, width="stretch", height=360)

@@ -21,9 +21,16 @@ def listing(group: catchup.AwayGroup) -> str:
     """The group's alerts as fixed-width plain text, newest first (shown in a code block)."""
     lines = []
     for a in group.alerts:
-        vals = ", ".join(f"{k} = {v}" for k, v in sorted(a.values.items()))
-        lines.append(f"{a.as_of:%Y-%m-%d %H:%M:%S}  {a.kind:<5}  {a.key}" + (f"  ({vals})" if vals else ""))
+        lines.append(
+            f"{a.as_of:%Y-%m-%d %H:%M:%S}  {a.kind:<5}  {a.key}  ({catchup.format_values(a.values)})"
+        )
     return "\n".join(lines)
+
+
+def result_line(r: catchup.ResultRow) -> str:
+    """One key of a current result set: since when, and its values when the engine recorded any."""
+    line = f"{r.key}  (since {r.since:%Y-%m-%d %H:%M:%S})"
+    return line + (f"  {catchup.format_values(r.values)}" if r.values else "")
 
 
 def render() -> None:
@@ -58,7 +65,7 @@ def render() -> None:
         st.text(f"{cs.name} ({cs.state}): {len(cs.rows)} key(s)")
         if cs.rows:
             shown = cs.rows[:CURRENT_LIMIT]
-            st.code("\n".join(f"{r.key}  (since {r.since:%Y-%m-%d %H:%M:%S})" for r in shown), language=None)
+            st.code("\n".join(result_line(r) for r in shown), language=None)
             if len(cs.rows) > len(shown):
                 st.caption(f"The first {len(shown)} of {len(cs.rows)} keys.")
     st.button("Go to the live alerts", on_click=go, args=("Alerts",), key="away_done")

@@ -8,12 +8,14 @@ evaluated at pane boundaries, with the rule's thresholds drawn in.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from dashboard import charts, detail, queries
+from dashboard.catchup import format_values
 from dashboard.rules import thresholds, validate
 from dashboard.ui import current_user, plain, sessions
 from tidewatch.settings import get_settings
@@ -41,10 +43,11 @@ def render() -> None:
                     "state": r.state,
                     "in result now": r.in_result,
                     "since": r.since,
+                    "values": format_values(r.values) if r.in_result else "",
                 }
                 for r in results
             ],
-            columns=["subscription", "state", "in result now", "since"],
+            columns=["subscription", "state", "in result now", "since", "values"],
         ),
         hide_index=True,
         width="stretch",
@@ -85,7 +88,9 @@ def render() -> None:
                 st.caption(
                     "Only part of the stream was read (limit or timeout); the oldest points may be low."
                 )
-            frames = detail.detail_frames(plan.stream, cols, plan.aggs, span_ms, settings.pane_ms)
+            frames = detail.detail_frames(
+                plan.stream, cols, plan.aggs, span_ms, settings.pane_ms, now_ms=int(time.time() * 1000)
+            )
             if not frames:
                 st.caption(f"No {plan.stream} events of this key in the last {lookback // 60_000} minute(s).")
                 continue

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import catchup, detail
+from dashboard.catchup import format_values
 from dashboard.rules import TEMPLATES, Validation, validate
 from dashboard.ui import current_user, flash, plain, sessions
 from subscriptions.errors import RuleError
@@ -183,7 +184,10 @@ def render() -> None:
         rows = current[0].rows if current else []
         if rows:
             st.dataframe(
-                pd.DataFrame([{"key": r.key, "since": r.since} for r in rows], columns=["key", "since"]),
+                pd.DataFrame(
+                    [{"key": r.key, "since": r.since, "values": format_values(r.values)} for r in rows],
+                    columns=["key", "since", "values"],
+                ),
                 hide_index=True,
             )
         else:

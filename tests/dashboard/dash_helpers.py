@@ -39,10 +39,10 @@ def add_alerts(
     """Write alerts ``(key, kind)`` of one subscription in one batch, like the engine; returns their seqs.
     ENTER keys go into ``current_results``, EXIT keys leave it."""
     t = as_of or datetime.now(UTC)
-    seqs = []
+    seqs: list[int] = []
     with sm.begin() as s:
         s.execute(sa.text("LOCK TABLE engine_batches IN EXCLUSIVE MODE"))  # one writer, like the engine
-        bid = int(s.scalar(sa.select(sa.func.coalesce(sa.func.max(EngineBatch.batch_id), 0) + 1)))
+        bid = int(s.scalar(sa.select(sa.func.coalesce(sa.func.max(EngineBatch.batch_id), 0) + 1)) or 1)
         s.add(EngineBatch(batch_id=bid, watermark=t, events=0, alerts=len(items)))
         for key, kind in items:
             aid = f"{sub_id}|{key}|{kind}|{bid}"
@@ -58,7 +58,7 @@ def add_alerts(
                 )
             )
             s.flush()
-            seqs.append(s.scalar(sa.select(Alert.seq).where(Alert.alert_id == aid)))
+            seqs.append(int(s.scalar(sa.select(Alert.seq).where(Alert.alert_id == aid)) or 0))
             if kind == "ENTER":
                 s.merge(CurrentResult(subscription_id=sub_id, key=key, since=t, values=values or {}))
             else:

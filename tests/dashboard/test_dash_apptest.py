@@ -98,7 +98,10 @@ def test_login_opens_while_you_were_away_and_advances_the_cursor_after_display(
     assert "Subscription: <b>vol</b>" in texts(at)  # the name verbatim, as text
     assert [m.value for m in at.metric][:2] == ["2", "0"]
     listing = at.code[0].value.splitlines()
-    assert [ln.split()[2:] for ln in listing] == [["ENTER", "MSFT"], ["ENTER", "AAPL"]]
+    assert [ln.split()[2:] for ln in listing] == [
+        ["ENTER", "MSFT", "(\u2014)"],
+        ["ENTER", "AAPL", "(\u2014)"],
+    ]
     with sm() as s:
         assert catchup.get_cursor(s, name, "laptop") == max(seqs)
     # logging in again: nothing new is shown twice
@@ -146,7 +149,7 @@ def test_subscribe_page_validates_live_and_saves(
     assert at.button(key="sub_save").disabled
     # a template fills the editor with a valid rule and the plan is shown
     at.selectbox(key="sub_template").select("Heavy hitter").run()
-    assert "SUM(length) OVER LAST 1 MINUTE > 10000000" in at.text_area(key="sub_rule").value
+    assert "SUM(length) OVER LAST 1 MINUTE > 10000000" in (at.text_area(key="sub_rule").value or "")
     assert [s.value for s in at.success] == ["The rule is valid."]
     assert any("CI-SUM" in c.value for c in at.code)
     nasty = "<img src=x onerror=alert(1)> '; DROP TABLE subscriptions; --"
@@ -189,6 +192,31 @@ def test_key_detail_and_health_pages_render(
     assert not at.exception
     assert "Key: AAPL" in texts(at)
     assert list(frames(at)[0]["in result now"]) == [True]
+    assert list(frames(at)[0]["values"]) == ["SUM(size) OVER LAST 5 MINUTES = 1234"]
     at.sidebar.radio(key="tw_page").set_value("Health").run()
     assert not at.exception
     assert at.metric  # events/s, batch duration, lag, dead letters, last batch
+
+
+def test_subscribe_page_edits_a_subscription_and_refuses_a_duplicate_name(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    name = new_user("edit")
+    first = subscribe(svc, name, "first")
+    subscribe(svc, name, "second")
+    at = logged_in(sm, name, "Subscribe")
+    at.selectbox(key="sub_edit").select(str(first.id)).run()
+    assert at.text_input(key="sub_name").value == "first" and at.text_area(key="sub_rule").value == RULE
+    assert at.button(key="sub_save").label == "Save changes"
+    new_rule = RULE.replace("> 1000", "> 5000")
+    at.text_area(key="sub_rule").input(new_rule)
+    at.button(key="sub_save").click().run()
+    assert not at.exception
+    edited = svc.get(name, first.id)
+    assert edited.rule_text == new_rule and edited.version == first.version + 1
+    assert [shown(s.value) for s in at.success][0] == f"Saved first (version {edited.version})."
+    # another of the user's names is refused, and nothing changes
+    at.text_input(key="sub_name").input("second")
+    at.button(key="sub_save").click().run()
+    assert [shown(e.value) for e in at.error] == ["Not saved: you already have a subscription named 'second'"]
+    assert svc.get(name, first.id).name == "first" and svc.get(name, first.id).version == edited.version

@@ -116,3 +116,29 @@ def test_expired_sessions_do_not_resolve(sm: sessionmaker[Session]) -> None:
             .values(expires_at=sa.func.now() - sa.text("interval '1 second'"))
         )
     assert auth.resolve(sm, user.token) is None
+
+
+def test_failures_from_many_clients_lock_the_user_name_for_every_client(sm: sessionmaker[Session]) -> None:
+    settings = Settings(login_max_failures=3, login_max_failures_per_user=4, login_window_s=300)
+    name, other = unique(), unique()
+    auth.sign_up(sm, name, PASSWORD)
+    auth.sign_up(sm, other, PASSWORD)
+    for i in range(4):  # one or two failures each from four addresses: no single client hits 3
+        with pytest.raises(auth.AuthError) as exc:
+            auth.login(
+                sm, name, "wrong-password", client=f"10.0.0.{i % 2 if i < 2 else i}", settings=settings
+            )
+        assert not isinstance(exc.value, auth.RateLimited)
+    # a fresh address, with the right password: refused, the name is locked everywhere
+    with pytest.raises(auth.RateLimited):
+        auth.login(sm, name, PASSWORD, client="192.0.2.1", settings=settings)
+    # other user names are not affected
+    assert auth.login(sm, other, PASSWORD, client="10.0.0.1", settings=settings).username == other
+    # the window passes: the name logs in again
+    with sm.begin() as s:
+        s.execute(
+            sa.update(LoginAttempt)
+            .where(LoginAttempt.username == name)
+            .values(attempted_at=sa.func.now() - sa.text("interval '10 minutes'"))
+        )
+    assert auth.login(sm, name, PASSWORD, client="192.0.2.1", settings=settings).username == name

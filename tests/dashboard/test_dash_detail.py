@@ -86,6 +86,23 @@ def test_detail_frames_cover_the_span() -> None:
     assert detail_frames("trades", {}, plan.aggs, 1000, 1000) == {}
 
 
+def test_detail_frames_run_to_now_so_a_quiet_key_falls_back() -> None:
+    plan = compile_rule("SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 5")
+    cols = {
+        "symbol": np.array(["A", "A"], dtype=object),
+        "ts": np.array([100_100, 100_200], np.int64),
+        "price": np.ones(2),
+        "size": np.array([600, 600], np.int64),
+        "side": np.array(["BID"] * 2, dtype=object),
+        "exchange": np.array(["X"] * 2, dtype=object),
+    }
+    # two events inside one pane: no lookup between them, so nothing to draw without now
+    assert len(detail_frames("trades", cols, plan.aggs, 600_000, 1000)[plan.aggs[0].text]) == 0
+    (df,) = detail_frames("trades", cols, plan.aggs, 600_000, 1000, now_ms=115_000).values()
+    got = dict(zip(df["time"].astype("int64") // 10**6, df["value"], strict=True))
+    assert got[101_000] == 1200 and got[110_000] == 1200 and got[111_000] == 0 and max(got) == 115_000
+
+
 def test_preview_keys_run_the_evaluator_at_the_last_pane() -> None:
     plan = compile_rule(
         "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 1000"

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dashboard import charts
-from dashboard.catchup import AlertRow
+from dashboard.catchup import NO_VALUES, AlertRow, as_values, format_values
 from dashboard.queries import classify, escape_like
 from dashboard.rules import TEMPLATES, Threshold, thresholds, validate
 from dashboard.ui import plain
@@ -111,3 +111,36 @@ def test_charts_build_with_thresholds() -> None:
     ).to_dict()
     assert len(layer["layer"]) == 2
     assert '"threshold": 1000.0' in json.dumps(layer)
+
+
+@pytest.mark.parametrize("raw", [None, {}, [], ""])
+def test_no_values_show_a_dash(raw: object) -> None:
+    assert format_values(raw) == NO_VALUES == "\u2014"
+    assert as_values(None) == {} and as_values({}) == {}
+
+
+def test_values_are_one_sorted_compact_line() -> None:
+    values = {
+        "SUM(size) OVER LAST 10 SECONDS": 1200.0,
+        "AVG(price) OVER LAST 1 MINUTE": 101.23456789,
+        "COUNT(*) OVER LAST 5 SECONDS": 13,
+        "flag": True,
+        "missing": None,
+        "nan": float("nan"),
+        "big": 1e20,
+    }
+    assert format_values(values) == (
+        "AVG(price) OVER LAST 1 MINUTE = 101.235, COUNT(*) OVER LAST 5 SECONDS = 13, "
+        "SUM(size) OVER LAST 10 SECONDS = 1200, big = 1e+20, flag = true, missing = null, nan = nan"
+    )
+
+
+def test_malformed_values_are_shown_not_lost_and_cut_when_huge() -> None:
+    assert format_values([1, 2]) == "value = [1, 2]"
+    assert format_values("text") == "value = text"
+    assert format_values({1: "a"}) == "1 = a"
+    line = format_values({"<b>k</b>": "x" * 10_000, "multi\nline": "a\nb"})
+    assert line.startswith("<b>k</b> = " + "x" * 70) and len(line) < 250 and "\n" not in line
+    assert line.endswith("\u2026, multi line = a b")
+    many = format_values({f"a{i:02d}": i for i in range(40)})
+    assert many.endswith("\u2026 (28 more)") and many.startswith("a00 = 0, a01 = 1")

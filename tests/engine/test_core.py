@@ -105,9 +105,11 @@ def test_alerts_equal_brute_force_backtest() -> None:
         late = set(zip(out.dead.source_offset, out.dead.reason, strict=True))
         assert all(r == "late" for _, r in late)
     ev = core.evaluator
+    assert isinstance(ev, BruteCount) and core.applied_until is not None
     # the same events, the same lookup times, brute force from scratch
     lookups = range(alerts[0].as_of if alerts else 0, core.applied_until + 1, G)
-    expect, prev = [], set()
+    expect: list[tuple[str, str, int]] = []
+    prev: set[str] = set()
     for tau in lookups:
         cur = brute(ev.keys, ev.ts, tau, 3 * G, 4)
         expect += [("ENTER", k, tau) for k in sorted(cur - prev)] + [
@@ -190,3 +192,50 @@ def test_bad_rule_is_reported_not_fatal() -> None:
     core = make_core()
     out = core.process(0, records([], [], 0), [SubscriptionChange("x", "upsert", "x", "not a rule")])
     assert out.rule_errors and out.rule_errors[0][0] == "x" and not core.rules
+
+
+def records_on(parts: list[tuple[int, list[str], list[int], int]]) -> dict[str, pa.Table]:
+    """Trades on several Kafka partitions: (partition, symbols, ts, first offset) each."""
+    tables = []
+    for part, syms, ts, off in parts:
+        t = records(syms, ts, off)["trades"]
+        tables.append(t.set_column(0, "partition", pa.array([part] * len(ts), pa.int32())))
+    return {"trades": pa.concat_tables(tables)}
+
+
+def test_lagging_partition_holds_the_watermark_back_instead_of_going_late() -> None:
+    """Backlog drain: partition 1 is far behind partition 0 but delivers records in every batch."""
+    core = make_core()  # lateness 2 s, idle timeout 5 s
+    core.process(0, records_on([(0, ["A"] * 2, [100_000, 101_000], 0), (1, ["B"], [10_000], 0)]), [])
+    assert core.watermark == 10_000 - 2 * G  # the lagging partition decides
+    out = core.process(1, records_on([(0, ["A"], [102_000], 2), (1, ["B"] * 2, [20_000, 30_000], 1)]), [])
+    assert out.dead.counts()["late"] == 0 and out.events["trades"] == 3
+    assert core.watermark == 30_000 - 2 * G and core.applied_until == 28_000
+    # the global-max watermark would have made partition 1's events late (ts <= 99,000)
+    assert core.max_ts == 102_000
+
+
+def test_idle_partition_stops_holding_the_watermark_back() -> None:
+    core = make_core()
+    core.process(0, records_on([(0, ["A"], [10_000], 0), (1, ["B"], [10_500], 0)]), [])
+    assert core.watermark == 10_000 - 2 * G
+    # partition 0 goes quiet; partition 1 moves on: within the idle timeout it still holds
+    core.process(1, records_on([(1, ["B"], [14_000], 1)]), [])
+    assert core.watermark == 10_000 - 2 * G
+    # more than 5 s (idle timeout) ahead of partition 0: partition 0 is idle
+    core.process(2, records_on([(1, ["B"], [15_500], 2)]), [])
+    assert core.watermark == 15_500 - 2 * G
+    # partition 0 comes back: the watermark never goes back; its record behind it is late
+    out = core.process(3, records_on([(0, ["A", "A"], [12_000, 16_000], 1)]), [])
+    assert core.watermark == 15_500 - 2 * G
+    assert out.dead.counts()["late"] == 1 and out.dead.source_offset == [1]
+
+
+def test_watermark_state_survives_a_snapshot() -> None:
+    core = make_core()
+    core.process(0, records_on([(0, ["A"], [50_000], 0), (1, ["B"], [20_000], 0)]), [])
+    restored = EngineCore.from_bytes(core.to_bytes(), compile_rule=compile_rule)
+    assert restored.part_max == core.part_max and restored.watermark == core.watermark == 18_000
+    for c in (core, restored):
+        c.process(1, records_on([(1, ["B"], [30_000], 1)]), [])
+    assert restored.watermark == core.watermark == 28_000

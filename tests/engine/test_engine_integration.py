@@ -132,6 +132,17 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     assert len(ids) == len(set(ids)) == len(log)
     assert set(ids) == {f"{a[0]}|{a[1]}|{a[2]}|{a[3]}" for a in log}
 
+    # alerts carry the values that made them fire, the same in Kafka and PostgreSQL
+    counted = [a for a in kafka_alerts if a["subscription_id"] == sc.sub_ids["count"]]
+    assert counted
+    for a in counted:
+        assert (a["values"]["COUNT(*) OVER LAST 10 SECONDS"] > 12) == (a["kind"] == "ENTER"), a
+    with create_engine(db).connect() as conn:
+        pg_values = dict(conn.execute(text("SELECT alert_id, values FROM alerts")).all())  # type: ignore[arg-type]
+    for a in kafka_alerts:
+        want = {k: None if v is None else float(v) for k, v in pg_values[a["id"]].items()}
+        assert want and a["values"] == want, a
+
     dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in sc.bad_trades)
     assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
