@@ -252,6 +252,7 @@ class EngineApp:
             "lag_ms": None if self.core.max_ts is None else time.time() * 1000 - self.core.max_ts,
             "alerts": len(out.alerts),
             "dead_letters": len(out.dead),
+            "dead_letter_reasons": {r: int(n) for r, n in out.dead.counts().items() if n},
             "state_bytes": self.core.state_nbytes(),
         }
         t_pg = time.perf_counter()

@@ -151,7 +151,18 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     with create_engine(db).connect() as conn:
         n_metrics = conn.execute(text("SELECT count(*) FROM engine_metrics")).scalar()
         n_results = conn.execute(text("SELECT count(*) FROM current_results")).scalar()
+        per_reason = conn.execute(text("SELECT dead_letters, dead_letter_reasons FROM engine_metrics")).all()
     assert n_metrics == app.batches_done
+    # the per-reason counts the dashboard reads add up to what reached the dead-letter topic
+    summed: dict[str, int] = {}
+    for total, reasons in per_reason:
+        assert sum(reasons.values()) == (total or 0)
+        for r, n in reasons.items():
+            summed[r] = summed.get(r, 0) + n
+    want: dict[str, int] = {}
+    for _, r in sc.bad_trades:
+        want[r] = want.get(r, 0) + 1
+    assert summed == want
     enter_minus_exit = sum(1 if a[2] == "ENTER" else -1 for a in log)
     assert n_results == enter_minus_exit
 
