@@ -105,6 +105,8 @@ def run_feed(
     show_progress: bool,
     report: Any = None,
     producer: Any = None,
+    resume: tuple[Path, Path] | None = None,
+    commit_every: int | None = None,
 ) -> int:
     """Send ``(columns, pacer)`` chunks; print bad lines and the final count; return the exit status."""
     from ingest.producer import FeedStats, KafkaFeed
@@ -137,7 +139,11 @@ def run_feed(
             ),
         )
 
-    feed = KafkaFeed(stream, topic=topic, bootstrap=bootstrap, on_progress=on_progress, producer=producer)
+    feed: KafkaFeed
+    if resume is not None:
+        feed = _resumable_feed(stream, resume, topic, bootstrap, commit_every, on_progress)
+    else:
+        feed = KafkaFeed(stream, topic=topic, bootstrap=bootstrap, on_progress=on_progress, producer=producer)
     dest = f"{stream} → {feed.topic}"
     err.print(f"{stream} → topic {feed.topic} at {bootstrap or s.kafka_bootstrap}", highlight=False)
     interrupted = False
@@ -168,6 +174,9 @@ def run_feed(
                 for b in report.bad_lines[shown_bad:]:
                     err.print(f"[yellow]{report.path}: {b}", highlight=False)
                 shown_bad = len(report.bad_lines)
+        else:
+            if hasattr(feed, "finish"):
+                feed.finish()
     except KeyboardInterrupt:
         interrupted = True
         err.print("[yellow]interrupted: flushing what was queued ...")
@@ -184,11 +193,45 @@ def run_feed(
     if report is not None and report.bad > len(report.bad_lines):
         err.print(f"[yellow]{report.path}: … {report.bad - len(report.bad_lines):,} more bad lines not shown")
     err.print(f"{dest}: {stats.summary()}", highlight=False)
+    if resume is not None:
+        err.print(
+            f"progress: {feed.acked:,} records of the file committed "  # type: ignore[attr-defined]
+            f"({feed.skipped:,} skipped as already committed) — {feed.progress.path}",  # type: ignore[attr-defined]
+            highlight=False,
+        )
     for e in stats.first_errors:
         err.print(f"[red]delivery error: {e}")
     if interrupted:
         return 130
     return 1 if (stats.failed or stats.unconfirmed) else 0
+
+
+def _resumable_feed(
+    stream: str,
+    resume: tuple[Path, Path],
+    topic: str | None,
+    bootstrap: str | None,
+    commit_every: int | None,
+    on_progress: Any,
+) -> Any:
+    """A :class:`~ingest.producer.TransactionalFeed` of ``file`` (exit status 2 if its progress
+    file describes another file)."""
+    from ingest.producer import FeedProgress, ProgressMismatch, TransactionalFeed, file_identity
+
+    s = get_settings()
+    t = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    file, path = resume
+    try:
+        progress = FeedProgress.open(path, file_identity(file), t)
+    except ProgressMismatch as exc:
+        err.print(f"[red]{exc}")
+        raise typer.Exit(2) from exc
+    feed = TransactionalFeed(
+        stream, progress, topic=t, bootstrap=bootstrap, commit_every=commit_every, on_progress=on_progress
+    )
+    if feed.acked:
+        err.print(f"resuming {file}: {feed.acked:,} records already committed are skipped", highlight=False)
+    return feed
 
 
 def _file_source(
@@ -236,6 +279,42 @@ Duration = Annotated[
     str | None, typer.Option(help="how much event time to generate, e.g. 10m (default: forever)")
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="no progress line")]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="files: send in Kafka transactions and keep a progress file; run again after a "
+        "crash or Ctrl-C to go on where the last committed transaction ended (docs/feeds.md)",
+    ),
+]
+ProgressFile = Annotated[
+    Path | None,
+    typer.Option(
+        help="--resume: progress file (default: <run_dir>/feed-progress/<stream>-<topic>-<id>.json)"
+    ),
+]
+CommitEvery = Annotated[
+    int | None, typer.Option(help="--resume: records per Kafka transaction (default: settings)")
+]
+
+
+def _resume_target(
+    stream: str, file: Path | None, resume: bool, progress_file: Path | None, topic: str | None
+) -> tuple[Path, Path] | None:
+    """``(file, its progress file)`` when the feed is resumable, else None."""
+    if not resume and progress_file is None:
+        return None
+    if file is None:
+        raise typer.BadParameter("--resume and --progress-file apply to --csv / --pcap files only")
+    return file, _progress_file(stream, file, progress_file, topic)
+
+
+def _progress_file(stream: str, file: Path, progress_file: Path | None, topic: str | None) -> Path:
+    from ingest.producer import default_progress_path
+
+    s = get_settings()
+    t = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    return progress_file or default_progress_path(stream, t, file)
 
 
 def _pacing(speed: float | None, asap: bool) -> float | None:
@@ -339,11 +418,15 @@ def feed_trades(
     topic: Topic = None,
     bootstrap: Bootstrap = None,
     no_progress: NoProgress = False,
+    resume: Resume = False,
+    progress_file: ProgressFile = None,
+    commit_every: CommitEvery = None,
 ) -> None:
     """Send trades to Kafka from a CSV file or from the synthetic market."""
     s = get_settings()
     if sum([csv is not None, synthetic, demo]) != 1:
         raise typer.BadParameter("give exactly one of --csv, --synthetic, --demo")
+    target = _resume_target("trades", csv, resume, progress_file, topic)
     report = None
     if csv is not None:
         from ingest.csv_io import read_csv_chunks
@@ -370,7 +453,14 @@ def feed_trades(
         source = _generated_feed(gen, start_ms, duration, hist, speed, asap, rate)
     raise typer.Exit(
         run_feed(
-            "trades", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
+            "trades",
+            source,
+            topic=topic,
+            bootstrap=bootstrap,
+            show_progress=not no_progress,
+            report=report,
+            resume=target,
+            commit_every=commit_every,
         )
     )
 
@@ -403,11 +493,15 @@ def feed_packets(
     topic: Topic = None,
     bootstrap: Bootstrap = None,
     no_progress: NoProgress = False,
+    resume: Resume = False,
+    progress_file: ProgressFile = None,
+    commit_every: CommitEvery = None,
 ) -> None:
     """Send packets to Kafka from a capture, a CSV file, or synthetic traffic."""
     s = get_settings()
     if sum([pcap is not None, csv is not None, synthetic, demo]) != 1:
         raise typer.BadParameter("give exactly one of --pcap, --csv, --synthetic, --demo")
+    target = _resume_target("packets", pcap or csv, resume, progress_file, topic)
     report = None
     if pcap is not None or csv is not None:
         from ingest.csv_io import read_csv_chunks
@@ -437,7 +531,14 @@ def feed_packets(
         source = _generated_feed(gen, start_ms, duration, hist, speed, asap, rate)
     raise typer.Exit(
         run_feed(
-            "packets", source, topic=topic, bootstrap=bootstrap, show_progress=not no_progress, report=report
+            "packets",
+            source,
+            topic=topic,
+            bootstrap=bootstrap,
+            show_progress=not no_progress,
+            report=report,
+            resume=target,
+            commit_every=commit_every,
         )
     )
 

@@ -17,9 +17,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,6 +70,7 @@ class FeedStats:
     first_errors: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     unconfirmed: int = 0  # set by close()
+    retried_slices: int = 0  # resumable feeds: transactions aborted and sent again
     last_ts: int | None = None
 
     @property
@@ -261,3 +267,258 @@ class KafkaFeed:
         self.stats.unconfirmed = remaining
         self._progress(force=True)
         return self.stats
+
+
+# --------------------------------------------------------------------------- resumable file feeds
+def file_identity(path: str | Path, head_bytes: int = 65_536) -> dict[str, Any]:
+    """What makes a file "the same file" for a resumed feed: absolute path, size, mtime and
+    the SHA-256 of its first ``head_bytes`` bytes."""
+    p = Path(path).resolve()
+    st = p.stat()
+    with open(p, "rb") as fh:
+        head = hashlib.sha256(fh.read(head_bytes)).hexdigest()
+    return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_sha256": head}
+
+
+def feed_id(path: str | Path, topic: str) -> str:
+    """Stable id of "this file into this topic": names the transactional id, the progress group
+    and the default progress file."""
+    return hashlib.sha1(f"{Path(path).resolve()}\0{topic}".encode()).hexdigest()[:16]
+
+
+def default_progress_path(stream: str, topic: str, path: str | Path) -> Path:
+    """``<run_dir>/feed-progress/<stream>-<topic>-<feed id>.json`` (``feed_progress_dir`` overrides the dir)."""
+    s = get_settings()
+    base = s.feed_progress_dir or (s.run_dir / "feed-progress")
+    return Path(base) / f"{stream}-{topic}-{feed_id(path, topic)}.json"
+
+
+def slice_columns(columns: Mapping[str, Any], lo: int, hi: int) -> dict[str, Any]:
+    """Rows ``lo:hi`` of a column chunk (``Coded`` columns keep their dictionary)."""
+    out: dict[str, Any] = {}
+    for k, v in columns.items():
+        out[k] = Coded(v.codes[lo:hi], v.values) if isinstance(v, Coded) else v[lo:hi]
+    return out
+
+
+def _rows(columns: Mapping[str, Any]) -> int:
+    return len(columns["ts"])
+
+
+class ProgressMismatch(RuntimeError):
+    """The progress file describes another file (or another topic) than the one being fed."""
+
+
+@dataclass
+class FeedProgress:
+    """The progress file of a resumable feed (JSON, replaced atomically).
+
+    ``run`` names this feed of this file (a new progress file, a new run: deleting the file
+    starts over).  ``records`` is how many records of the file (in file order, bad lines not counted)
+    are in committed Kafka transactions.  The authoritative copy of that number is
+    committed *inside* each transaction (see :class:`TransactionalFeed`); this file
+    keeps the file's identity and a readable copy of the count.
+    """
+
+    path: Path
+    identity: dict[str, Any]
+    topic: str
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    records: int = 0
+    done: bool = False
+
+    @classmethod
+    def open(cls, path: Path, identity: dict[str, Any], topic: str) -> FeedProgress:
+        """Load ``path`` (checking it describes this file and topic) or start a new one."""
+        if not path.exists():
+            new = cls(path, identity, topic)
+            new.save()  # the run id must be on disk before the first transaction
+            return new
+        d = json.loads(path.read_text())
+        if d.get("identity") != identity or d.get("topic") != topic:
+            raise ProgressMismatch(
+                f"{path} records the progress of {d.get('identity', {}).get('path')} "
+                f"(size {d.get('identity', {}).get('size')}, into topic {d.get('topic')}), "
+                f"not of this file as it is now ({identity['path']}, size {identity['size']}, "
+                f"topic {topic}); delete it to feed the file from the start"
+            )
+        return cls(path, identity, topic, str(d["run"]), int(d.get("records", 0)), bool(d.get("done", False)))
+
+    def save(self) -> None:
+        """Write atomically (temporary file, fsync, rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        body = {
+            "identity": self.identity,
+            "topic": self.topic,
+            "run": self.run,
+            "records": self.records,
+            "done": self.done,
+        }
+        with open(tmp, "w") as fh:
+            json.dump(body, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+class TransactionalFeed(KafkaFeed):
+    """A file feed that can be killed and resumed with every record on the topic exactly once
+    (for consumers reading with ``isolation.level=read_committed``, as the engine does).
+
+    Records go out in Kafka transactions of at most ``commit_every`` records.  Each
+    transaction also commits the progress -- the number of records of the file sent so far --
+    as the offset of a private consumer group (``tidewatch-feed-<feed id>-<run>``, partition 0 of
+    the topic) with ``send_offsets_to_transaction``, so records and progress commit or abort
+    together (the engine's progress marker, engine/publish.py, works the same way).  The
+    ``transactional.id`` is fixed per file and topic: a restarted feed's
+    ``init_transactions()`` fences a zombie and aborts its open transaction, whose records
+    read_committed consumers never see.  On start the feed skips the records the group says
+    are committed.  After each commit the progress file is rewritten (atomically); it is a
+    readable copy and holds the file's identity, which must match to resume.
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        progress: FeedProgress,
+        *,
+        topic: str | None = None,
+        bootstrap: str | None = None,
+        commit_every: int | None = None,
+        on_progress: Callable[[FeedStats, int], None] | None = None,
+    ) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        s = get_settings()
+        bootstrap = bootstrap or s.kafka_bootstrap
+        self.commit_every = commit_every or s.feed_commit_every
+        self.progress = progress
+        fid = feed_id(progress.identity["path"], progress.topic)
+        self.transactional_id = f"tidewatch-feed-{fid}-{progress.run}"
+        placeholder: Any = _Unset()  # the transactional producer is made below
+        super().__init__(stream, topic=progress.topic, on_progress=on_progress, producer=placeholder)
+        ensure_topic(bootstrap, self.topic)
+        conf = producer_config(
+            bootstrap,
+            on_delivery=self._on_error,
+            **{"transactional.id": self.transactional_id, "transaction.timeout.ms": 120_000},
+        )
+        self.producer = Producer(conf)
+        self._txn_producer = self.producer
+        self._marker = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": self.transactional_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self._marker_tp = (self.topic, 0)
+        # fences a previous feed of this file and aborts its open transaction
+        self._txn_producer.init_transactions(60)  # type: ignore[attr-defined]
+        self.acked = self._committed_records()
+        if self.acked != progress.records:  # the file lags when killed between commit and rewrite
+            progress.records = self.acked
+            progress.save()
+        #: records of the file seen so far (skipped or sent)
+        self.position = 0
+        self.skipped = 0
+        self._in_txn = False
+
+    def _committed_records(self) -> int:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                got = self._marker.committed([TopicPartition(*self._marker_tp)], timeout=30)[0]
+                return max(int(got.offset), 0)
+            except KafkaException as exc:
+                if "COORDINATOR" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
+    def send(self, columns: Mapping[str, Any], pacer: Pacer | None = None) -> int:
+        """Skip the records already committed, send the rest in transactions; returns how many were sent."""
+        from confluent_kafka import TopicPartition
+
+        n = _rows(columns)
+        lo = min(max(self.acked - self.position, 0), n)
+        self.skipped += lo
+        self.position += lo
+        sent = 0
+        p: Any = self._txn_producer
+        while lo < n and not self.stopping:
+            hi = min(n, lo + self.commit_every)
+            p.begin_transaction()
+            self._in_txn = True
+            done = super().send(slice_columns(columns, lo, hi), pacer)
+            if done < hi - lo:  # interrupted mid-slice: close() aborts the transaction
+                return sent
+            end = self.position + done
+            offsets = [TopicPartition(*self._marker_tp, end)]
+            try:
+                self._retry(p.send_offsets_to_transaction, offsets, self._marker.consumer_group_metadata())
+                self._retry(p.commit_transaction)
+            except _AbortAndRetry:  # e.g. the broker restarted mid-transaction: send the slice again
+                self._retry(p.abort_transaction)
+                self._in_txn = False
+                self.stats.retried_slices += 1
+                continue
+            self._in_txn = False
+            self.acked = self.position = end
+            self.progress.records = end
+            self.progress.save()
+            sent += done
+            lo = hi
+        return sent
+
+    def _retry(self, call: Callable[..., Any], *args: Any, timeout: float = 120.0) -> None:
+        """``call(*args, 10)`` until it succeeds: retriable errors (a broker restarting, a
+        coordinator loading) are retried for ``timeout`` s; an error that needs the transaction
+        aborted raises :class:`_AbortAndRetry`; others propagate."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                call(*args, 10)
+                return
+            except KafkaException as exc:
+                e = exc.args[0] if exc.args else None
+                if e is not None and e.txn_requires_abort():
+                    raise _AbortAndRetry(str(e)) from exc
+                if e is None or not e.retriable() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def close(self, timeout: float = 30.0) -> FeedStats:
+        """Abort an unfinished transaction (its records are sent again on resume), then flush."""
+        if self._in_txn:
+            try:
+                self._txn_producer.abort_transaction(timeout)  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - the next init_transactions aborts it anyway
+                self.stats.first_errors.append(f"abort: {exc}")
+            self._in_txn = False
+        stats = super().close(timeout)
+        # aborted records were produced but are not on the topic for read_committed readers
+        stats.unconfirmed = 0
+        self._marker.close()
+        return stats
+
+    def finish(self) -> None:
+        """Mark the file as completely fed (after the source is exhausted)."""
+        self.progress.done = True
+        self.progress.save()
+
+
+class _AbortAndRetry(Exception):
+    """The current transaction must be aborted; its slice is sent again in a new one."""
+
+
+class _Unset:
+    """Placeholder producer while :class:`TransactionalFeed` builds its own."""
+
+    def __len__(self) -> int:
+        return 0
