@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from engine.core import EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
 from engine.publish import Publisher, ensure_topics
+from engine.retry import retry_transient
 from engine.store import Store
 
 log = logging.getLogger("tidewatch.engine")
@@ -256,7 +257,12 @@ class EngineApp:
             "state_bytes": self.core.state_nbytes(),
         }
         t_pg = time.perf_counter()
-        if not self.store.commit(out, watermark=self.core.watermark, metrics=metrics):
+        committed = retry_transient(
+            lambda: self.store.commit(out, watermark=self.core.watermark, metrics=metrics),
+            f"batch {batch_id}",
+            deadline_s=self.settings.engine_db_retry_s,
+        )
+        if not committed:
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
         t_kafka = time.perf_counter()
         self.publisher.publish(batch_id, out.alerts, out.dead, out.removed)

@@ -92,7 +92,14 @@ class Settings(BaseSettings):
     )
 
     # --- collective indexes --------------------------------------------------
-    ci_p: int = Field(8, description="CI-COUNT / CI-SUM parameter p (epsilon ~ 2/p), section 4.1.2")
+    ci_p: int = Field(
+        2,
+        description="CI-COUNT / CI-SUM parameter p (epsilon ~ 2/p), section 4.1.2. Larger p: fewer "
+        "candidates per lookup, costlier updates and more state (bytes/key ~ 150 p). The engine and "
+        "the backtest look every rule up once a pane (1 s) against many updates, where p = 2 measured "
+        "fastest (docs/rules.md); bench/ci_index_bench.py's paper workload (one lookup per update) "
+        "peaks at p = 8",
+    )
 
     # --- dashboard -----------------------------------------------------------
     dashboard_host: str = "127.0.0.1"
@@ -135,6 +142,11 @@ class Settings(BaseSettings):
         5_000,
         description="a Kafka partition with no records that is this far (event time) behind the newest "
         "one stops holding the engine's watermark back",
+    )
+    engine_db_retry_s: float = Field(
+        300.0,
+        description="how long the engine retries a batch commit while PostgreSQL is unreachable "
+        "(a restart); the commit is idempotent by batch id",
     )
     engine_pipeline: bool = Field(
         True,
