@@ -27,12 +27,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
+from topic_reader import read_topic
 
 from ingest.avro import decode_batch, field_names
 from ingest.csv_io import columns_to_frame, read_csv_chunks, write_csv
@@ -75,36 +75,6 @@ def broker() -> Iterator[Settings]:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _read_committed(bootstrap: str, topic: str) -> list[Any]:
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"t-{uuid.uuid4()}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    parts = list(c.list_topics(topic, timeout=30).topics[topic].partitions)
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out: list[Any] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(eof) < len(parts) and time.monotonic() < deadline:
-        for m in c.consume(10_000, timeout=1.0):
-            e = m.error()
-            if e is not None:
-                if e.code() == KafkaError._PARTITION_EOF:
-                    eof.add(int(m.partition() or 0))
-                    continue
-                raise AssertionError(e)
-            eof.discard(int(m.partition() or 0))
-            out.append(m)
-    c.close()
-    assert len(eof) == len(parts), "did not reach the end of the topic"
-    return out
 
 
 def _high_watermarks(bootstrap: str, topic: str) -> int:
@@ -155,7 +125,7 @@ def test_feed_rides_out_a_broker_restart(broker: Settings, tmp_path: Path) -> No
     errors = log.read_text()
     assert proc.returncode == 0, errors[-3000:]
     assert "failed 0, unconfirmed 0" in errors
-    got_msgs = _read_committed(bootstrap, topic)
+    got_msgs = read_topic(bootstrap, topic)
     print(
         f"\n{n} records; {before} written when the broker stopped; down {outage:.1f} s; got {len(got_msgs)}"
     )

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from topic_reader import read_topic
 
 from ingest.avro import decode_batch, field_names
 from ingest.csv_io import read_csv_chunks, write_csv
@@ -60,37 +60,6 @@ def _records(progress: Path) -> int:
         return int(json.loads(progress.read_text())["records"])
     except (OSError, ValueError, KeyError):
         return 0
-
-
-def _read_topic(bootstrap: str, topic: str, isolation: str) -> list[Any]:
-    """Every message of ``topic`` (both partitions, from the start to the end)."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"t-{uuid.uuid4()}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-        }
-    )
-    parts = list(c.list_topics(topic, timeout=30).topics[topic].partitions)
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
-    out: list[Any] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + 60
-    while len(eof) < len(parts) and time.monotonic() < deadline:
-        for m in c.consume(10_000, timeout=1.0):
-            e = m.error()
-            if e is not None:
-                if e.code() == KafkaError._PARTITION_EOF:
-                    eof.add(int(m.partition() or 0))
-                    continue
-                raise AssertionError(e)
-            eof.discard(int(m.partition() or 0))
-            out.append(m)
-    c.close()
-    assert len(eof) == len(parts), "did not reach the end of the topic"
-    return out
 
 
 def _source(f: Path) -> pd.DataFrame:
@@ -152,7 +121,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
             proc.stderr.close()
         seen.append(_records(progress))
     assert seen == sorted(seen) and 0 < seen[-1] < n, seen
-    uncommitted = len(_read_topic(kafka_bootstrap, topic, "read_uncommitted"))
+    uncommitted = len(read_topic(kafka_bootstrap, topic, "read_uncommitted"))
 
     done = subprocess.run(
         _feed_cmd(trades_csv, kafka_bootstrap, topic, progress),
@@ -167,7 +136,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
     state = json.loads(progress.read_text())
     assert state["records"] == n and state["done"] is True
 
-    got = _frame(_read_topic(kafka_bootstrap, topic, "read_committed"))
+    got = _frame(read_topic(kafka_bootstrap, topic, "read_committed"))
     print(f"\n{n} records, kills at {seen}; read_uncommitted saw {uncommitted} before the last run")
     # the kills landed inside open transactions: their records are in the log, aborted
     assert uncommitted > seen[-1]
@@ -192,7 +161,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
         timeout=180,
     )
     assert again.returncode == 0, again.stderr
-    assert len(_read_topic(kafka_bootstrap, topic, "read_committed")) == n
+    assert len(read_topic(kafka_bootstrap, topic, "read_committed")) == n
 
 
 def test_resume_refuses_a_changed_file(kafka_bootstrap: str, trades_csv: Path, tmp_path: Path) -> None:
