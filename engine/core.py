@@ -420,8 +420,9 @@ class EngineCore:
         by_rule: dict[str, list[int]] = {}
         for i in range(first, len(out.alerts)):
             by_rule.setdefault(out.alerts[i].subscription_id, []).append(i)
+        every = self._values({sid: [out.alerts[i].key for i in idx] for sid, idx in by_rule.items()}, tau)
         for sid, idx in by_rule.items():
-            vals = self._values(sid, [out.alerts[i].key for i in idx], tau)
+            vals = every.get(sid, {})
             for i in idx:
                 a = out.alerts[i]
                 out.alerts[i] = replace(a, values=dict(vals.get(a.key) or {}))
@@ -463,10 +464,13 @@ class EngineCore:
                     cur.discard(key)
                 by_rule.setdefault(sid, []).append((key, kind))
         has_values = hasattr(ev, "values")
-        for sid in sorted(by_rule):  # alerts in (rule, key) order, like Changes.rows()
-            items = sorted(by_rule[sid])
+        ordered = {sid: sorted(by_rule[sid]) for sid in sorted(by_rule)}  # (rule, key) order
+        every = (
+            self._values({sid: [k for k, _ in it] for sid, it in ordered.items()}, tau) if has_values else {}
+        )
+        for sid, items in ordered.items():
             info = self.rules[sid]
-            vals = self._values(sid, [k for k, _ in items], tau) if has_values else {}
+            vals = every.get(sid, {})
             out.alerts.extend(
                 Alert(sid, info.name, info.stream, key, kind, tau, vals.get(key) or {}) for key, kind in items
             )
@@ -478,13 +482,26 @@ class EngineCore:
         self._fresh.clear()
         self._attach_values(out, first, tau)
 
-    def _values(self, sid: str, keys: list[str], tau: int) -> dict[str, Any]:
-        """``Evaluator.values`` of one rule at ``tau`` ({} when unavailable: never lose an alert)."""
-        try:
-            return dict(self.evaluator.values(sid, keys, tau))  # type: ignore[attr-defined]
-        except Exception as exc:
-            log.warning("values of subscription %s at %d unavailable: %s", sid, tau, exc)
+    def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
+        """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from
+        ``Evaluator.values_many`` (or ``values``, one rule at a time); a rule whose values are
+        unavailable gets {} and its alerts still go out (never lose an alert for a value)."""
+        if not wanted:
             return {}
+        ev: Any = self.evaluator
+        if hasattr(ev, "values_many"):
+            try:
+                return dict(ev.values_many(wanted, tau))
+            except Exception as exc:
+                log.warning("values at %d unavailable in one pass (%s): trying rule by rule", tau, exc)
+        out: dict[str, dict[str, Any]] = {}
+        for sid, keys in wanted.items():
+            try:
+                out[sid] = dict(ev.values(sid, keys, tau))
+            except Exception as exc:
+                log.warning("values of subscription %s at %d unavailable: %s", sid, tau, exc)
+                out[sid] = {}
+        return out
 
     # ------------------------------------------------------------------ state
     @property

@@ -207,7 +207,13 @@ def _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, prev):  # type
             if (x > lo if ls else x >= lo) and (x < hi if hs else x <= hi):
                 pairs[j] = hi_bits | cand[i]
                 j += 1
-    pairs = pairs[:j]
+    return _pair_diff(pairs[:j], prev)
+
+
+@nb.njit(cache=True)
+def _pair_diff(pairs, prev):  # type: ignore[no-untyped-def]
+    """``pairs`` and the pairs that entered / exited since ``prev`` (both sorted, unique)."""
+    j = pairs.shape[0]
     m = prev.shape[0]
     enter = np.empty(j, np.int64)
     exit_ = np.empty(m, np.int64)
@@ -656,8 +662,108 @@ class _Rule:
 
 
 @dataclass
+class _ExtraTable:
+    """The extra threshold atoms of a group's members that read one aggregate (structure,
+    function, window): per member (sorted by rule uid, at most one atom each) the operator, the
+    constant, which side the aggregate is on and whether the atom is negated."""
+
+    struct: _Structure
+    spec: AggSpec
+    uids: np.ndarray  # sorted rule uids
+    ops: np.ndarray  # object array of "<", "<=", ">", ">=", "=", "!="
+    consts: np.ndarray  # float64
+    agg_left: np.ndarray  # bool: aggregate op constant (else constant op aggregate)
+    negated: np.ndarray  # bool
+
+    def check(self, ctx: _Lookup, uid_of: np.ndarray, key_of: np.ndarray) -> np.ndarray | None:
+        """Indices of the pairs (rule uid, key id) of this table's rules that fail their atom
+        (None: the table has no pair); the aggregate is computed once per distinct key."""
+        pos = np.minimum(np.searchsorted(self.uids, uid_of), self.uids.shape[0] - 1)
+        sel = np.flatnonzero(self.uids[pos] == uid_of)
+        if sel.shape[0] == 0:
+            return None
+        keys, inv = np.unique(key_of[sel], return_inverse=True)
+        v = ctx._agg(self.spec, self.struct, keys)[inv]
+        j = pos[sel]
+        ok = np.empty(sel.shape[0], bool)
+        ops, c, left = self.ops[j], self.consts[j], self.agg_left[j]
+        for op in np.unique(ops):
+            m = ops == op
+            a = np.where(left[m], v[m], c[m])
+            b = np.where(left[m], c[m], v[m])
+            with np.errstate(invalid="ignore"):
+                r = np.asarray(_compare(a, str(op), b), dtype=bool)
+                if op == "!=":  # as _Lookup._atom: NULL (NaN) compares false
+                    r = r & ~np.isnan(a) & ~np.isnan(b)
+            ok[m] = r
+        ok ^= self.negated[j]
+        return sel[~ok]
+
+
+def _extra_tables(
+    extras: dict[str, list[tuple[_Structure, AggSpec, Atom]]], uids: dict[str, int]
+) -> list[_ExtraTable]:
+    """Group the extra atoms of a group's members into tables, one per aggregate read (a rule
+    with two atoms on the same aggregate puts the second into a second table)."""
+    rows: dict[tuple[Any, ...], list[tuple[int, _Structure, AggSpec, Atom]]] = {}
+    for name, items in extras.items():
+        seen: dict[tuple[Any, ...], int] = {}
+        for s, spec, atom in items:
+            sig = (id(s), spec.func, spec.window)
+            k = seen.get(sig, 0)
+            seen[sig] = k + 1
+            rows.setdefault((*sig, k), []).append((uids[name], s, spec, atom))
+    out = []
+    for table in rows.values():
+        table.sort(key=lambda r: r[0])
+        out.append(
+            _ExtraTable(
+                struct=table[0][1],
+                spec=table[0][2],
+                uids=np.array([r[0] for r in table], np.int64),
+                ops=np.array([r[3].op for r in table], dtype=object),
+                consts=np.array([_const_side(r[3])[0] for r in table], np.float64),
+                agg_left=np.array([_const_side(r[3])[1] for r in table], bool),
+                negated=np.array([r[3].negated for r in table], bool),
+            )
+        )
+    return out
+
+
+def _const_side(atom: Atom) -> tuple[float, bool]:
+    """(the constant, True if the aggregate is the left side) of an aggregate-vs-constant atom."""
+    if isinstance(atom.right, A.Num):
+        return float(atom.right.value), True
+    assert isinstance(atom.left, A.Num)
+    return float(atom.left.value), False
+
+
+def _extra_atoms(plan: Plan) -> list[Atom] | None:
+    """The atoms besides the driver when the condition is ``driver AND a1 AND ...`` with every
+    ``ai`` an aggregate compared to a constant (looked up with the driver's group); else None."""
+    if len(plan.driver) != 1 or plan.cond[0] != "and":
+        return None
+    parts = plan.cond[1]
+    if any(p[0] != "atom" for p in parts) or ("atom", plan.driver[0]) not in parts:
+        return None
+    out = []
+    for p in parts:
+        if p[1] == plan.driver[0]:
+            continue
+        a = plan.atoms[p[1]]
+        if not (
+            (isinstance(a.left, A.Agg) and isinstance(a.right, A.Num))
+            or (isinstance(a.right, A.Agg) and isinstance(a.left, A.Num))
+        ):
+            return None
+        out.append(a)
+    return out
+
+
+@dataclass
 class _Group:
-    """Single-atom threshold rules on one (index, window): looked up together."""
+    """Threshold rules driven by one (index, window), looked up together: single-atom rules and
+    rules ``driver AND more threshold atoms`` (the latter in :attr:`extras`)."""
 
     state: _KeyState
     index: _Structure
@@ -668,6 +774,10 @@ class _Group:
     uids: dict[str, int] = field(default_factory=dict)
     prev_pairs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     arrays: tuple[Any, ...] | None = None  # per-member ranges, rebuilt when members change
+    #: members whose condition is the driving atom AND further threshold atoms: rule name ->
+    #: those atoms (aggregate structure, its spec, the atom), checked on the group's pairs
+    extras: dict[str, list[tuple[_Structure, AggSpec, Atom]]] = field(default_factory=dict)
+    extra_tables: list[_ExtraTable] | None = None  # extras by (structure, aggregate), rebuilt with arrays
 
     def prepare(self) -> None:
         names = sorted(self.members, key=lambda n: self.uids[n])  # ascending uids: sorted pairs
@@ -689,6 +799,7 @@ class _Group:
         order = np.argsort(uids)
         self._uid_sorted = uids[order]
         self._name_sorted = np.array(names, dtype=object)[order]
+        self.extra_tables = _extra_tables(self.extras, self.uids)
 
     def name_of(self, uids: np.ndarray) -> np.ndarray:
         """Rule names (object array) of an array of rule uids of this group."""
@@ -778,20 +889,28 @@ class Evaluator:
             new_state = False
         dom_raw = st.feed_raw(plan.domain_ms)
         expired = self._last_expire is not None  # rows older than the horizons in use may be gone
-        old_w = [
-            w for n, w in st.domain_users.items() if w is not None and st.domain_readers.get(n) == dom_raw
-        ]
-        st.domain_users[name] = plan.domain_ms
-        st.domain_readers[name] = dom_raw
         needs_domain = plan.domain_ms is not None and (self.strategy == "naive" or not plan.driver)
         domain_fresh = needs_domain and not st.domain_live[dom_raw] and not new_state
-        if (
+        # the longest domain window read so far (only needed, and only scanned, when the
+        # domain R-INT is live and may have been expired: no O(rules) scan per added rule)
+        longer = (
             needs_domain
             and st.domain_live[dom_raw]
             and expired
             and plan.domain_ms is not None
-            and plan.domain_ms > max(old_w, default=0)
-        ):
+            and plan.domain_ms
+            > max(
+                (
+                    w
+                    for n, w in st.domain_users.items()
+                    if w is not None and st.domain_readers.get(n) == dom_raw
+                ),
+                default=0,
+            )
+        )
+        st.domain_users[name] = plan.domain_ms
+        st.domain_readers[name] = dom_raw
+        if longer:
             # a longer domain window than the expired R-INT kept: rebuild it from history
             st.domains[dom_raw] = RInt(0)
             domain_fresh = True
@@ -838,7 +957,8 @@ class Evaluator:
         self.rules[name] = rule
         if fresh or new_state or domain_fresh:
             self._replay(st, fresh, new_state, dom_raw if domain_fresh else None)
-        if self.strategy == "shared" and plan.single_atom:
+        extra = None if self.strategy != "shared" or plan.single_atom else _extra_atoms(plan)
+        if self.strategy == "shared" and (plan.single_atom or extra is not None):
             atom = plan.atoms[plan.driver[0]]
             idx = index_structs[atom.id]
             gkey = (plan.stream, plan.key, idx.kind, A.row_text(idx.predicate), idx.attr, atom.window_ms)
@@ -848,6 +968,13 @@ class Evaluator:
                 self.groups[gkey] = g
             g.members[name] = atom
             g.uids[name] = rule.uid
+            if extra:
+                g.extras[name] = [
+                    (agg_structs[plan.agg_id(x)], plan.aggs[plan.agg_id(x)], a)
+                    for a in extra
+                    for x in (a.left if isinstance(a.left, A.Agg) else a.right,)
+                    if isinstance(x, A.Agg)
+                ]
             g.arrays = None
             rule.group = gkey
 
@@ -867,6 +994,7 @@ class Evaluator:
         if rule.group is not None:
             g = self.groups[rule.group]
             g.members.pop(name)
+            g.extras.pop(name, None)
             g.arrays = None
             uid = g.uids.pop(name)
             g.prev_pairs = g.prev_pairs[(g.prev_pairs >> _SHIFT) != uid]
@@ -1163,7 +1291,18 @@ class Evaluator:
         else:
             vals = np.zeros(0, np.float64)
             cand = _EMPTY
-        pairs, enter, exit_ = _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, g.prev_pairs)
+        if not g.extras:
+            pairs, enter, exit_ = _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, g.prev_pairs)
+        else:
+            # members "driver AND more atoms": their pairs that fail an extra atom are dropped
+            pairs = _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, _EMPTY)[0]
+            if pairs.shape[0]:
+                ctx = _Lookup(self, now)
+                uid_of, key_of = pairs >> _SHIFT, pairs & np.int64(0xFFFFFFFF)
+                drop = [d for t in g.extra_tables or [] if (d := t.check(ctx, uid_of, key_of)) is not None]
+                if drop:
+                    pairs = np.delete(pairs, np.concatenate(drop))
+            pairs, enter, exit_ = _pair_diff(np.ascontiguousarray(pairs), g.prev_pairs)
         g.prev_pairs = pairs
         for arr, kind in ((enter, "ENTER"), (exit_, "EXIT")):
             if arr.shape[0]:
@@ -1210,23 +1349,47 @@ class Evaluator:
         aggregates as float and NULL (e.g. AVG of an empty window) as None. Reads the state as
         it is, so call it right after the lookup at ``now``, before further events are applied;
         keys never seen get the values of an empty window."""
-        rule = self.rules[name]
-        st = rule.state
-        wanted = list(keys)
-        n_ids = len(st.interner)
-        ids = np.array([st._ids.get(k, n_ids) for k in wanted], dtype=np.int64)
+        return self.values_many({name: list(keys)}, now)[name]
+
+    def values_many(
+        self, wanted: dict[str, list[str]], now: int
+    ) -> dict[str, dict[str, dict[str, float | int | str | None]]]:
+        """:meth:`values` of many rules at once: ``{rule: {key: {aggregate text: value}}}``.
+
+        Rules reading the same aggregate (structure, function, window) share one computation
+        over the union of their keys -- thousands of rules firing at one lookup cost one
+        structure read per distinct aggregate, not one per rule."""
         ctx = _Lookup(self, now)
-        cols: list[tuple[str, bool, np.ndarray]] = []
-        for spec in rule.plan.aggs:
-            v = ctx._agg(spec, rule.agg_structs[spec.id], ids) if ids.shape[0] else np.zeros(0)
-            cols.append((spec.text, spec.func in ("COUNT", "DISTINCT"), v))
-        out: dict[str, dict[str, float | int | str | None]] = {}
-        for j, k in enumerate(wanted):
-            row: dict[str, float | int | str | None] = {}
-            for text, integral, v in cols:
-                x = float(v[j])
-                row[text] = None if np.isnan(x) else (int(x) if integral else x)
-            out[k] = row
+        reqs: list[tuple[_Rule, list[str], np.ndarray]] = []
+        sigs: dict[tuple[Any, ...], tuple[_Structure, AggSpec, list[np.ndarray]]] = {}
+        for name, keys in wanted.items():
+            rule = self.rules[name]
+            st = rule.state
+            n_ids = len(st.interner)
+            ids = np.fromiter((st._ids.get(k, n_ids) for k in keys), np.int64, len(keys))
+            reqs.append((rule, keys, ids))
+            for spec in rule.plan.aggs:
+                s = rule.agg_structs[spec.id]
+                sigs.setdefault((id(s), spec.func, spec.window), (s, spec, []))[2].append(ids)
+        computed: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+        for sig, (s, spec, lists) in sigs.items():
+            u = np.unique(np.concatenate(lists))
+            computed[sig] = (u, ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0))
+        out: dict[str, dict[str, dict[str, float | int | str | None]]] = {}
+        for rule, keys, ids in reqs:
+            cols: list[tuple[str, bool, list[float]]] = []
+            for spec in rule.plan.aggs:
+                u, v = computed[(id(rule.agg_structs[spec.id]), spec.func, spec.window)]
+                vals = v[np.searchsorted(u, ids)].astype(np.float64).tolist() if ids.shape[0] else []
+                cols.append((spec.text, spec.func in ("COUNT", "DISTINCT"), vals))
+            per: dict[str, dict[str, float | int | str | None]] = {}
+            for j, k in enumerate(keys):
+                row: dict[str, float | int | str | None] = {}
+                for text, integral, vs in cols:
+                    x = vs[j]
+                    row[text] = None if x != x else (int(x) if integral else x)
+                per[k] = row
+            out[rule.name] = per
         return out
 
     @property

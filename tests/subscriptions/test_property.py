@@ -400,3 +400,53 @@ def test_grouped_threshold_rules_match_the_reference(
     expect = reference_alerts(named, {"trades": trades, "packets": []}, 1000)
     assert run("shared", named, files, 1000, 2) == expect
     assert run("naive", named, files, 1000, 2) == expect
+
+
+@st.composite
+def extra_atoms(draw: Any) -> str:
+    """An aggregate compared to a constant, either way round, maybe negated: the extra atoms
+    of a grouped ``driver AND ...`` rule."""
+    agg = draw(
+        st.sampled_from(
+            [
+                "AVG(price) OVER LAST 3 SECONDS",
+                "AVG(price) OVER LAST 2 SECONDS",
+                "MIN(price) OVER LAST 4 SECONDS",
+                "MAX(size) OVER LAST 2 SECONDS",
+                "SUM(size) FILTER (WHERE side = 'ASK') OVER LAST 4 SECONDS",
+                "COUNT(*) OVER LAST 2 SECONDS",
+                "FIRST(price) OVER LAST 3 SECONDS",
+                "COUNT(DISTINCT exchange) OVER LAST 4 SECONDS",
+            ]
+        )
+    )
+    op = draw(st.sampled_from([">", ">=", "<", "<=", "=", "!="]))
+    c = draw(st.sampled_from([0, 1, 2, 5, 7.5, 20]))
+    atom = f"{agg} {op} {c}" if draw(st.booleans()) else f"{c} {op} {agg}"
+    return f"NOT ({atom})" if draw(st.integers(0, 4)) == 0 else atom
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    thresholds=st.lists(st.sampled_from([0, 1, 2, 3, 6, 15, 40]), min_size=2, max_size=10),
+    extras=st.lists(st.lists(extra_atoms(), min_size=0, max_size=2), min_size=10, max_size=10),
+    trades=trade_events(),
+)
+def test_grouped_conjunctive_rules_match_the_reference(
+    thresholds: list[int], extras: list[list[str]], trades: list[dict[str, Any]]
+) -> None:
+    """Rules ``driver AND more threshold atoms`` sharing one (index, window) are looked up with the
+    driver's group, their extra atoms checked on the group's pairs: equal to the reference."""
+    named = []
+    for i, thr in enumerate(thresholds):
+        agg = "COUNT(*)" if i % 2 else "SUM(size)"
+        cond = " AND ".join([f"{agg} OVER LAST 4 SECONDS > {thr}", *extras[i]])
+        named.append((f"c{i:02d}", f"SELECT symbol FROM trades GROUP BY symbol HAVING {cond}"))
+    files = [to_file("trades", trades)]
+    expect = reference_alerts(named, {"trades": trades, "packets": []}, 1000)
+    ev = Evaluator("shared", ci_p=2)
+    plans = [(n, t, compile_rule(t)) for n, t in named]
+    assert list(iter_alerts(plans, files, 1000, evaluator=ev)) == expect
+    grouped = sum(len(g.members) for g in ev.groups.values())
+    assert grouped == len(named)  # every rule went through a group: the path under test
+    assert run("naive", named, files, 1000, 2) == expect
