@@ -56,6 +56,16 @@ def make_trades(n: int, n_symbols: int, rate: float, seed: int = 0) -> dict[str,
     }
 
 
+def run_settings(base: Any, prefix: str, run: str, **more: Any) -> Any:
+    """``base`` with topics of their own (``<prefix>-<topic>-<run>``), a fresh checkpoint folder
+    and no snapshots (a benchmark run never restarts), plus ``more``."""
+    topics = ("trades", "packets", "subscriptions", "alerts", "results", "dead_letter")
+    update = {f"topic_{t}": f"{prefix}-{t.replace('_', '-')}-{run}" for t in topics}
+    update["checkpoint_dir"] = Path(tempfile.mkdtemp(prefix=f"tw-{prefix}-"))
+    update["snapshot_every_batches"] = 10**9
+    return base.model_copy(update=update | more)
+
+
 def produce(bootstrap: str, topic: str, cols: dict[str, np.ndarray]) -> float:
     from confluent_kafka import Producer
 
@@ -320,14 +330,10 @@ def run_live(a: argparse.Namespace) -> None:
     base = get_settings()
     bootstrap = a.bootstrap or base.kafka_bootstrap
     run = uuid.uuid4().hex[:8]
-    settings = base.model_copy(update={
-        "topic_trades": f"live-trades-{run}", "topic_packets": f"live-packets-{run}",
-        "topic_subscriptions": f"live-subscriptions-{run}", "topic_alerts": f"live-alerts-{run}",
-        "topic_results": f"live-results-{run}", "topic_dead_letter": f"live-dead-letter-{run}",
-        "checkpoint_dir": Path(tempfile.mkdtemp(prefix="tw-engine-live-")), "snapshot_every_batches": 10**9,
-        "allowed_lateness_ms": a.lateness_ms, "engine_history_ms": a.history_ms,
-        "engine_lookup_every_ms": a.lookup_every_ms,
-    })  # fmt: skip
+    settings = run_settings(
+        base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
+        engine_lookup_every_ms=a.lookup_every_ms,
+    )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
     topic = settings.topic_trades if stream == "trades" else settings.topic_packets
@@ -556,12 +562,7 @@ def main() -> None:
     base = get_settings()
     bootstrap = a.bootstrap or base.kafka_bootstrap
     run = uuid.uuid4().hex[:8]
-    settings = base.model_copy(update={
-        "topic_trades": f"bench-trades-{run}", "topic_packets": f"bench-packets-{run}",
-        "topic_subscriptions": f"bench-subscriptions-{run}", "topic_alerts": f"bench-alerts-{run}",
-        "topic_results": f"bench-results-{run}", "topic_dead_letter": f"bench-dead-letter-{run}",
-        "checkpoint_dir": Path(tempfile.mkdtemp(prefix="tw-engine-bench-")), "snapshot_every_batches": 10**9, "allowed_lateness_ms": a.lateness_ms,
-    })  # fmt: skip
+    settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms)
     from engine.publish import ensure_topics
 
     ensure_topics(bootstrap, settings)
