@@ -27,6 +27,7 @@ import pyarrow as pa
 from subscriptions import ast as A
 from subscriptions.compiler import AggSpec, Plan
 from subscriptions.evaluator import BatchView
+from tidewatch.services.kafka import librdkafka_config
 from tidewatch.settings import Settings, get_settings
 
 
@@ -111,12 +112,15 @@ def recent_events(
     by_kafka_key = key is not None and key_field == topic_key
     want = (key or "").encode()
     c = Consumer(
-        {
-            "bootstrap.servers": st.kafka_bootstrap,
-            "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-        }
+        librdkafka_config(
+            st,
+            "dashboard",
+            **{
+                "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            },
+        )
     )
     parts: list[int] = []
     offs: list[int] = []
