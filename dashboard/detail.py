@@ -27,7 +27,7 @@ import pyarrow as pa
 from subscriptions import ast as A
 from subscriptions.compiler import AggSpec, Plan
 from subscriptions.evaluator import BatchView
-from tidewatch.services.kafka import librdkafka_config
+from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
 
 
@@ -112,15 +112,13 @@ def recent_events(
     by_kafka_key = key is not None and key_field == topic_key
     want = (key or "").encode()
     c = Consumer(
-        librdkafka_config(
-            st,
-            "dashboard",
-            **{
-                "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-            },
-        )
+        {
+            "bootstrap.servers": st.kafka_bootstrap,
+            **client_config(st, "dashboard"),  # SASL/SCRAM in the scram mode
+            "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
     )
     parts: list[int] = []
     offs: list[int] = []

@@ -97,11 +97,12 @@ def _read_all(s: Settings, principal: str, topic: str, timeout: float = 15.0) ->
             m = c.poll(0.5)
             if m is None:
                 continue
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
                     left.discard(m.partition())
                     continue
-                raise KafkaException(m.error())
+                raise KafkaException(err)
             out.append(m)
         return out
     finally:
@@ -111,7 +112,7 @@ def _read_all(s: Settings, principal: str, topic: str, timeout: float = 15.0) ->
 def _produce_one(s: Settings, principal: str, topic: str, value: bytes = b"x") -> tuple[Any, int, int]:
     """Produce one record as ``principal``: ``(error or None, partition, offset)``."""
     p = Producer(kafka.librdkafka_config(s, principal, **{"message.timeout.ms": 10_000, "log_level": 0}))
-    got: list[tuple[Any, int, int]] = []
+    got: list[tuple[Any, Any, Any]] = []
     p.produce(topic, value=value, on_delivery=lambda e, m: got.append((e, m.partition(), m.offset())))
     p.flush(20)
     assert len(got) == 1
@@ -279,3 +280,55 @@ def test_no_or_wrong_credentials_are_refused(
     get_settings.cache_clear()
     with pytest.raises(KafkaException):
         ensure_topic(s.kafka_bootstrap, s.topic_trades, timeout=5)
+
+
+def test_spark_engine_reads_trades_and_publishes_alerts_over_scram(
+    scram_stack: Settings, as_process: AsProcess, spark: Any, tmp_path: Path
+) -> None:
+    """The Spark engine end to end in the scram mode: its Kafka source (``spark_options``: SASL
+    options, group ``tidewatch-engine-spark-*``), its publisher and its replay consumer run as
+    ``engine``; a rule subscribed through the relay fires on trades sent by the feed."""
+    from engine.app import EngineApp
+    from subscriptions.outbox import OutboxRelay
+    from subscriptions.service import SubscriptionService
+
+    full = scram_stack
+    user = f"spark{uuid.uuid4().hex[:6]}"
+    service = SubscriptionService(settings=full)
+    service.ensure_user(user)
+    rule = "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 5 SECONDS > 50"
+    sid = str(service.create(user, rule, name="scram spark").id)
+    with OutboxRelay.from_settings(as_process("relay")) as relay:
+        relay.drain()
+
+    s = as_process("engine")
+    assert set(kafka.spark_options(s)) == {
+        "kafka.security.protocol",
+        "kafka.sasl.mechanism",
+        "kafka.sasl.jaas.config",
+        "groupIdPrefix",
+    }
+    app = EngineApp(s, checkpoint=tmp_path / "ckpt", engine_id=f"scram-{uuid.uuid4().hex[:6]}")
+    q = app.start(spark, trigger_seconds=0.5)
+    try:
+        deadline = time.monotonic() + 120
+        while sid not in {str(r) for r in app.core.rules} and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.5)
+        assert sid in {str(r) for r in app.core.rules}, "the rule never reached the engine"
+        as_process("feed")
+        feed = KafkaFeed("trades")
+        for c in _trades(12_000):
+            feed.send(c)
+        assert feed.close(timeout=30).failed == 0
+        s = as_process("engine")
+        deadline = time.monotonic() + 120
+        while app.totals["alerts"] == 0 and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.5)
+    finally:
+        q.stop()
+        app.close()
+    assert app.totals["alerts"] > 0, "no alert within 120 s"
+    d = as_process("dashboard")
+    assert sid.encode() in {m.key() for m in _read_all(d, "dashboard", d.topic_alerts)}

@@ -293,7 +293,7 @@ def client_config(settings: Any, principal: str = ADMIN) -> dict[str, str]:
 
 
 def librdkafka_config(
-    settings: Any, principal: str, bootstrap: str | None = None, **conf: Any
+    settings: Any, principal: str, bootstrap: str | None = None, /, **conf: Any
 ) -> dict[str, Any]:
     """The full librdkafka config of an app client: ``bootstrap.servers`` (default
     ``settings.kafka_bootstrap``), the principal's credentials (:func:`client_config`), then ``conf``.
