@@ -49,8 +49,8 @@ def _password(settings: Any, principal: str) -> str:
     if not password:
         raise RuntimeError(
             f"TIDEWATCH_KAFKA_SECURITY=scram: Kafka principal {principal!r} has no SCRAM password; "
-            f"set {password_variable(principal)} (or put it in the file kafka_{principal}_password "
-            "of TIDEWATCH_SECRETS_DIR)"
+            f"set {password_variable(principal)} (in the environment, or as a file of that name "
+            "in TIDEWATCH_SECRETS_DIR)"
         )
     return str(password)
 
