@@ -224,7 +224,7 @@ def _start_kafka(s: Settings) -> process.ProcessRecord:
     """Start Kafka; in the scram mode also create every principal's SCRAM user and ACLs (as admin)."""
     rec = kafka_service.start(s)
     if kafka_service.scram_enabled(s):
-        users = kafka_service.ensure_principals(s)
+        users = kafka_service.ensure_principals(s, bootstrap=f"127.0.0.1:{s.kafka_port}")
         console.print(f"[green]✓[/] Kafka SASL/SCRAM principals and ACLs: {', '.join(users) or 'none'}")
     return rec
 

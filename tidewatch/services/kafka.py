@@ -385,11 +385,13 @@ def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
     return out
 
 
-def ensure_principals(settings: Settings | None = None, timeout: float = 30.0) -> list[str]:
+def ensure_principals(
+    settings: Settings | None = None, timeout: float = 30.0, bootstrap: str | None = None
+) -> list[str]:
     """Create (or update) the SCRAM credentials of every principal with a password, and its ACLs.
 
-    Runs as ``admin``; returns the principals set up.  Principals without a password are left out
-    (they cannot log in)."""
+    Runs as ``admin`` against ``bootstrap`` (default ``settings.kafka_bootstrap``); returns the
+    principals set up.  Principals without a password are left out (they cannot log in)."""
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
@@ -406,7 +408,7 @@ def ensure_principals(settings: Settings | None = None, timeout: float = 30.0) -
     s = settings or get_settings()
     if not scram_enabled(s):
         return []
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{s.kafka_port}", **client_config(s)})
+    admin = AdminClient(librdkafka_config(s, ADMIN, bootstrap))
     rules = acls(s)
     users = [p for p in rules if getattr(s, f"kafka_{p}_password")]
     if not users:
