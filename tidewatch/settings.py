@@ -201,8 +201,8 @@ class Settings(BaseSettings):
     )
     kafka_security: str = Field(
         "plaintext",
-        description="embedded broker: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; "
-        "the app's own clients do not speak it yet, see docs/RELIABILITY.md)",
+        description="Kafka: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; every app "
+        "client connects as its principal, see docs/RELIABILITY.md)",
     )
     kafka_admin_password: str | None = Field(
         None, description="SCRAM password of the broker's super user 'admin'"
