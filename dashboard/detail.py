@@ -27,6 +27,7 @@ import pyarrow as pa
 from subscriptions import ast as A
 from subscriptions.compiler import AggSpec, Plan
 from subscriptions.evaluator import BatchView
+from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
 
 
@@ -113,6 +114,7 @@ def recent_events(
     c = Consumer(
         {
             "bootstrap.servers": st.kafka_bootstrap,
+            **client_config(st, "dashboard"),  # SASL/SCRAM in the scram mode
             "group.id": f"tidewatch-dashboard-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "enable.partition.eof": False,

@@ -39,6 +39,7 @@ from engine.core import EngineCore, SubscriptionChange, make_evaluator, parse_su
 from engine.publish import Publisher, ensure_topics
 from engine.retry import retry_transient
 from engine.store import Store
+from tidewatch.services.kafka import client_config, spark_options
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -174,7 +175,7 @@ class EngineApp:
                 if not path.exists():
                     raise RuntimeError(f"batch {b} is committed but its offset log {path} is missing")
                 ranges = json.loads(path.read_text())
-                tbl = read_ranges(self.bootstrap, ranges)
+                tbl = read_ranges(self.bootstrap, ranges, settings=self.settings)
                 self._process(b, tbl)
         # pipelined mode: Spark may have committed batches whose output was not committed yet;
         # they are finished here from their offset logs (Spark will not deliver them again)
@@ -194,7 +195,7 @@ class EngineApp:
         for b in pending:
             ranges = json.loads(self._batch_log(b).read_text())
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
-            self.handle(read_ranges(self.bootstrap, ranges), b)
+            self.handle(read_ranges(self.bootstrap, ranges, settings=self.settings), b)
         log.info(
             "state at batch %d: %d rules, watermark %s",
             self.core.last_batch,
@@ -317,6 +318,7 @@ class EngineApp:
             .option("startingOffsets", "earliest")
             .option("failOnDataLoss", "false")
             .option("kafka.isolation.level", "read_committed")
+            .options(**spark_options(self.settings, "engine"))  # SASL/SCRAM in the scram mode
         )
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         if max_offsets_per_trigger:
@@ -342,8 +344,11 @@ class EngineApp:
         self.store.engine.dispose()
 
 
-def read_ranges(bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout_s: float = 60.0) -> pa.Table:
-    """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table."""
+def read_ranges(
+    bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout_s: float = 60.0, settings: Any = None
+) -> pa.Table:
+    """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table
+    (read as the ``engine`` principal of ``settings``)."""
     from confluent_kafka import Consumer, TopicPartition
 
     cols: dict[str, list[Any]] = {c: [] for c in RECORD_COLUMNS}
@@ -352,6 +357,7 @@ def read_ranges(bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout
         c = Consumer(
             {
                 "bootstrap.servers": bootstrap,
+                **client_config(settings, "engine"),  # SASL/SCRAM in the scram mode
                 "group.id": "tidewatch-engine-replay",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

@@ -24,13 +24,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from engine.core import Alert
 from engine.dead_letter import DeadLetters
 from ingest.avro import encode
+from tidewatch.services.kafka import librdkafka_config
 
 log = logging.getLogger("tidewatch.engine")
 
 
 def ensure_topics(bootstrap: str, settings: Any) -> None:
     """Create the engine's output topics when missing (``results`` compacted)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(librdkafka_config(settings, "engine", bootstrap))
     want = [
         NewTopic(settings.topic_alerts, settings.topic_partitions, 1),
         NewTopic(settings.topic_results, settings.topic_partitions, 1, config={"cleanup.policy": "compact"}),
@@ -60,22 +61,30 @@ class Publisher:
         self.marker_tp = TopicPartition(settings.topic_alerts, 0)
         tid = f"tidewatch-engine-{engine_id}"
         self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "transactional.id": tid,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "compression.type": "lz4",
-            }
+            librdkafka_config(
+                settings,
+                "engine",
+                bootstrap,
+                **{
+                    "transactional.id": tid,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                },
+            )
         )
         self.producer.init_transactions(60)
         self.marker = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"{tid}-progress",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
+            librdkafka_config(
+                settings,
+                "engine",
+                bootstrap,
+                **{
+                    "group.id": f"{tid}-progress",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                },
+            )
         )
 
     def last_published(self) -> int:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ingest.avro import Coded, encode_batch
+from tidewatch.services.kafka import client_config, librdkafka_config
 from tidewatch.settings import get_settings
 
 
@@ -41,9 +42,9 @@ class ProducerLike(Protocol):
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
-    """librdkafka settings for high-rate, loss-free production."""
+    """librdkafka settings for high-rate, loss-free production, as the ``feed`` principal."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
+        **librdkafka_config(get_settings(), "feed", bootstrap),
         "enable.idempotence": True,  # acks=all, retries, no duplicates, per-partition order
         "linger.ms": 25,
         "batch.size": 1_000_000,
@@ -138,7 +139,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int | None = None, time
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(librdkafka_config(get_settings(), "feed", bootstrap))
     if topic in admin.list_topics(timeout=timeout).topics:
         return False
     n = partitions or get_settings().topic_partitions
@@ -409,6 +410,7 @@ class TransactionalFeed(KafkaFeed):
         self._marker = Consumer(
             {
                 "bootstrap.servers": bootstrap,
+                **client_config(s, "feed"),  # SASL/SCRAM in the scram mode
                 "group.id": self.transactional_id,
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
@@ -487,6 +489,8 @@ class TransactionalFeed(KafkaFeed):
                 return
             except KafkaException as exc:
                 e = exc.args[0] if exc.args else None
+                if e is not None and "AUTHORIZATION_FAILED" in e.name():
+                    raise  # an ACL refuses (kafka_security=scram): sending again cannot help
                 if e is not None and e.txn_requires_abort():
                     raise _AbortAndRetry(str(e)) from exc
                 if e is None or not e.retriable() or time.monotonic() > deadline:

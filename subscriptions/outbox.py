@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tidewatch.db.models import Outbox
 from tidewatch.db.session import make_engine
+from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class OutboxRelay:
     transactional_id: str = DEFAULT_TRANSACTIONAL_ID
     batch_size: int = 500
     hooks: Hooks = field(default_factory=Hooks)
+    #: the ``relay`` principal's credentials (:func:`tidewatch.services.kafka.client_config`)
+    kafka_conf: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._engine: Engine = make_engine(self.url)
@@ -118,6 +121,7 @@ class OutboxRelay:
         self._producer = Producer(
             {
                 "bootstrap.servers": self.bootstrap,
+                **self.kafka_conf,
                 "enable.idempotence": True,
                 "acks": "all",
                 "transactional.id": f"{self.transactional_id}:{self.topic}",
@@ -131,6 +135,7 @@ class OutboxRelay:
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **kw: Any) -> OutboxRelay:
         s = settings or get_settings()
+        kw.setdefault("kafka_conf", client_config(s, "relay"))
         return cls(topic=s.topic_subscriptions, bootstrap=s.kafka_bootstrap, url=s.sqlalchemy_url, **kw)
 
     # --- recovery (case 3) --------------------------------------------------------------------
@@ -150,6 +155,7 @@ class OutboxRelay:
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
+                **self.kafka_conf,
                 "group.id": f"{self.transactional_id}-recovery",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

@@ -3,25 +3,52 @@
 Every tunable lives here and is read from the environment (prefix ``TIDEWATCH_``)
 or from a ``.env`` file; nothing else in the code base reads ``os.environ`` for
 configuration.  Secrets (passwords) come from the environment or from files
-outside the repository, never from code.
+outside the repository (``TIDEWATCH_SECRETS_DIR``: one file per variable, named like it,
+e.g. ``TIDEWATCH_PG_PASSWORD``), never from code; the built-in defaults are demo passwords,
+refused when ``TIDEWATCH_DEPLOYMENT=production``.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SecretsSettingsSource,
+    SettingsConfigDict,
+)
 
 #: The repository / installation root (parent of the ``tidewatch`` package).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+#: the variable naming the directory of secret files (read by :class:`Settings` itself)
+SECRETS_DIR_VARIABLE = "TIDEWATCH_SECRETS_DIR"
+
+#: field -> its built-in demo password (defaults here and in docker-compose.yml), refused in production
+DEMO_PASSWORDS = {
+    "pg_password": "tidewatch",
+    "demo_password": "tidewatch-demo",
+    "pg_engine_password": "tidewatch-engine",
+    "pg_dashboard_password": "tidewatch-dashboard",
+    "pg_relay_password": "tidewatch-relay",
+}
 
 
 class Settings(BaseSettings):
     """Tidewatch configuration.  ``TIDEWATCH_<FIELD>`` overrides each field."""
 
     model_config = SettingsConfigDict(env_prefix="TIDEWATCH_", env_file=".env", extra="ignore")
+
+    deployment: Literal["demo", "production"] = Field(
+        "demo",
+        description="'production' refuses the built-in demo passwords (DEMO_PASSWORDS) at start-up",
+    )
 
     # --- where things live -------------------------------------------------
     cache_dir: Path = Field(PROJECT_ROOT / ".cache", description="downloads: Kafka jars, Ivy cache")
@@ -174,8 +201,8 @@ class Settings(BaseSettings):
     )
     kafka_security: str = Field(
         "plaintext",
-        description="embedded broker: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; "
-        "the app's own clients do not speak it yet, see docs/RELIABILITY.md)",
+        description="Kafka: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; every app "
+        "client connects as its principal, see docs/RELIABILITY.md)",
     )
     kafka_admin_password: str | None = Field(
         None, description="SCRAM password of the broker's super user 'admin'"
@@ -197,6 +224,46 @@ class Settings(BaseSettings):
     feed_progress_dir: Path | None = Field(
         None, description="progress files of resumable feeds (default: <run_dir>/feed-progress)"
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Secret files from ``TIDEWATCH_SECRETS_DIR`` (lowest priority: the environment wins)."""
+        secrets_dir = os.environ.get(SECRETS_DIR_VARIABLE)
+        if secrets_dir and getattr(file_secret_settings, "secrets_dir", None) is None:
+            path = Path(secrets_dir).resolve()
+            if path.is_relative_to(PROJECT_ROOT):
+                raise ValueError(
+                    f"{SECRETS_DIR_VARIABLE}={secrets_dir} is inside the repository ({PROJECT_ROOT}); "
+                    "keep secret files outside it"
+                )
+            if not path.is_dir():
+                raise ValueError(f"{SECRETS_DIR_VARIABLE}={secrets_dir} is not a directory")
+            file_secret_settings = SecretsSettingsSource(settings_cls, secrets_dir=path)
+        return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @model_validator(mode="after")
+    def _no_demo_passwords_in_production(self) -> Settings:
+        """``deployment = "production"`` refuses every built-in demo password, naming the variable."""
+        if self.deployment != "production":
+            return self
+        bad = [f for f, demo in DEMO_PASSWORDS.items() if getattr(self, f) == demo]
+        if self.database_url and urlsplit(self.database_url).password in DEMO_PASSWORDS.values():
+            bad.append("database_url")
+        if bad:
+            names = ", ".join(f"TIDEWATCH_{f.upper()}" for f in bad)
+            raise ValueError(
+                f"TIDEWATCH_DEPLOYMENT=production refuses the built-in demo password of {names}: set "
+                f"{'it' if len(bad) == 1 else 'each'} in the environment or as a file of that name in "
+                f"{SECRETS_DIR_VARIABLE} (outside the repository)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bootstrap_follows_port(self) -> Settings:

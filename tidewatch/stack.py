@@ -75,6 +75,22 @@ class App:
     env: Callable[[Settings], dict[str, str]] = field(default=lambda s: {})
     #: seconds to wait for health (or, without a health URL, to see it stay up)
     settle_s: float = 3.0
+    #: its Kafka principal (:data:`tidewatch.services.kafka.PRINCIPALS`; SCRAM user in the scram mode)
+    principal: str | None = None
+
+
+def _kafka_env(s: Settings, principal: str | None) -> dict[str, str]:
+    """In the scram mode: the process's own SCRAM password and an empty one for every other
+    principal (admin included), so it cannot log in as another principal even if the others'
+    passwords are in the environment, ``.env`` or the secrets dir.  Nothing in plaintext mode."""
+    if not kafka_service.scram_enabled(s):
+        return {}
+    env = {kafka_service.password_variable(p): "" for p in (kafka_service.ADMIN, *kafka_service.PRINCIPALS)}
+    if principal is not None:
+        env[kafka_service.password_variable(principal)] = kafka_service.client_config(s, principal)[
+            "sasl.password"
+        ]
+    return env
 
 
 def _role_env(s: Settings, proc: str) -> dict[str, str]:
@@ -91,6 +107,7 @@ def _tidewatch(*args: str) -> list[str]:
 APPS: list[App] = [
     App(
         name="relay",
+        principal="relay",
         what="outbox relay (subscription changes to Kafka)",
         available=lambda: _cli_has("subscriptions", "relay"),
         missing="`tidewatch subscriptions relay` is not there yet (subscriptions/store_cli.py)",
@@ -100,6 +117,7 @@ APPS: list[App] = [
     ),
     App(
         name="engine",
+        principal="engine",
         what="Spark engine",
         available=lambda: _cli_has("engine", "run"),
         missing="`tidewatch engine run` is not there yet (engine/cli.py)",
@@ -113,6 +131,7 @@ APPS: list[App] = [
     ),
     App(
         name="dashboard",
+        principal="dashboard",
         what="Streamlit dashboard",
         available=lambda: (PROJECT_ROOT / "dashboard" / "app.py").is_file(),
         missing="dashboard/app.py is not there yet",
@@ -138,6 +157,7 @@ APPS: list[App] = [
     ),
     App(
         name="feed",
+        principal="feed",
         what="demo trades feed",
         available=lambda: _cli_has("feed", "trades"),
         missing="`tidewatch feed trades` is not there yet (ingest/cli.py)",
@@ -156,7 +176,7 @@ def start_app(app: App, s: Settings) -> process.ProcessRecord:
     if process.is_running(rec):
         assert rec is not None
         return rec
-    env = {**os.environ, **app.env(s)}
+    env = {**os.environ, **app.env(s), **_kafka_env(s, app.principal)}
     rec = process.spawn(
         s.run_dir, app.name, app.argv(s), log=_log(s, app.name), cwd=PROJECT_ROOT, env=env, port=app.port(s)
     )
@@ -192,12 +212,29 @@ def _tail(path: Path, n: int = 12) -> str:
 # --- up / down / status ---------------------------------------------------------------------
 
 
+def check_kafka_secrets(s: Settings, principals: list[str]) -> None:
+    """In the scram mode, fail before anything starts when a needed SCRAM password is missing
+    (the message names the variable)."""
+    if kafka_service.scram_enabled(s):
+        for principal in (kafka_service.ADMIN, *principals):
+            kafka_service.client_config(s, principal)
+
+
+def _start_kafka(s: Settings) -> process.ProcessRecord:
+    """Start Kafka; in the scram mode also create every principal's SCRAM user and ACLs (as admin)."""
+    rec = kafka_service.start(s)
+    if kafka_service.scram_enabled(s):
+        users = kafka_service.ensure_principals(s, bootstrap=f"127.0.0.1:{s.kafka_port}")
+        console.print(f"[green]✓[/] Kafka SASL/SCRAM principals and ACLs: {', '.join(users) or 'none'}")
+    return rec
+
+
 def start_services(s: Settings | None = None, *, migrate: bool = True, topics: bool = True) -> None:
     """PostgreSQL and Kafka (in parallel), then the migrations and the topics."""
     s = s or get_settings()
     with ThreadPoolExecutor(max_workers=2) as pool:
         fut_pg = pool.submit(pg_service.start, s)
-        fut_kafka = pool.submit(kafka_service.start, s)
+        fut_kafka = pool.submit(_start_kafka, s)
         errors = []
         for what, fut in (("PostgreSQL", fut_pg), ("Kafka", fut_kafka)):
             try:
@@ -291,13 +328,19 @@ def up(
 ) -> None:
     """Start the embedded stack: Kafka, PostgreSQL (migrated), engine, dashboard, demo feed."""
     s = get_settings()
+    apps = [] if services_only else [a for a in APPS if a.name not in (skip or [])]
+    try:
+        check_kafka_secrets(s, [a.principal for a in apps if a.principal])
+    except (RuntimeError, ValueError) as exc:
+        console.print(f"[red]✗ cannot start:[/] {exc}")
+        raise typer.Exit(2) from None
     already = _running(s)
     try:
         start_services(s)
         if not services_only:
             seed_demo(s)
             for app in APPS:
-                if app.name in (skip or []):
+                if app not in apps:
                     console.print(f"[dim]-[/] {app.what}: skipped (--skip)")
                     continue
                 if not app.available():

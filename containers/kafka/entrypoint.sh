@@ -8,9 +8,14 @@
 #   KAFKA_INTERNAL_HOST         name other containers use (default: hostname)
 #   KAFKA_CLUSTER_ID, KAFKA_NUM_PARTITIONS, KAFKA_AUTO_CREATE_TOPICS, KAFKA_HEAP
 #   KAFKA_EXTRA_PROPERTIES      extra server.properties lines (newline separated)
+#   KAFKA_SECURITY              plaintext (default) or scram: both client listeners speak
+#                               SASL/SCRAM-SHA-512, ACLs are enforced (nothing allowed without
+#                               one), super user "admin" with KAFKA_ADMIN_PASSWORD (required);
+#                               the principals and ACLs are created by the stack's init
+#                               (tidewatch.services.kafka.ensure_principals)
 set -euo pipefail
 
-KAFKA_HOME=/opt/kafka
+KAFKA_HOME="${KAFKA_HOME:-/opt/kafka}"
 DATA_DIR="${KAFKA_DATA_DIR:-/var/lib/kafka/data}"
 CONF="$KAFKA_HOME/config/server.properties"
 
@@ -24,13 +29,36 @@ else
 fi
 INTERNAL_HOST="${KAFKA_INTERNAL_HOST:-$(hostname)}"
 
+SECURITY_PROPS="listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+SCRAM_FORMAT=()
+case "${KAFKA_SECURITY:-plaintext}" in
+    plaintext) ;;
+    scram)
+        if [ -z "${KAFKA_ADMIN_PASSWORD:-}" ]; then
+            echo "tidewatch-kafka: KAFKA_SECURITY=scram needs KAFKA_ADMIN_PASSWORD (TIDEWATCH_KAFKA_ADMIN_PASSWORD in compose)" >&2
+            exit 2
+        fi
+        PW="${KAFKA_ADMIN_PASSWORD//\\/\\\\}"
+        PW="${PW//\"/\\\"}"
+        SECURITY_PROPS="listener.security.protocol.map=PLAINTEXT:SASL_PLAINTEXT,INTERNAL:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.internal.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"${PW}\";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin;User:ANONYMOUS
+allow.everyone.if.no.acl.found=false"
+        SCRAM_FORMAT=(--add-scram "SCRAM-SHA-512=[name=admin,password=${KAFKA_ADMIN_PASSWORD}]")
+        ;;
+    *) echo "tidewatch-kafka: KAFKA_SECURITY must be plaintext or scram" >&2; exit 2 ;;
+esac
+
 cat >"$CONF" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:9093
 listeners=PLAINTEXT://0.0.0.0:9092,INTERNAL://0.0.0.0:29092,CONTROLLER://127.0.0.1:9093
 advertised.listeners=${ADVERTISED},INTERNAL://${INTERNAL_HOST}:29092
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+${SECURITY_PROPS}
 inter.broker.listener.name=INTERNAL
 controller.listener.names=CONTROLLER
 log.dirs=${DATA_DIR}
@@ -54,7 +82,7 @@ JAVA_OPTS=(-Xmx"${KAFKA_HEAP:-512m}" -Xms128m -XX:+UseG1GC -XX:MaxGCPauseMillis=
 mkdir -p "$DATA_DIR"
 if [ ! -e "$DATA_DIR/meta.properties" ]; then
     java "${JAVA_OPTS[@]}" kafka.tools.StorageTool format --ignore-formatted \
-        -t "${KAFKA_CLUSTER_ID:-MkU3OEVBNTcwNTJENDM2Qk}" -c "$CONF"
+        -t "${KAFKA_CLUSTER_ID:-MkU3OEVBNTcwNTJENDM2Qk}" -c "$CONF" "${SCRAM_FORMAT[@]}"
 fi
 echo "tidewatch-kafka: advertising ${ADVERTISED} and INTERNAL://${INTERNAL_HOST}:29092"
 exec java "${JAVA_OPTS[@]}" kafka.Kafka "$CONF"

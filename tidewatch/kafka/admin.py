@@ -44,8 +44,11 @@ def topic_specs(settings: Settings | None = None) -> list[TopicSpec]:
     ]
 
 
-def admin_client(bootstrap: str | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap or get_settings().kafka_bootstrap})
+def admin_client(bootstrap: str | None = None, settings: Settings | None = None) -> AdminClient:
+    """An admin client connected as the broker's ``admin`` (its credentials in the scram mode)."""
+    from tidewatch.services.kafka import ADMIN, librdkafka_config
+
+    return AdminClient(librdkafka_config(settings or get_settings(), ADMIN, bootstrap))
 
 
 def ensure_topics(
@@ -53,7 +56,7 @@ def ensure_topics(
 ) -> dict[str, str]:
     """Create the missing topics; return ``{topic: "created" | "exists"}``."""
     s = settings or get_settings()
-    admin = admin_client(bootstrap or s.kafka_bootstrap)
+    admin = admin_client(bootstrap or s.kafka_bootstrap, s)
     existing = set(admin.list_topics(timeout=timeout).topics)
     specs = topic_specs(s)
     new = [

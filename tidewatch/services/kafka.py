@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tidewatch.services import kafka_dist, process
 from tidewatch.settings import Settings, get_settings
@@ -30,18 +31,32 @@ SCRAM = "SCRAM-SHA-512"
 ADMIN = "admin"
 
 
-def scram_enabled(settings: Settings) -> bool:
+def scram_enabled(settings: Any) -> bool:
     """True in the opt-in SASL/SCRAM + ACL mode (``TIDEWATCH_KAFKA_SECURITY=scram``)."""
-    mode = settings.kafka_security.lower()
+    mode = str(getattr(settings, "kafka_security", "plaintext")).lower()
     if mode not in ("plaintext", "scram"):
-        raise ValueError(f"kafka_security must be 'plaintext' or 'scram', not {settings.kafka_security!r}")
+        raise ValueError(f"kafka_security must be 'plaintext' or 'scram', not {mode!r}")
     return mode == "scram"
 
 
+def password_variable(principal: str) -> str:
+    """The environment variable holding ``principal``'s SCRAM password."""
+    return f"TIDEWATCH_KAFKA_{principal.upper()}_PASSWORD"
+
+
+def _password(settings: Any, principal: str) -> str:
+    password = getattr(settings, f"kafka_{principal}_password", None)
+    if not password:
+        raise RuntimeError(
+            f"TIDEWATCH_KAFKA_SECURITY=scram: Kafka principal {principal!r} has no SCRAM password; "
+            f"set {password_variable(principal)} (in the environment, or as a file of that name "
+            "in TIDEWATCH_SECRETS_DIR)"
+        )
+    return str(password)
+
+
 def _admin_password(settings: Settings) -> str:
-    if not settings.kafka_admin_password:
-        raise RuntimeError("kafka_security=scram needs TIDEWATCH_KAFKA_ADMIN_PASSWORD")
-    return settings.kafka_admin_password
+    return _password(settings, ADMIN)
 
 
 def _listener_lines(settings: Settings, host: str, port: int, cport: int) -> list[str]:
@@ -53,7 +68,7 @@ def _listener_lines(settings: Settings, host: str, port: int, cport: int) -> lis
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         ]
-    pw = _admin_password(settings).replace("\\", "\\\\").replace('"', '\\"')
+    pw = _jaas_quote(_admin_password(settings))
     return [
         f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
         f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
@@ -63,7 +78,7 @@ def _listener_lines(settings: Settings, host: str, port: int, cport: int) -> lis
         f"sasl.enabled.mechanisms={SCRAM}",
         f"sasl.mechanism.inter.broker.protocol={SCRAM}",
         f"listener.name.sasl_plaintext.{SCRAM.lower()}.sasl.jaas.config="
-        f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="{pw}";',
+        f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password={pw};',
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         # the KRaft controller listener (loopback only) cannot use SCRAM: its peer is ANONYMOUS
         f"super.users=User:{ADMIN};User:ANONYMOUS",
@@ -257,31 +272,70 @@ def stop(settings: Settings | None = None, *, timeout: float = 30.0) -> bool:
 
 
 # ---------------------------------------------------------------- opt-in SASL/SCRAM + ACLs
-def client_config(settings: Settings, principal: str = ADMIN) -> dict[str, str]:
-    """librdkafka settings to connect as ``principal`` (``admin`` or a key of :data:`ACLS`);
-    empty in the plaintext mode."""
+#: the Kafka principal of each app component; every Kafka client of the app connects as one of
+#: them (the SCRAM user in the scram mode, see :func:`client_config` / :func:`spark_options`)
+PRINCIPALS = ("feed", "engine", "dashboard", "relay")
+
+
+def client_config(settings: Any, principal: str = ADMIN) -> dict[str, str]:
+    """librdkafka settings to connect as ``principal`` (``admin`` or one of :data:`PRINCIPALS`);
+    empty in the plaintext mode.  A missing password raises, naming the variable to set."""
+    if principal != ADMIN and principal not in PRINCIPALS:
+        raise ValueError(f"unknown Kafka principal {principal!r}")
     if not scram_enabled(settings):
         return {}
-    password = (
-        _admin_password(settings) if principal == ADMIN else getattr(settings, f"kafka_{principal}_password")
-    )
-    if not password:
-        raise RuntimeError(
-            f"no SCRAM password for Kafka principal {principal!r} (TIDEWATCH_KAFKA_{principal.upper()}_PASSWORD)"
-        )
     return {
         "security.protocol": "SASL_PLAINTEXT",
         "sasl.mechanism": SCRAM,
         "sasl.username": principal,
-        "sasl.password": password,
+        "sasl.password": _password(settings, principal),
+    }
+
+
+def librdkafka_config(
+    settings: Any, principal: str, bootstrap: str | None = None, /, **conf: Any
+) -> dict[str, Any]:
+    """The full librdkafka config of an app client: ``bootstrap.servers`` (default
+    ``settings.kafka_bootstrap``), the principal's credentials (:func:`client_config`), then ``conf``.
+    In the plaintext mode this is exactly ``{"bootstrap.servers": ..., **conf}``."""
+    return {
+        "bootstrap.servers": bootstrap or settings.kafka_bootstrap,
+        **client_config(settings, principal),
+        **conf,
+    }
+
+
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_options(settings: Any, principal: str = "engine") -> dict[str, str]:
+    """Options of Spark's Kafka source for ``principal``: the Java client's SASL/SCRAM settings
+    (``kafka.``-prefixed) and ``groupIdPrefix`` (the source's generated consumer group ids then
+    start with the principal's :data:`ID_PREFIX`, which its ACLs allow); empty in the plaintext mode."""
+    conf = client_config(settings, principal)
+    if not conf:
+        return {}
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f"username={_jaas_quote(conf['sasl.username'])} password={_jaas_quote(conf['sasl.password'])};"
+    )
+    return {
+        "kafka.security.protocol": conf["security.protocol"],
+        "kafka.sasl.mechanism": conf["sasl.mechanism"],
+        "kafka.sasl.jaas.config": jaas,
+        "groupIdPrefix": f"{ID_PREFIX[principal]}-spark",
     }
 
 
 #: principal -> the prefix of its consumer group ids and transactional ids in the code
-#: (engine/publish.py ``tidewatch-engine-<id>``, engine/app.py ``tidewatch-engine-replay``,
+#: (ingest/producer.py ``tidewatch-feed-<feed id>-<run>`` of ``--resume``, engine/publish.py
+#: ``tidewatch-engine-<id>`` and ``tidewatch-engine-<id>-progress``, engine/app.py
+#: ``tidewatch-engine-replay`` and Spark's ``tidewatch-engine-spark-*`` (:func:`spark_options`),
 #: dashboard/detail.py ``tidewatch-dashboard-<uuid>``, subscriptions/outbox.py
-#: ``tidewatch-outbox-relay``)
+#: ``tidewatch-outbox-relay:<topic>`` and ``tidewatch-outbox-relay-recovery``)
 ID_PREFIX = {
+    "feed": "tidewatch-feed",
     "engine": "tidewatch-engine",
     "dashboard": "tidewatch-dashboard",
     "relay": "tidewatch-outbox-relay",
@@ -291,14 +345,17 @@ ID_PREFIX = {
 def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
     """Per principal: (resource type, name, pattern, operation) it is allowed; all else is denied.
 
-    * ``feed`` writes the stream topics (trades, packets) and nothing else;
+    * ``feed`` writes the stream topics (trades, packets); a resumable feed (``--resume``) writes
+      in transactions that also commit its progress as a consumer-group offset on partition 0
+      of its topic, which Kafka allows only with READ on the topic
+      (TxnOffsetCommit): so READ on the streams, and nothing else;
     * ``engine`` reads the streams and subscriptions, writes alerts, results and dead-letter
       transactionally, and reads alerts back (its progress marker, engine/publish.py);
     * ``dashboard`` reads alerts and results, and the streams (the key-detail charts read them);
     * ``relay`` writes the subscriptions topic transactionally and reads it back (recovery).
 
     Consumer groups and transactional ids are limited to the principal's :data:`ID_PREFIX`
-    (Spark's own Kafka source groups, ``spark-kafka-source*``, for the engine too).
+    (the engine's Spark Kafka source gets ``groupIdPrefix`` from :func:`spark_options`).
     """
     s = settings
     streams = [s.topic_trades, s.topic_packets]
@@ -314,11 +371,10 @@ def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
         return out
 
     out: dict[str, list[tuple[str, str, str, str]]] = {
-        "feed": topics(streams, "WRITE", "DESCRIBE"),
+        "feed": topics(streams, "WRITE", "READ", "DESCRIBE") + ids("feed", txn=True),
         "engine": topics([*streams, s.topic_subscriptions, s.topic_alerts], "READ", "DESCRIBE")
         + topics([s.topic_alerts, s.topic_results, s.topic_dead_letter], "WRITE", "DESCRIBE")
-        + ids("engine", txn=True)
-        + [("group", "spark-kafka-source", "prefixed", "READ")],
+        + ids("engine", txn=True),
         "dashboard": topics([s.topic_alerts, s.topic_results, *streams], "READ", "DESCRIBE")
         + ids("dashboard", txn=False),
         "relay": topics([s.topic_subscriptions], "WRITE", "READ", "DESCRIBE") + ids("relay", txn=True),
@@ -329,11 +385,13 @@ def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
     return out
 
 
-def ensure_principals(settings: Settings | None = None, timeout: float = 30.0) -> list[str]:
+def ensure_principals(
+    settings: Settings | None = None, timeout: float = 30.0, bootstrap: str | None = None
+) -> list[str]:
     """Create (or update) the SCRAM credentials of every principal with a password, and its ACLs.
 
-    Runs as ``admin``; returns the principals set up.  Principals without a password are left out
-    (they cannot log in)."""
+    Runs as ``admin`` against ``bootstrap`` (default ``settings.kafka_bootstrap``); returns the
+    principals set up.  Principals without a password are left out (they cannot log in)."""
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
@@ -350,7 +408,7 @@ def ensure_principals(settings: Settings | None = None, timeout: float = 30.0) -
     s = settings or get_settings()
     if not scram_enabled(s):
         return []
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{s.kafka_port}", **client_config(s)})
+    admin = AdminClient(librdkafka_config(s, ADMIN, bootstrap))
     rules = acls(s)
     users = [p for p in rules if getattr(s, f"kafka_{p}_password")]
     if not users:

@@ -1,0 +1,55 @@
+"""Fixtures of the tidewatch (stack, services) tests."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidewatch import stack
+from tidewatch.services import kafka, postgres, process
+from tidewatch.settings import Settings, get_settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def scram_stack() -> Iterator[Settings]:
+    """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way
+    ``tidewatch up`` starts them (:func:`tidewatch.stack.start_services`): Kafka with SCRAM and
+    the principals' users and ACLs, PostgreSQL migrated, the topics created as ``admin``.
+    Free ports, a temporary run dir, random passwords; everything is stopped at the end."""
+    base = get_settings()
+    root = Path(tempfile.mkdtemp(prefix="tidewatch-scram-test-"))
+    root.chmod(0o755)  # the postgres user must reach its data dir
+    kp = free_port()
+    s = Settings(
+        run_dir=root / "run",
+        cache_dir=base.cache_dir,
+        kafka_port=kp,
+        kafka_bootstrap=f"127.0.0.1:{kp}",
+        kafka_controller_port=free_port(),
+        pg_port=free_port(),
+        kafka_security="scram",
+        kafka_admin_password=secrets.token_urlsafe(16),
+        **{f"kafka_{p}_password": secrets.token_urlsafe(16) for p in kafka.PRINCIPALS},  # type: ignore[arg-type]
+    )
+    if postgres.find_bin_dir(s) is None:
+        pytest.fail("PostgreSQL binaries missing: run scripts/setup.sh")
+    try:
+        stack.check_kafka_secrets(s, list(kafka.PRINCIPALS))
+        stack.start_services(s)
+        yield s
+    finally:
+        stack.stop_all(s)
+        assert process.all_records(s.run_dir) == []
+        shutil.rmtree(root, ignore_errors=True)
