@@ -142,15 +142,8 @@ def run_tidewatch(
     assert len(app.core.rules) == len(rules), "rules not active"
     n = len(cols["ts"])
     produce(bootstrap, settings.topic_trades, cols)
-    batches: list[tuple[float, float, int]] = []  # (start, end, records) of every engine batch
-    handle = app.handle
-
-    def timed(tbl: Any, batch_id: int) -> None:
-        t = time.perf_counter()
-        handle(tbl, batch_id)
-        batches.append((t, time.perf_counter(), int(tbl.num_rows)))
-
-    app.handle = timed  # type: ignore[method-assign]
+    batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
+    del batches[:]
     t0 = time.perf_counter()
     q = app.start(spark, trigger_seconds=0.05, max_offsets_per_trigger=max_offsets)
     try:
@@ -350,15 +343,7 @@ def run_live(a: argparse.Namespace) -> None:
         p.produce(settings.topic_subscriptions, key=sid.encode(),
                   value=json.dumps({"id": sid, "name": f"m{i}", "rule": text}).encode())  # fmt: skip
     p.flush()
-    batches: list[tuple[float, float, int]] = []
-    handle = app.handle
-
-    def timed(tbl: Any, batch_id: int) -> None:
-        t = time.perf_counter()
-        handle(tbl, batch_id)
-        batches.append((t, time.perf_counter(), int(tbl.num_rows)))
-
-    app.handle = timed  # type: ignore[method-assign]
+    batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
     t_sub = time.perf_counter()
     q = app.start(spark, trigger_seconds=a.trigger, max_offsets_per_trigger=a.max_offsets)
     deadline = time.monotonic() + 600

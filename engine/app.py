@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core import EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
+from engine.core import BatchOutput, EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
 from engine.publish import Publisher, ensure_topics
 from engine.retry import retry_transient
 from engine.store import Store
@@ -112,6 +113,20 @@ def default_core(settings: Any) -> EngineCore:
     )
 
 
+@dataclass
+class _Evaluated:
+    """A batch evaluated by the core, waiting for its output to be delivered."""
+
+    batch_id: int
+    out: BatchOutput
+    metrics: dict[str, Any]
+    watermark: int | None
+    rules: int
+    t0: float  # perf_counter at the start of the evaluation
+    read_s: float  # Spark read + toArrow of the batch
+    core_s: float  # evaluation
+
+
 class EngineApp:
     """One engine instance: state, sinks and the ``foreachBatch`` function."""
 
@@ -146,8 +161,13 @@ class EngineApp:
         self.core = self._core_factory()
         self.batches_done = 0
         self.read_s = 0.0  # seconds the last batch took to reach the driver (Spark read + toArrow)
-        self._worker: Any = None  # pipelined mode: the thread evaluating / committing a batch
-        self._inflight: Any = None
+        self._worker: Any = None  # pipelined mode: the thread evaluating a batch
+        self._out_worker: Any = None  # pipelined mode: the thread delivering a batch's output
+        self._inflight: Any = None  # the batch being evaluated
+        self._delivering: Any = None  # the output being delivered
+        self._evaluated = 0  # batches evaluated since start (snapshot cadence)
+        #: (start of evaluation, end of delivery, events) of every delivered batch (perf_counter)
+        self.delivered: list[tuple[float, float, int]] = []
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
 
     # ------------------------------------------------------------------ recovery
@@ -213,11 +233,13 @@ class EngineApp:
         """``foreachBatch`` entry point (idempotent per batch id).
 
         Pipelined (``engine_pipeline``): the batch's records are collected and its offset ranges
-        logged durably, then it is handed to a worker thread and this returns, so Spark reads
-        the next batch from Kafka (in its JVM) while this one is evaluated and committed; at
-        most one batch is in flight (the next call waits for it, and re-raises its failure so
-        the query stops).  Spark may then have committed a batch whose output is not committed
-        yet: :meth:`recover` finishes such batches from their offset logs."""
+        logged durably, then it is handed to the evaluation thread and this returns, so Spark
+        reads the next batch from Kafka (in its JVM) while this one is evaluated; the output of
+        an evaluated batch (PostgreSQL, then Kafka) is delivered by a second thread while the
+        next batch is evaluated.  At most one batch is being evaluated and one delivered (the
+        next call waits, and re-raises a failure of either so the query stops); outputs are
+        delivered in batch order.  Spark may then have committed batches whose output is not
+        committed yet: :meth:`recover` finishes such batches from their offset logs."""
         t0 = time.perf_counter()
         tbl = df.select(*RECORD_COLUMNS).toArrow()
         self.read_s = time.perf_counter() - t0
@@ -230,19 +252,42 @@ class EngineApp:
             from concurrent.futures import ThreadPoolExecutor
 
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
-        self._inflight = self._worker.submit(self.handle, tbl, int(batch_id))
+            self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-output")
+        self._inflight = self._worker.submit(self._handle_pipelined, tbl, int(batch_id), self.read_s)
 
-    def drain(self) -> None:
-        """Wait for the batch in flight (pipelined mode); re-raise its failure."""
+    def drain(self, output: bool = False) -> None:
+        """Wait for the batch being evaluated (pipelined mode) and, with ``output``, for the
+        output being delivered; re-raise their failure."""
         fut, self._inflight = self._inflight, None
         if fut is not None:
             fut.result()
+        if output:
+            out, self._delivering = self._delivering, None
+            if out is not None:
+                out.result()
 
     def handle(self, tbl: pa.Table, batch_id: int) -> None:
         """Process one batch of Kafka records (Arrow) and deliver its output exactly once."""
+        done = self._evaluate(tbl, batch_id, self.read_s)
+        if done is not None:
+            self._deliver(done)
+
+    def _handle_pipelined(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
+        """Evaluation thread: evaluate, wait for the previous batch's output, hand this one's on."""
+        done = self._evaluate(tbl, batch_id, read_s)
+        prev, self._delivering = self._delivering, None
+        if prev is not None:
+            prev.result()
+        if done is not None:
+            self._delivering = self._out_worker.submit(self._deliver, done)
+
+    def _evaluate(self, tbl: pa.Table, batch_id: int, read_s: float) -> _Evaluated | None:
+        """Run one batch through the core (no output yet); None if it is already in the state.
+        The state snapshot, when due, is written here, before the next batch changes the state
+        (:meth:`recover` ignores a snapshot of a batch whose output was not committed)."""
         if batch_id <= self.core.last_batch:
             log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
-            return
+            return None
         t0 = time.perf_counter()
         _atomic_write(self._batch_log(batch_id), json.dumps(offset_ranges(tbl)).encode())
         out = self._process(batch_id, tbl)
@@ -257,9 +302,19 @@ class EngineApp:
             "dead_letter_reasons": {r: int(n) for r, n in out.dead.counts().items() if n},
             "state_bytes": self.core.state_nbytes(),
         }
+        self._evaluated += 1
+        if self._evaluated % max(1, self.settings.snapshot_every_batches) == 0:
+            self.snapshot()
+        return _Evaluated(
+            batch_id, out, metrics, self.core.watermark, len(self.core.rules), t0, read_s, core_s
+        )
+
+    def _deliver(self, e: _Evaluated) -> None:
+        """The batch's output: PostgreSQL (one transaction, idempotent by batch id), then Kafka."""
+        out, batch_id = e.out, e.batch_id
         t_pg = time.perf_counter()
         committed = retry_transient(
-            lambda: self.store.commit(out, watermark=self.core.watermark, metrics=metrics),
+            lambda: self.store.commit(out, watermark=e.watermark, metrics=e.metrics),
             f"batch {batch_id}",
             deadline_s=self.settings.engine_db_retry_s,
         )
@@ -269,9 +324,8 @@ class EngineApp:
         self.publisher.publish(batch_id, out.alerts, out.dead, out.removed)
         t_done = time.perf_counter()
         self.batches_done += 1
-        if self.batches_done % max(1, self.settings.snapshot_every_batches) == 0:
-            self.snapshot()
-        total_s = time.perf_counter() - t0
+        n_events = sum(out.events.values())
+        total_s = t_done - e.t0
         for k, v in (
             ("events", n_events),
             ("alerts", len(out.alerts)),
@@ -279,13 +333,16 @@ class EngineApp:
             ("seconds", total_s),
         ):
             self.totals[k] += v
+        self.delivered.append((e.t0, t_done, n_events))
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "done in %.0f ms (Spark read %.0f, evaluation %.0f, PostgreSQL %.0f, Kafka %.0f)",
+            "done in %.0f ms (Spark read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f, "
+            "Kafka %.0f)",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
-            out.lookups[-1] if out.lookups else "-", len(out.alerts), len(self.core.rules), total_s * 1000,
-            self.read_s * 1000, core_s * 1000, (t_kafka - t_pg) * 1000, (t_done - t_kafka) * 1000,
+            out.lookups[-1] if out.lookups else "-", len(out.alerts), e.rules, total_s * 1000,
+            e.read_s * 1000, e.core_s * 1000, (t_pg - e.t0 - e.core_s) * 1000, (t_kafka - t_pg) * 1000,
+            (t_done - t_kafka) * 1000,
         )  # fmt: skip
 
     def snapshot(self) -> Path:
@@ -337,9 +394,10 @@ class EngineApp:
         )
 
     def close(self) -> None:
-        self.drain()
+        self.drain(output=True)
         if self._worker is not None:
             self._worker.shutdown()
+            self._out_worker.shutdown()
         self.publisher.close()
         self.store.engine.dispose()
 
