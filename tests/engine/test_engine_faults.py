@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -72,13 +73,21 @@ class Run:
     wall_s: float  # engine start to the final watermark
 
 
-def _alerts_by_seq(db: str) -> dict[str, int]:
+def _rows(db: str, sql: str) -> list[Any]:
     eng = make_engine(db)
     try:
         with eng.connect() as conn:
-            return {str(a): int(s) for a, s in conn.execute(text("SELECT alert_id, seq FROM alerts"))}
+            return list(conn.execute(text(sql)))
     finally:
         eng.dispose()
+
+
+def _alerts_by_seq(db: str) -> dict[str, int]:
+    return {str(a): int(s) for a, s in _rows(db, "SELECT alert_id, seq FROM alerts")}
+
+
+def _events(db: str) -> int:
+    return int(_rows(db, "SELECT coalesce(sum(events), 0) FROM engine_batches")[0][0])
 
 
 def _alert_id(a: tuple[str, str, str, int]) -> str:
@@ -137,7 +146,8 @@ def _run_through(fault: Callable[[], None], kafka_s: Settings, pg_s: Settings, t
         feed = subprocess.Popen(
             feed_cmd(parts[1], "--rate", f"{rate:.0f}"), stdout=subprocess.DEVNULL, stderr=open(flog, "wb")
         )
-        time.sleep(2.0)
+        # the fault once the engine has taken in some of the second part (the feed is connected)
+        wait_for(lambda: _events(db) > cut, 60, "the second part's first events in the engine")
         assert feed.poll() is None, "the feed must still be sending"
         t_fault = time.monotonic()
         fault()
