@@ -10,13 +10,25 @@ marker is visible exactly when the batch's records are.  After a crash the engin
 the marker and re-publishes the last PostgreSQL-committed batch only if its Kafka
 transaction never committed: consumers with ``isolation.level=read_committed`` see every
 alert exactly once.  The transactional id fences a zombie engine of the same id.
+
+A broker restart under the running engine: a batch's transaction that fails (any Kafka
+error: retriable, abortable or fatal) or does not return within ``engine_kafka_stall_s``
+is given up, the producer is re-created with the same transactional id -- its
+``init_transactions`` fences the old producer and completes or aborts the open transaction --
+and the marker decides, as after a crash, whether the batch must be published again; this
+is retried for up to ``engine_kafka_retry_s``.  The stall bound is needed because librdkafka
+(2.16) can block in ``send_offsets_to_transaction`` past its own timeout after a restart of the
+group coordinator (librdkafka issues 5456 and 5511); such a call is left in its thread, on the
+abandoned producer, which the new one has fenced.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -27,6 +39,12 @@ from ingest.avro import encode
 from tidewatch.services.kafka import librdkafka_config
 
 log = logging.getLogger("tidewatch.engine")
+
+T = TypeVar("T")
+
+
+class KafkaStalled(RuntimeError):
+    """A call of the engine's Kafka clients did not return within ``engine_kafka_stall_s``."""
 
 
 def ensure_topics(bootstrap: str, settings: Any) -> None:
@@ -58,34 +76,41 @@ class Publisher:
 
     def __init__(self, bootstrap: str, settings: Any, engine_id: str = "default") -> None:
         self.settings = settings
+        self.bootstrap = bootstrap
         self.marker_tp = TopicPartition(settings.topic_alerts, 0)
-        tid = f"tidewatch-engine-{engine_id}"
-        self.producer = Producer(
+        self.tid = f"tidewatch-engine-{engine_id}"
+        self.producer, self.marker = self._clients()
+
+    def _clients(self) -> tuple[Producer, Consumer]:
+        """A transactional producer (fencing any older one of the same id) and the marker's reader."""
+        s = self.settings
+        producer = Producer(
             librdkafka_config(
-                settings,
+                s,
                 "engine",
-                bootstrap,
+                self.bootstrap,
                 **{
-                    "transactional.id": tid,
+                    "transactional.id": self.tid,
                     "enable.idempotence": True,
                     "linger.ms": 5,
                     "compression.type": "lz4",
                 },
             )
         )
-        self.producer.init_transactions(60)
-        self.marker = Consumer(
+        producer.init_transactions(60)
+        marker = Consumer(
             librdkafka_config(
-                settings,
+                s,
                 "engine",
-                bootstrap,
+                self.bootstrap,
                 **{
-                    "group.id": f"{tid}-progress",
+                    "group.id": f"{self.tid}-progress",
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                 },
             )
         )
+        return producer, marker
 
     def last_published(self) -> int:
         """The id of the last batch whose Kafka transaction committed (-1 when none).
@@ -113,7 +138,66 @@ class Publisher:
         dead: DeadLetters | None = None,
         removed: list[str] | None = None,
     ) -> None:
-        """Produce one batch's output and its progress marker in one transaction."""
+        """Produce one batch's output and its progress marker in one transaction, exactly once:
+        a failed or stalled transaction is retried with a new producer unless the marker shows
+        that it committed (see the module docstring)."""
+        s = self.settings
+        deadline = time.monotonic() + s.engine_kafka_retry_s
+        attempt, wait = 1, 0.5
+        while True:
+            try:
+                if attempt > 1:
+                    # the old clients are dropped as they are: a call may still be blocked in them
+                    self.producer, self.marker = self._bounded(self._clients, "a new producer")
+                    if self._bounded(self.last_published, "the progress marker") >= batch_id:
+                        log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
+                        return
+                self._bounded(lambda: self._transaction(batch_id, alerts, dead), f"batch {batch_id}")
+                if attempt > 1:
+                    log.info("batch %d: published to Kafka at attempt %d", batch_id, attempt)
+                return
+            except (KafkaException, KafkaStalled) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.error(
+                        "batch %d: Kafka unreachable for %.0f s: giving up (%s)",
+                        batch_id,
+                        s.engine_kafka_retry_s,
+                        exc,
+                    )
+                    raise
+                pause = min(wait, left)
+                log.warning(
+                    "batch %d: Kafka transaction failed (attempt %d: %s); retrying with a new producer "
+                    "in %.1f s (%.0f s left)", batch_id, attempt, exc, pause, left,
+                )  # fmt: skip
+                time.sleep(pause)
+                attempt, wait = attempt + 1, min(2 * wait, 10.0)
+
+    def _bounded(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()`` in a thread of its own, given up (:class:`KafkaStalled`) after ``engine_kafka_stall_s``."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
+                box["error"] = exc
+
+        th = threading.Thread(target=run, name="tidewatch-kafka", daemon=True)
+        th.start()
+        th.join(self.settings.engine_kafka_stall_s)
+        if th.is_alive():
+            raise KafkaStalled(
+                f"{what}: no answer from Kafka within {self.settings.engine_kafka_stall_s:.0f} s"
+            )
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
+
+    def _transaction(
+        self, batch_id: int, alerts: list[Alert] | list[dict[str, Any]], dead: DeadLetters | None
+    ) -> None:
         s = self.settings
         now = int(time.time() * 1000)
         p = self.producer

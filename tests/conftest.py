@@ -20,8 +20,10 @@ import shutil
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -339,6 +341,73 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+# --- embedded services that a test may stop and start again ----------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _own_service(service: Any, s: Settings) -> Iterator[Settings]:
+    """``service`` (:mod:`tidewatch.services.kafka` or ``.postgres``) started with ``s``; stopped by
+    PID at the end and its temporary run dir's parent removed."""
+    from tidewatch.services import process
+
+    try:
+        service.start(s)
+        yield s
+    finally:
+        service.stop(s)
+        assert process.read_record(s.run_dir, service.NAME) is None
+        shutil.rmtree(s.run_dir.parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def restartable_kafka() -> Iterator[Settings]:
+    """Settings of an embedded broker of its own (:mod:`tidewatch.services.kafka`, PLAINTEXT) on
+    free ports in a temporary run dir: a test may stop it (``kafka.stop(s)``, by PID) and start it
+    again on the same ports and data (restarting a container would change its mapped port).
+    ``s.kafka_bootstrap`` is its address; it is left running between tests."""
+    from tidewatch.services import kafka
+
+    port = _free_port()
+    s = Settings(
+        run_dir=Path(tempfile.mkdtemp(prefix="tidewatch-restart-kafka-")) / "run",
+        cache_dir=get_settings().cache_dir,
+        kafka_port=port,
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        kafka_controller_port=_free_port(),
+        kafka_security="plaintext",
+    )
+    with _own_service(kafka, s):
+        yield s
+
+
+@pytest.fixture(scope="session")
+def restartable_pg() -> Iterator[Settings]:
+    """Settings of an embedded PostgreSQL of its own (:mod:`tidewatch.services.postgres`) on a free
+    port in a temporary run dir, that a test may stop (``postgres.stop(s)``, by PID) and start
+    again on the same port and data dir.  ``s.sqlalchemy_url`` is its application role, which may
+    create databases here (``fresh_database`` of the engine tests)."""
+    from tidewatch.services import postgres
+
+    root = Path(tempfile.mkdtemp(prefix="tidewatch-restart-pg-"))
+    root.chmod(0o755)  # the server runs as the postgres user when the tests run as root
+    s = Settings(run_dir=root / "run", pg_port=_free_port(), pg_password="tidewatch-test", database_url=None)
+    with _own_service(postgres, s):
+        conn = postgres.superuser_connect(s)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(f'ALTER ROLE "{s.pg_user}" CREATEDB')
+        finally:
+            conn.close()
+        yield s
 
 
 @pytest.fixture(scope="session")

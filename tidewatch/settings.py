@@ -175,6 +175,17 @@ class Settings(BaseSettings):
         description="how long the engine retries a batch commit while PostgreSQL is unreachable "
         "(a restart); the commit is idempotent by batch id",
     )
+    engine_kafka_retry_s: float = Field(
+        300.0,
+        description="how long the engine retries a batch's Kafka transaction while the broker is "
+        "unreachable (a restart); each retry re-creates the transactional producer",
+    )
+    engine_kafka_stall_s: float = Field(
+        20.0,
+        description="a batch's Kafka transaction that has not returned after this long is given up "
+        "and retried with a new producer (librdkafka can hang past its own timeouts after a broker "
+        "restart)",
+    )
     engine_pipeline: bool = Field(
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",

@@ -9,66 +9,30 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from test_engine_integration import engine_settings, fresh_database, topics_of, wait_for  # noqa: I001
-from tests_engine_support import RULES, G, backtest, make_scenario, produce, produce_rules, read_topic
+from tests_engine_support import (
+    RULES,
+    G,
+    backtest,
+    engine_env,
+    kill_engine,
+    make_scenario,
+    produce,
+    produce_rules,
+    progress,
+    read_topic,
+    start_engine,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KILLS = int(os.environ.get("TIDEWATCH_TEST_KILLS", "3"))
-
-
-def _env(s: Any, bootstrap: str, db: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "TIDEWATCH_KAFKA_BOOTSTRAP": bootstrap,
-            "TIDEWATCH_DATABASE_URL": db,
-            "TIDEWATCH_TOPIC_TRADES": s.topic_trades,
-            "TIDEWATCH_TOPIC_PACKETS": s.topic_packets,
-            "TIDEWATCH_TOPIC_SUBSCRIPTIONS": s.topic_subscriptions,
-            "TIDEWATCH_TOPIC_ALERTS": s.topic_alerts,
-            "TIDEWATCH_TOPIC_RESULTS": s.topic_results,
-            "TIDEWATCH_TOPIC_DEAD_LETTER": s.topic_dead_letter,
-            "TIDEWATCH_ALLOWED_LATENESS_MS": str(s.allowed_lateness_ms),
-            "TIDEWATCH_ENGINE_HISTORY_MS": str(s.engine_history_ms),
-            "TIDEWATCH_SNAPSHOT_EVERY_BATCHES": "2",
-            "TIDEWATCH_ENGINE_MAX_OFFSETS_PER_TRIGGER": "400",
-            "TIDEWATCH_TRIGGER_SECONDS": "0.2",
-            "TIDEWATCH_CHECKPOINT_DIR": str(s.checkpoint_dir),
-            "TIDEWATCH_SPARK_MASTER": "local[2]",
-        }
-    )
-    return env
-
-
-def _start(env: dict[str, str], log: Path, run: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "tidewatch.cli", "engine", "run", "--engine-id", run]
-    return subprocess.Popen(
-        cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
-
-
-def _progress(db: str) -> tuple[int, int | None]:
-    with create_engine(db).connect() as conn:
-        n, wm = conn.execute(text("SELECT count(*), max(watermark) FROM engine_batches")).one()
-    return int(n), None if wm is None else round(wm.timestamp() * 1000)
 
 
 def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
@@ -82,23 +46,23 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     ensure_topics(kafka_bootstrap, s)
     sc = make_scenario(n_trades=8000, n_packets=4000, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
-    env = _env(s, kafka_bootstrap, db)
+    env = engine_env(s, kafka_bootstrap, db)
     log = tmp_path / "engine.log"
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     rng = random.Random(7)
-    proc = _start(env, log, run)
+    proc = start_engine(env, log, run)
     try:
-        wait_for(lambda: _progress(db)[0] >= 1, 180, "the engine's first batch (the rules)")
+        wait_for(lambda: progress(db)[0] >= 1, 180, "the engine's first batch (the rules)")
         produce(sc, kafka_bootstrap, topics_of(s))
         for _ in range(KILLS):
-            seen = _progress(db)[0]
-            wait_for(lambda seen=seen: _progress(db)[0] > seen + 2, 240, "three committed batches")
+            seen = progress(db)[0]
+            wait_for(lambda seen=seen: progress(db)[0] > seen + 2, 240, "three committed batches")
             time.sleep(rng.uniform(0.0, 2.5))
-            _kill(proc)
-            proc = _start(env, log, run)
-        wait_for(lambda: (_progress(db)[1] or 0) // G * G == final, 300, f"the engine to reach {final}")
+            kill_engine(proc)
+            proc = start_engine(env, log, run)
+        wait_for(lambda: (progress(db)[1] or 0) // G * G == final, 300, f"the engine to reach {final}")
     finally:
-        _kill(proc, signal.SIGTERM if proc.poll() is None else signal.SIGKILL)
+        kill_engine(proc, signal.SIGTERM if proc.poll() is None else signal.SIGKILL)
 
     from engine.store import Store
 

@@ -7,13 +7,20 @@ same events, and to read the engine's Kafka output back with ``read_committed``.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy.pool import NullPool
 
 from ingest.avro import decode, encode, encode_batch
 
@@ -44,7 +51,7 @@ class Scenario:
 
     @property
     def max_ts(self) -> int:
-        return int(max(self.trades["ts"].max(), self.packets["ts"].max()))
+        return int(max(s["ts"].max() for s in (self.trades, self.packets) if len(s["ts"])))
 
 
 def make_scenario(n_trades: int = 6000, n_packets: int = 4000, seconds: int = 150, seed: int = 0) -> Scenario:
@@ -177,3 +184,57 @@ def read_topic(bootstrap: str, topic: str, schema: str | None, timeout: float = 
                 done.add(p)
     c.close()
     return out
+
+
+def engine_env(s: Any, bootstrap: str, db: str) -> dict[str, str]:
+    """Environment of ``tidewatch engine run`` for the settings ``s`` of a test (its topics,
+    checkpoint, small micro-batches)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "TIDEWATCH_KAFKA_BOOTSTRAP": bootstrap,
+            "TIDEWATCH_DATABASE_URL": db,
+            "TIDEWATCH_TOPIC_TRADES": s.topic_trades,
+            "TIDEWATCH_TOPIC_PACKETS": s.topic_packets,
+            "TIDEWATCH_TOPIC_SUBSCRIPTIONS": s.topic_subscriptions,
+            "TIDEWATCH_TOPIC_ALERTS": s.topic_alerts,
+            "TIDEWATCH_TOPIC_RESULTS": s.topic_results,
+            "TIDEWATCH_TOPIC_DEAD_LETTER": s.topic_dead_letter,
+            "TIDEWATCH_ALLOWED_LATENESS_MS": str(s.allowed_lateness_ms),
+            "TIDEWATCH_ENGINE_HISTORY_MS": str(s.engine_history_ms),
+            "TIDEWATCH_SNAPSHOT_EVERY_BATCHES": "2",
+            "TIDEWATCH_ENGINE_MAX_OFFSETS_PER_TRIGGER": "400",
+            "TIDEWATCH_TRIGGER_SECONDS": "0.2",
+            "TIDEWATCH_CHECKPOINT_DIR": str(s.checkpoint_dir),
+            "TIDEWATCH_SPARK_MASTER": "local[2]",
+        }
+    )
+    return env
+
+
+def start_engine(env: dict[str, str], log: Path, run: str) -> subprocess.Popen[bytes]:
+    """``tidewatch engine run`` in a subprocess of its own process group, output appended to ``log``."""
+    cmd = [sys.executable, "-m", "tidewatch.cli", "engine", "run", "--engine-id", run]
+    return subprocess.Popen(
+        cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def kill_engine(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the engine's process group (Spark's JVM included) and wait for it."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def progress(db: str) -> tuple[int, int | None]:
+    """(committed batches, newest watermark in ms) of the engine's database."""
+    eng = sa.create_engine(db, poolclass=NullPool)
+    try:
+        with eng.connect() as conn:
+            n, wm = conn.execute(sa.text("SELECT count(*), max(watermark) FROM engine_batches")).one()
+    finally:
+        eng.dispose()
+    return int(n), None if wm is None else round(wm.timestamp() * 1000)

@@ -1,7 +1,7 @@
 """The Kafka broker restarted while a file feed runs: the feed keeps going and nothing is lost or doubled.
 
 The broker is the embedded one (:mod:`tidewatch.services.kafka`, the broker ``tidewatch up``
-runs) in a temporary run dir on free ports, so it can be stopped and started again on the
+runs) in a temporary run dir on free ports (fixture ``restartable_kafka``, tests/conftest.py), so it can be stopped and started again on the
 same ports and data (the session's container broker is shared by other tests).  The real
 ``tidewatch feed trades --csv`` runs in a subprocess, paced with ``--rate``; the broker is
 stopped (controlled shutdown, SIGTERM) part-way, left down for a few seconds and started
@@ -19,13 +19,10 @@ each key's records in file order.  docs/RELIABILITY.md, "Kafka broker restart mi
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -38,43 +35,12 @@ from ingest.avro import decode_batch, field_names
 from ingest.csv_io import columns_to_frame, read_csv_chunks, write_csv
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tidewatch.services import kafka, process
-from tidewatch.settings import Settings, get_settings
+from tidewatch.services import kafka
+from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 DOWN_S = float(os.environ.get("TIDEWATCH_TEST_BROKER_DOWN_S", "4"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[Settings]:
-    """An embedded broker of its own (PLAINTEXT) that the test may stop and start."""
-    base = get_settings()
-    root = Path(tempfile.mkdtemp(prefix="tidewatch-restart-test-"))
-    port = _free_port()
-    s = Settings(
-        run_dir=root / "run",
-        cache_dir=base.cache_dir,
-        kafka_port=port,
-        kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_controller_port=_free_port(),
-        kafka_security="plaintext",
-    )
-    try:
-        kafka.start(s)
-        yield s
-    finally:
-        kafka.stop(s)
-        assert process.read_record(s.run_dir, kafka.NAME) is None
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _high_watermarks(bootstrap: str, topic: str) -> int:
@@ -87,7 +53,8 @@ def _high_watermarks(bootstrap: str, topic: str) -> int:
         c.close()
 
 
-def test_feed_rides_out_a_broker_restart(broker: Settings, tmp_path: Path) -> None:
+def test_feed_rides_out_a_broker_restart(restartable_kafka: Settings, tmp_path: Path) -> None:
+    broker = restartable_kafka
     bootstrap = broker.kafka_bootstrap
     topic = f"it-restart-{uuid.uuid4().hex[:8]}"
     ensure_topic(bootstrap, topic, 2)

@@ -1,0 +1,222 @@
+"""Faults under the running Spark engine: a Kafka broker restart and a PostgreSQL server restart.
+
+The real ``tidewatch engine run`` (Spark ``local[2]``, a subprocess) and the real
+``tidewatch feed trades --csv F --rate R`` (a subprocess) run against an embedded broker and an
+embedded PostgreSQL of their own (fixtures ``restartable_kafka`` and ``restartable_pg``,
+tests/conftest.py: local processes on free ports in a temporary run dir, stopped by PID and started
+again on the same port and data -- a restarted container would get another mapped port).  Part-way
+through the stream, once alerts have been committed and a dashboard client has taken its cursor,
+one service is stopped, kept down ``TIDEWATCH_TEST_FAULT_DOWN_S`` seconds (default 4) and started
+again.  Neither the engine nor the feed is restarted.  Afterwards:
+
+* the alert log in PostgreSQL equals ``tidewatch backtest`` on the same events at the same lookup
+  times (an undisturbed run);
+* the ``alerts`` topic read with ``read_committed`` holds exactly that log, each alert once;
+* the dashboard's "while you were away" (:func:`dashboard.catchup.catch_up`) for the client
+  cursor taken before the fault lists exactly the alerts committed after it: with the alerts
+  committed before the cursor they make up the whole log, none in both.
+
+docs/RELIABILITY.md, "Faults survived".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import sessionmaker
+from test_engine_integration import engine_settings, fresh_database, wait_for  # noqa: I001
+from tests_engine_support import (
+    RULES,
+    G,
+    backtest,
+    engine_env,
+    kill_engine,
+    make_scenario,
+    produce_rules,
+    progress,
+    read_topic,
+    start_engine,
+)
+
+from dashboard import catchup
+from ingest.csv_io import write_csv
+from subscriptions.service import SubscriptionService
+from tidewatch.db.session import make_engine
+from tidewatch.services import kafka, postgres
+from tidewatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+DOWN_S = float(os.environ.get("TIDEWATCH_TEST_FAULT_DOWN_S", "4"))
+N_TRADES = 6000
+CLIENT = "laptop"
+
+
+@dataclass
+class Run:
+    """What one run through a fault measured."""
+
+    log: str  # the engine's output
+    outage_s: float  # from the stop call to the service answering again
+    batches_before: int  # batches committed when the service was stopped
+    wall_s: float  # engine start to the final watermark
+
+
+def _rows(db: str, sql: str) -> list[Any]:
+    eng = make_engine(db)
+    try:
+        with eng.connect() as conn:
+            return list(conn.execute(text(sql)))
+    finally:
+        eng.dispose()
+
+
+def _alerts_by_seq(db: str) -> dict[str, int]:
+    return {str(a): int(s) for a, s in _rows(db, "SELECT alert_id, seq FROM alerts")}
+
+
+def _events(db: str) -> int:
+    return int(_rows(db, "SELECT coalesce(sum(events), 0) FROM engine_batches")[0][0])
+
+
+def _alert_id(a: tuple[str, str, str, int]) -> str:
+    return f"{a[0]}|{a[1]}|{a[2]}|{a[3]}"
+
+
+def _run_through(fault: Callable[[], None], kafka_s: Settings, pg_s: Settings, tmp_path: Path) -> Run:
+    """Engine + feed through ``fault()`` (stops a service, waits, starts it); then every check."""
+    bootstrap = kafka_s.kafka_bootstrap
+    assert bootstrap is not None
+    run = uuid.uuid4().hex[:8]
+    s = engine_settings(run, tmp_path / "ckpt")
+    db = fresh_database(pg_s.sqlalchemy_url)
+    from engine.publish import ensure_topics
+
+    ensure_topics(bootstrap, s)
+    # the dashboard's side: a user owning the subscriptions the engine gets through Kafka
+    db_engine = make_engine(db)
+    sm = sessionmaker(bind=db_engine, expire_on_commit=False)
+    svc = SubscriptionService(sm)
+    user = f"faults{run}"
+    svc.ensure_user(user)
+    sc = make_scenario(n_trades=N_TRADES, n_packets=0, seed=23)
+    for name, rule in RULES.items():
+        sc.sub_ids[name] = str(svc.create(user, rule, name=name).id)
+    produce_rules(sc, bootstrap, s.topic_subscriptions)
+    # the trades in two files fed one after the other: the first part makes alerts before the
+    # fault, the second is being sent, paced, while the service is down
+    cut = N_TRADES * 2 // 5
+    parts = [tmp_path / "trades-1.csv", tmp_path / "trades-2.csv"]
+    for f, sl in zip(parts, (slice(0, cut), slice(cut, None)), strict=True):
+        write_csv(f, iter([{k: v[sl] for k, v in sc.trades.items()}]), "trades")
+    rate = (N_TRADES - cut) / (6 + 2 * DOWN_S)  # the second part outlasts the outage
+
+    def feed_cmd(f: Path, *pace: str) -> list[str]:
+        cmd = [sys.executable, "-m", "tidewatch.cli", "feed", "trades", "--csv", str(f), *pace]
+        return cmd + ["--bootstrap", bootstrap, "--topic", s.topic_trades, "--no-progress"]
+
+    final = (sc.max_ts - s.allowed_lateness_ms) // G * G
+    elog, flog = tmp_path / "engine.log", tmp_path / "feed.log"
+    t0 = time.monotonic()
+    proc = start_engine(engine_env(s, bootstrap, db), elog, run)
+    feed: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: progress(db)[0] >= 1, 180, "the engine's first batch (the rules)")
+        first = subprocess.run(feed_cmd(parts[0], "--asap"), capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stderr[-3000:]
+        wait_for(lambda: len(_alerts_by_seq(db)) > 0, 120, "the first alerts")
+        # a dashboard client reads what is there and moves its cursor, then the fault
+        seen = catchup.catch_up(sm, user, CLIENT)
+        assert seen.upto > seen.cursor == 0
+        cursor = catchup.acknowledge(sm, user, CLIENT, seen.upto)
+        before = {a for a, seq in _alerts_by_seq(db).items() if seq <= cursor}
+        batches_before, wm = progress(db)
+        assert wm is not None and wm < final, "the fault must come mid-stream"
+        feed = subprocess.Popen(
+            feed_cmd(parts[1], "--rate", f"{rate:.0f}"), stdout=subprocess.DEVNULL, stderr=open(flog, "wb")
+        )
+        # the fault once the engine has taken in some of the second part (the feed is connected)
+        wait_for(lambda: _events(db) > cut, 60, "the second part's first events in the engine")
+        assert feed.poll() is None, "the feed must still be sending"
+        t_fault = time.monotonic()
+        fault()
+        outage = time.monotonic() - t_fault
+        assert proc.poll() is None, "the engine died during the fault:\n" + elog.read_text()[-3000:]
+        assert feed.wait(timeout=180) == 0, flog.read_text()[-3000:]
+        assert "failed 0, unconfirmed 0" in flog.read_text()
+        wait_for(lambda: (progress(db)[1] or 0) // G * G == final, 240, f"the engine to reach {final}")
+        wall = time.monotonic() - t0
+        assert proc.poll() is None, "the engine exited:\n" + elog.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)  # to the CLI alone: it stops the query, then Spark
+        rc = proc.wait(timeout=120)
+    finally:
+        if feed is not None and feed.poll() is None:
+            feed.kill()
+            feed.wait()
+        kill_engine(proc)  # what is left of its process group
+    engine_log = elog.read_text(errors="replace")
+    assert rc == 0, engine_log[-3000:]
+    assert "replaying batches" not in engine_log  # one engine process from start to end
+
+    from engine.store import Store
+
+    got = Store(db_engine).alert_log()
+    expect = backtest(sc, RULES, final)
+    assert len(expect) > 100
+    missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
+    assert not missing and not extra, f"missing {missing[:5]}, extra {extra[:5]}\n{engine_log[-3000:]}"
+    assert sorted(got) == expect
+
+    ids = [a["id"] for a in read_topic(bootstrap, s.topic_alerts, "alerts")]
+    assert len(ids) == len(set(ids)), "an alert was published twice"
+    assert set(ids) == {_alert_id(a) for a in got}
+
+    away = catchup.catch_up(sm, user, CLIENT, per_group=len(got))
+    listed = [a.alert_id for g in away.groups for a in g.alerts]
+    assert away.cursor == cursor and len(listed) == len(set(listed)) == away.total
+    assert not set(listed) & before, "an alert seen before the fault is shown again"
+    assert set(listed) | before == {_alert_id(a) for a in got}, "an alert is missing from the catch-up"
+    assert {a for a, seq in _alerts_by_seq(db).items() if seq > cursor} == set(listed)
+    db_engine.dispose()
+    print(
+        f"\n{N_TRADES} trades at {rate:.0f}/s; fault after {batches_before} batches, "
+        f"{len(before)} alerts before the cursor; outage {outage:.1f} s; {len(got)} alerts "
+        f"({len(listed)} after the cursor); engine start to final watermark {wall:.0f} s; "
+        f"{engine_log.count('Kafka transaction failed')} Kafka transactions and "
+        f"{engine_log.count('PostgreSQL unreachable')} batch commits retried"
+    )
+    return Run(engine_log, outage, batches_before, wall)
+
+
+def test_engine_rides_out_a_kafka_broker_restart(
+    restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path
+) -> None:
+    def restart() -> None:
+        kafka.stop(restartable_kafka)  # controlled shutdown
+        time.sleep(DOWN_S)
+        kafka.start(restartable_kafka)
+
+    _run_through(restart, restartable_kafka, restartable_pg, tmp_path)
+
+
+def test_engine_rides_out_a_postgres_restart(
+    restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path
+) -> None:
+    def restart() -> None:
+        postgres.stop(restartable_pg)  # fast shutdown: every connection is closed
+        time.sleep(DOWN_S)
+        postgres.start(restartable_pg)  # same port, same data dir
+
+    r = _run_through(restart, restartable_kafka, restartable_pg, tmp_path)
+    assert "PostgreSQL unreachable" in r.log, "no batch commit met the outage"
