@@ -12,24 +12,32 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, insert, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from engine.core import Alert, BatchOutput
+from engine.core import BatchOutput
 from tidewatch.db.models import Alert as AlertRow
 from tidewatch.db.models import CurrentResult, EngineBatch, EngineMetric
 
 _NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
 
 
+@lru_cache(maxsize=65536)
 def subscription_uuid(sid: str) -> uuid.UUID:
-    """The UUID of a subscription id (ids that are not UUIDs map to a stable uuid5)."""
+    """The UUID of a subscription id (ids that are not UUIDs map to a stable uuid5); cached:
+    a batch's thousands of alerts come from far fewer subscriptions."""
     try:
         return uuid.UUID(sid)
     except ValueError:
         return uuid.uuid5(_NS, sid)
+
+
+@lru_cache(maxsize=65536)
+def _uuid_text(sid: str) -> str:
+    return str(subscription_uuid(sid))
 
 
 def ms_to_dt(ms: int) -> datetime:
@@ -75,6 +83,7 @@ class Store:
             ).first()
             if got is None:
                 return False
+            vals = [json.dumps(a.values) for a in out.alerts]  # once: alerts and current results
             if out.alerts:
                 # one statement per table, rows bound as arrays (unnest): thousands of alerts per batch
                 conn.execute(
@@ -89,21 +98,21 @@ class Store:
                     {
                         "batch": out.batch_id,
                         "ids": [a.id for a in out.alerts],
-                        "sids": [str(subscription_uuid(a.subscription_id)) for a in out.alerts],
+                        "sids": [_uuid_text(a.subscription_id) for a in out.alerts],
                         "keys": [a.key for a in out.alerts],
                         "kinds": [a.kind for a in out.alerts],
                         "ms": [a.as_of for a in out.alerts],
-                        "vals": [json.dumps(a.values) for a in out.alerts],
+                        "vals": vals,
                     },
                 )
             for sid in out.removed:
                 conn.execute(
                     delete(CurrentResult).where(CurrentResult.subscription_id == subscription_uuid(sid))
                 )
-            net: dict[tuple[str, str], Alert] = {}
-            for a in out.alerts:
-                net[(str(subscription_uuid(a.subscription_id)), a.key)] = a
-            gone = [k for k, a in net.items() if a.kind == "EXIT"]
+            net: dict[tuple[str, str], int] = {}  # (subscription, key) -> its last alert's index
+            for i, a in enumerate(out.alerts):
+                net[(_uuid_text(a.subscription_id), a.key)] = i
+            gone = [k for k, i in net.items() if out.alerts[i].kind == "EXIT"]
             if gone:
                 conn.execute(
                     text(
@@ -112,7 +121,7 @@ class Store:
                     ),
                     {"sids": [k[0] for k in gone], "keys": [k[1] for k in gone]},
                 )
-            came = [(k, a) for k, a in net.items() if a.kind == "ENTER"]
+            came = [(k, i) for k, i in net.items() if out.alerts[i].kind == "ENTER"]
             if came:
                 conn.execute(
                     text(
@@ -126,8 +135,8 @@ class Store:
                     {
                         "sids": [k[0] for k, _ in came],
                         "keys": [k[1] for k, _ in came],
-                        "ms": [a.as_of for _, a in came],
-                        "vals": [json.dumps(a.values) for _, a in came],
+                        "ms": [out.alerts[i].as_of for _, i in came],
+                        "vals": [vals[i] for _, i in came],
                     },
                 )
             conn.execute(insert(EngineMetric).values(batch_id=out.batch_id, **metrics))
