@@ -1377,19 +1377,27 @@ class Evaluator:
             computed[sig] = (u, ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0))
         out: dict[str, dict[str, dict[str, float | int | str | None]]] = {}
         for rule, keys, ids in reqs:
-            cols: list[tuple[str, bool, list[float]]] = []
+            texts = [spec.text for spec in rule.plan.aggs]
+            cols: list[list[Any]] = []
             for spec in rule.plan.aggs:
                 u, v = computed[(id(rule.agg_structs[spec.id]), spec.func, spec.window)]
-                vals = v[np.searchsorted(u, ids)].astype(np.float64).tolist() if ids.shape[0] else []
-                cols.append((spec.text, spec.func in ("COUNT", "DISTINCT"), vals))
-            per: dict[str, dict[str, float | int | str | None]] = {}
-            for j, k in enumerate(keys):
-                row: dict[str, float | int | str | None] = {}
-                for text, integral, vs in cols:
-                    x = vs[j]
-                    row[text] = None if x != x else (int(x) if integral else x)
-                per[k] = row
-            out[rule.name] = per
+                x = np.asarray(v[np.searchsorted(u, ids)] if ids.shape[0] else np.zeros(0), np.float64)
+                nan = np.isnan(x)
+                col: list[Any] = (
+                    x.astype(np.int64).tolist() if spec.func in ("COUNT", "DISTINCT") and not nan.any()
+                    else x.tolist()
+                )  # fmt: skip
+                if nan.any():  # NULL (e.g. AVG of an empty window) as None; COUNTs as int
+                    integral = spec.func in ("COUNT", "DISTINCT")
+                    col = [
+                        None if m else (int(c) if integral else c)
+                        for c, m in zip(col, nan.tolist(), strict=True)
+                    ]
+                cols.append(col)
+            rows = zip(*cols, strict=True) if cols else ((),) * len(keys)
+            out[rule.name] = {
+                k: dict(zip(texts, row, strict=True)) for k, row in zip(keys, rows, strict=True)
+            }
         return out
 
     @property
