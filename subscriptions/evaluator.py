@@ -15,7 +15,10 @@ State is shared, never per rule (Arasu & Widom 2004, sections 3-4):
 index candidates of its driving atom(s) followed by an exact post-check of the whole
 condition; rules that are a single threshold atom and share (index, window) are looked up
 together (one index lookup at the loosest threshold, then one Numba pass: exact values,
-per-rule ranges, changes); candidates the index proves (``CICount.lookup``'s ``sure`` mask) skip
+per-rule ranges, changes), and so are rules ``driver AND further aggregate-vs-constant atoms``
+(the group's (rule, key) pairs of the driver are then filtered by the other atoms, each distinct
+aggregate read once for the keys of all rules using it -- Arasu & Widom's sharing carried over
+to the post-check); candidates the index proves (``CICount.lookup``'s ``sure`` mask) skip
 the post-check when the driving atom is the condition or one of its top-level disjuncts.
 ``strategy="naive"`` evaluates every rule, one by one, on every key of its key domain from the
 same per-key structures, with no collective index.  Both give identical answers.

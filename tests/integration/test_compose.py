@@ -14,6 +14,7 @@ of scripts/containers_setup.sh (podman-compose then builds nothing).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -40,6 +41,19 @@ class ComposeProject:
     name: str
     env: dict[str, str]
     kafka_port: int
+    security: str = "plaintext"
+
+    def client(self, principal: str | None, **conf: object) -> dict[str, object]:
+        """librdkafka configuration of a host client, as ``principal`` in the scram mode."""
+        base: dict[str, object] = {"bootstrap.servers": f"127.0.0.1:{self.kafka_port}", **conf}
+        if self.security == "scram" and principal is not None:
+            base |= {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": principal,
+                "sasl.password": self.env[f"TIDEWATCH_KAFKA_{principal.upper()}_PASSWORD"],
+            }
+        return base
 
     def cmd(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -58,8 +72,8 @@ class ComposeProject:
         return res.stdout + res.stderr
 
 
-@pytest.fixture()
-def compose_project(container_runtime) -> Iterator[ComposeProject]:
+@pytest.fixture(params=["plaintext", "scram"])
+def compose_project(request: pytest.FixtureRequest, container_runtime) -> Iterator[ComposeProject]:
     if shutil.which("podman-compose") is None:
         pytest.fail("podman-compose is missing: run scripts/containers_setup.sh", pytrace=False)
     s = get_settings()
@@ -75,7 +89,11 @@ def compose_project(container_runtime) -> Iterator[ComposeProject]:
         "TIDEWATCH_DEMO_TRADE_RATE": "20",
         "TIDEWATCH_DEMO_HISTORY_MINUTES": "1",
     }
-    project = ComposeProject(f"twtest{os.getpid()}", env, kafka_port)
+    if request.param == "scram":  # SASL/SCRAM + ACLs, a fresh password per principal
+        env["TIDEWATCH_KAFKA_SECURITY"] = "scram"
+        for principal in ("ADMIN", "FEED", "ENGINE", "DASHBOARD", "RELAY"):
+            env[f"TIDEWATCH_KAFKA_{principal}_PASSWORD"] = secrets.token_urlsafe(12)
+    project = ComposeProject(f"twtest{os.getpid()}", env, kafka_port, request.param)
     project.cmd("down", "-v", timeout=180)  # leftovers of a killed run with the same PID
     try:
         yield project
@@ -115,16 +133,18 @@ def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProje
     for service in ("kafka", "postgres", "engine", "dashboard", "feed"):
         assert f"{compose_project.name}_{service}_1" in running
 
-    bootstrap = f"127.0.0.1:{compose_project.kafka_port}"
     symbol = f"PROBE-{uuid.uuid4().hex[:8]}"
-    producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 120_000})
+    # in the scram mode the probe is written as the feed and read back as the admin
+    producer = Producer(compose_project.client("feed", **{"message.timeout.ms": 120_000}))
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"compose-test-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }
+        compose_project.client(
+            "admin",
+            **{
+                "group.id": f"compose-test-{uuid.uuid4().hex[:6]}",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            },
+        )
     )
     consumer.subscribe(["dead-letter"])
     found = None
@@ -151,3 +171,21 @@ def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProje
     finally:
         consumer.close()
     assert found is not None, compose_project.logs("engine")[-3000:]
+    if compose_project.security == "scram":
+        _forbidden_actions_are_refused(compose_project)
+
+
+def _forbidden_actions_are_refused(project: ComposeProject) -> None:
+    """Scram mode: the feed may not write alerts; a client without credentials gets nothing."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import AdminClient
+
+    errors: list[KafkaError] = []
+    feed = Producer(project.client("feed", **{"message.timeout.ms": 20_000}))
+    feed.produce("alerts", value=b"forged", on_delivery=lambda err, _msg: errors.append(err))
+    feed.flush(30)
+    assert errors and errors[0] is not None
+    assert errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errors[0]
+    anonymous = AdminClient(project.client(None, **{"socket.timeout.ms": 5_000}))
+    with pytest.raises(KafkaException):
+        anonymous.list_topics(timeout=8)
