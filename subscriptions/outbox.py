@@ -22,6 +22,14 @@ the relay process is killed:
 4. Two relays never run at once: each holds a PostgreSQL advisory lock per topic for
    its lifetime, so "after the highest marked offset" is only ever written by one process.
 
+A broker restart under a running relay (5.): a transaction that fails (any Kafka error) or
+has not returned within ``relay_kafka_stall_s`` is given up, the producer is re-created with
+the same transactional id -- which fences the old one (possibly still blocked in a librdkafka
+call) and completes or aborts its open transaction -- and :meth:`OutboxRelay.recover` marks the
+rows whose records did commit, exactly as after case 3; the rest are published again
+(:mod:`tidewatch.kafka.txn`, the engine's mechanism).  :meth:`OutboxRelay.run` never gives up:
+an outage longer than ``relay_kafka_retry_s`` is logged and waited out.
+
 Every message also carries the subscription ``version`` (header and value), so a
 consumer can drop anything it has already applied (``version`` ≤ what it holds) -- a
 second line of defence for consumers that read ``read_uncommitted`` (Spark's Kafka
