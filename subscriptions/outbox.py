@@ -339,9 +339,10 @@ class OutboxRelay:
         self._producer = bounded(self._new_producer, self.stall_s, "a new producer")
         self.recovered += self.recover(timeout=self.stall_s)
 
-    def drain(self) -> int:
+    def drain(self, stop: threading.Event | None = None) -> int:
         """Publish until nothing is pending; return how many rows.  A failed or stalled Kafka
-        transaction is retried (:func:`~tidewatch.kafka.txn.retrying`, for up to ``retry_s``)."""
+        transaction is retried (:func:`~tidewatch.kafka.txn.retrying`, for up to ``retry_s`` or
+        until ``stop`` is set)."""
         total = 0
 
         def attempt(n: int) -> int:
@@ -351,7 +352,7 @@ class OutboxRelay:
                 self._broken = False
             return self.publish_pending()
 
-        while n := retrying(attempt, self.retry_s, f"outbox relay ({self.topic})", log):
+        while n := retrying(attempt, self.retry_s, f"outbox relay ({self.topic})", log, stop):
             total += n
         return total
 
@@ -361,9 +362,11 @@ class OutboxRelay:
         stop = stop or threading.Event()
         while not stop.is_set():
             try:
-                published = self.drain()
+                published = self.drain(stop)
             except (KafkaException, KafkaStalled) as exc:
                 self._broken = True
+                if stop.is_set():
+                    break
                 log.error("outbox relay: Kafka still unreachable (%s); trying again", exc)
                 published = 0
             if published == 0:

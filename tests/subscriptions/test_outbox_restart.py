@@ -78,34 +78,42 @@ def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-d
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _setup(kafka_s: Settings, db: str) -> tuple[str, SubscriptionService, dict[str, str]]:
+    """A fresh compacted subscriptions topic, the service writing to it, the relay's environment."""
+    bootstrap = kafka_s.kafka_bootstrap
+    assert bootstrap is not None
+    topic = f"subscriptions-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
+    admin.create_topics([new])[topic].result(30)
+    svc = SubscriptionService(url=db, topic=topic)
+    svc.ensure_user(USER)
+    env = {
+        **os.environ,
+        "TIDEWATCH_KAFKA_SECURITY": "plaintext",
+        "TIDEWATCH_KAFKA_BOOTSTRAP": bootstrap,
+        "TIDEWATCH_DATABASE_URL": db,
+        "TIDEWATCH_TOPIC_SUBSCRIPTIONS": topic,
+        "TIDEWATCH_RELAY_KAFKA_STALL_S": "10",
+    }
+    return topic, svc, env
+
+
+def _relay(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """The real ``tidewatch subscriptions relay`` (what ``tidewatch up`` runs), stderr to ``log``."""
+    cmd = [sys.executable, "-m", "tidewatch.cli", "subscriptions", "relay", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log.open("wb"))
+
+
 def test_relay_rides_out_a_kafka_broker_restart(
     restartable_kafka: Settings, restartable_db: str, tmp_path: Path
 ) -> None:
     t0 = time.monotonic()
     bootstrap = restartable_kafka.kafka_bootstrap
     assert bootstrap is not None
-    topic = f"subscriptions-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
-    admin.create_topics([new])[topic].result(30)
-    svc = SubscriptionService(url=restartable_db, topic=topic)
-    svc.ensure_user(USER)
-    env = {
-        **os.environ,
-        "TIDEWATCH_KAFKA_SECURITY": "plaintext",
-        "TIDEWATCH_KAFKA_BOOTSTRAP": bootstrap,
-        "TIDEWATCH_DATABASE_URL": restartable_db,
-        "TIDEWATCH_TOPIC_SUBSCRIPTIONS": topic,
-        "TIDEWATCH_RELAY_KAFKA_STALL_S": "10",
-        "PYTHONFAULTHANDLER": "1",
-    }
+    topic, svc, env = _setup(restartable_kafka, restartable_db)
     rlog = tmp_path / "relay.log"
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "tidewatch.cli", "subscriptions", "relay"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=rlog.open("wb"),
-    )
+    relay = _relay(env, rlog)
     changer = Changer(svc)
     try:
         _wait(lambda: "outbox relay publishing" in rlog.read_text(), 60, "the relay to start")
@@ -156,3 +164,48 @@ def test_relay_rides_out_a_kafka_broker_restart(
         f"{log_text.count('Kafka transaction failed')} relay transactions retried, "
         f"{log_text.count('giving up')} retry budgets exhausted; test {time.monotonic() - t0:.0f} s"
     )
+
+
+def test_relay_stops_on_sigterm_while_the_broker_is_down(
+    restartable_kafka: Settings, restartable_db: str, tmp_path: Path
+) -> None:
+    """SIGTERM to a relay stuck on a broker that is down: it exits 0 promptly (``run`` does not
+    wait out ``relay_kafka_retry_s``); once the broker is back, ``relay --once`` publishes what
+    was left, exactly once."""
+    bootstrap = restartable_kafka.kafka_bootstrap
+    assert bootstrap is not None
+    topic, svc, env = _setup(restartable_kafka, restartable_db)
+    rlog = tmp_path / "relay.log"
+    relay = _relay(env, rlog)
+    ids = []
+    try:
+        _wait(lambda: "outbox relay publishing" in rlog.read_text(), 60, "the relay to start")
+        ids = [svc.create(USER, RULE.format(n=i), name=f"t{i}-{uuid.uuid4().hex[:4]}").id for i in range(3)]
+        _wait(lambda: pending_count(restartable_db, [topic]) == 0, 30, "the first changes to be published")
+        kafka.stop(restartable_kafka)
+        for sid in ids:
+            svc.pause(USER, sid)
+        time.sleep(3)  # the relay is inside a transaction that cannot complete
+        t = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        rc = relay.wait(timeout=60)
+        stop_s = time.monotonic() - t
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        kafka.start(restartable_kafka)
+    assert rc == 0, rlog.read_text()[-3000:]
+    assert stop_s < 30, stop_s  # the stall bound (10 s here) and the producer's close, not 300 s
+    assert pending_count(restartable_db, [topic]) == len(ids)
+    once = subprocess.run(
+        [sys.executable, "-m", "tidewatch.cli", "subscriptions", "relay", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert once.returncode == 0, once.stderr[-3000:]
+    assert f"published {len(ids)} change(s)" in once.stdout
+    _assert_exactly_once(restartable_db, bootstrap, topic, 2 * len(ids))
+    print(f"\nrelay stopped {stop_s:.1f} s after SIGTERM with the broker down; --once published the rest")

@@ -56,3 +56,19 @@ def test_retrying_gives_up_after_its_budget_and_passes_other_errors() -> None:
     assert 2 <= len(calls) <= 3  # 0.5 s pause, then what is left of 0.6 s
     with pytest.raises(RuntimeError):
         retrying(lambda n: (_ for _ in ()).throw(RuntimeError("db")), 60, "x", log)
+
+
+def test_retrying_stops_when_told() -> None:
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def down(n: int) -> None:
+        calls.append(n)
+        if n == 2:
+            stop.set()
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    t0 = time.monotonic()
+    with pytest.raises(KafkaException):
+        retrying(down, 300, "x", log, stop)
+    assert calls == [1, 2] and time.monotonic() - t0 < 5

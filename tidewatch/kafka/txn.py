@@ -50,11 +50,18 @@ def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-def retrying(attempt: Callable[[int], T], retry_s: float, what: str, log: logging.Logger) -> T:
+def retrying(
+    attempt: Callable[[int], T],
+    retry_s: float,
+    what: str,
+    log: logging.Logger,
+    stop: threading.Event | None = None,
+) -> T:
     """``attempt(1)``, ``attempt(2)``, ... until one returns, while they raise
     :class:`~confluent_kafka.KafkaException` or :class:`KafkaStalled`, pausing 0.5 s (doubling up
-    to 10 s) in between, for up to ``retry_s``; then the last error is raised.  ``attempt(n)``
-    with ``n > 1`` must re-create the producer and check its progress before working again."""
+    to 10 s) in between, for up to ``retry_s`` or until ``stop`` is set; then the last error is
+    raised.  ``attempt(n)`` with ``n > 1`` must re-create the producer and check its progress
+    before working again."""
     deadline = time.monotonic() + retry_s
     n, wait = 1, 0.5
     while True:
@@ -65,7 +72,7 @@ def retrying(attempt: Callable[[int], T], retry_s: float, what: str, log: loggin
             return out
         except (KafkaException, KafkaStalled) as exc:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (stop is not None and stop.is_set()):
                 log.error("%s: Kafka unreachable for %.0f s: giving up (%s)", what, retry_s, exc)
                 raise
             pause = min(wait, left)
@@ -73,5 +80,8 @@ def retrying(attempt: Callable[[int], T], retry_s: float, what: str, log: loggin
                 "%s: Kafka transaction failed (attempt %d: %s); retrying with a new producer "
                 "in %.1f s (%.0f s left)", what, n, exc, pause, left,
             )  # fmt: skip
-            time.sleep(pause)
+            if stop is None:
+                time.sleep(pause)
+            elif stop.wait(pause):
+                raise
             n, wait = n + 1, min(2 * wait, 10.0)
