@@ -12,7 +12,10 @@ to Spark): every partition of the stream's topic from the offset of ``now - look
 (``offsets_for_times``) up to its end when the read started, bounded by
 ``settings.dashboard_detail_max_messages``; records are filtered by the Kafka message key
 when the rule's key is the topic's key (trades: ``symbol``; packets:
-``settings.packets_key``), else after decoding.
+``settings.packets_key``), else after decoding.  Each read uses a consumer of its own, closed
+at the end, so nothing is left stuck by a broker restart: while the broker is down a read
+raises :class:`KafkaUnavailable` (a message for the page) within about ``timeout_s`` / 4, and
+the first read after it is back works again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from subscriptions.compiler import AggSpec, Plan
 from subscriptions.evaluator import BatchView
 from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
+
+
+class KafkaUnavailable(RuntimeError):
+    """Kafka did not answer a read of the stream; ``str()`` is a message fit for the page."""
 
 
 def lookup_times(t_from: int, t_to: int, pane_ms: int, max_points: int = 600) -> np.ndarray:
@@ -101,7 +108,7 @@ def recent_events(
 ) -> tuple[dict[str, np.ndarray], bool]:
     """The key's events (every key's when ``key`` is None) of the last ``lookback_ms`` from
     Kafka; ``(columns, truncated)``."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     from engine.dead_letter import DeadLetters
     from engine.decode import decode_records
@@ -124,15 +131,31 @@ def recent_events(
     offs: list[int] = []
     vals: list[bytes] = []
     truncated = False
+    wait = max(1.0, timeout_s / 4)  # each metadata call; the read itself gets timeout_s
     try:
-        meta = c.list_topics(topic, timeout=5)
-        tmeta = meta.topics.get(topic)
-        if tmeta is None or tmeta.error is not None:
-            return {}, False
-        start_ms = int(time.time() * 1000) - lookback_ms
-        tps = [TopicPartition(topic, p, start_ms) for p in sorted(tmeta.partitions)]
-        starts = c.offsets_for_times(tps, timeout=5)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in tmeta.partitions}
+        try:
+            meta = c.list_topics(topic, timeout=wait)
+            tmeta = meta.topics.get(topic)
+            if tmeta is None or (
+                tmeta.error is not None and tmeta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                return {}, False
+            if tmeta.error is not None:  # e.g. no leader yet, right after a broker restart
+                raise KafkaException(tmeta.error)
+            start_ms = int(time.time() * 1000) - lookback_ms
+            tps = [TopicPartition(topic, p, start_ms) for p in sorted(tmeta.partitions)]
+            starts = c.offsets_for_times(tps, timeout=wait)
+            ends = {
+                p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=wait)[1]
+                for p in tmeta.partitions
+            }
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else exc
+            reason = err.str() if isinstance(err, KafkaError) else str(err)
+            raise KafkaUnavailable(
+                f"Kafka ({st.kafka_bootstrap}) does not answer, so the {stream} stream cannot be read "
+                f"now ({reason}). Try again in a moment."
+            ) from exc
         todo = {tp.partition: ends[tp.partition] for tp in starts if 0 <= tp.offset < ends[tp.partition]}
         if not todo:
             return {}, False

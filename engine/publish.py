@@ -16,7 +16,8 @@ error: retriable, abortable or fatal) or does not return within ``engine_kafka_s
 is given up, the producer is re-created with the same transactional id -- its
 ``init_transactions`` fences the old producer and completes or aborts the open transaction --
 and the marker decides, as after a crash, whether the batch must be published again; this
-is retried for up to ``engine_kafka_retry_s``.  The stall bound is needed because librdkafka
+is retried for up to ``engine_kafka_retry_s`` (:mod:`tidewatch.kafka.txn`, shared with the
+outbox relay).  The stall bound is needed because librdkafka
 (2.16) can block in ``send_offsets_to_transaction`` past its own timeout after a restart of the
 group coordinator (librdkafka issues 5456 and 5511); such a call is left in its thread, on the
 abandoned producer, which the new one has fenced.
@@ -25,7 +26,6 @@ abandoned producer, which the new one has fenced.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,15 +36,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from engine.core import Alert
 from engine.dead_letter import DeadLetters
 from ingest.avro import encode
+from tidewatch.kafka.txn import bounded, retrying
 from tidewatch.services.kafka import librdkafka_config
 
 log = logging.getLogger("tidewatch.engine")
 
 T = TypeVar("T")
-
-
-class KafkaStalled(RuntimeError):
-    """A call of the engine's Kafka clients did not return within ``engine_kafka_stall_s``."""
 
 
 def ensure_topics(bootstrap: str, settings: Any) -> None:
@@ -141,59 +138,21 @@ class Publisher:
         """Produce one batch's output and its progress marker in one transaction, exactly once:
         a failed or stalled transaction is retried with a new producer unless the marker shows
         that it committed (see the module docstring)."""
-        s = self.settings
-        deadline = time.monotonic() + s.engine_kafka_retry_s
-        attempt, wait = 1, 0.5
-        while True:
-            try:
-                if attempt > 1:
-                    # the old clients are dropped as they are: a call may still be blocked in them
-                    self.producer, self.marker = self._bounded(self._clients, "a new producer")
-                    if self._bounded(self.last_published, "the progress marker") >= batch_id:
-                        log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
-                        return
-                self._bounded(lambda: self._transaction(batch_id, alerts, dead), f"batch {batch_id}")
-                if attempt > 1:
-                    log.info("batch %d: published to Kafka at attempt %d", batch_id, attempt)
-                return
-            except (KafkaException, KafkaStalled) as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.error(
-                        "batch %d: Kafka unreachable for %.0f s: giving up (%s)",
-                        batch_id,
-                        s.engine_kafka_retry_s,
-                        exc,
-                    )
-                    raise
-                pause = min(wait, left)
-                log.warning(
-                    "batch %d: Kafka transaction failed (attempt %d: %s); retrying with a new producer "
-                    "in %.1f s (%.0f s left)", batch_id, attempt, exc, pause, left,
-                )  # fmt: skip
-                time.sleep(pause)
-                attempt, wait = attempt + 1, min(2 * wait, 10.0)
+
+        def attempt(n: int) -> None:
+            if n > 1:
+                # the old clients are dropped as they are: a call may still be blocked in them
+                self.producer, self.marker = self._bounded(self._clients, "a new producer")
+                if self._bounded(self.last_published, "the progress marker") >= batch_id:
+                    log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
+                    return
+            self._bounded(lambda: self._transaction(batch_id, alerts, dead), f"batch {batch_id}")
+
+        retrying(attempt, self.settings.engine_kafka_retry_s, f"batch {batch_id}", log)
 
     def _bounded(self, fn: Callable[[], T], what: str) -> T:
-        """``fn()`` in a thread of its own, given up (:class:`KafkaStalled`) after ``engine_kafka_stall_s``."""
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
-                box["error"] = exc
-
-        th = threading.Thread(target=run, name="tidewatch-kafka", daemon=True)
-        th.start()
-        th.join(self.settings.engine_kafka_stall_s)
-        if th.is_alive():
-            raise KafkaStalled(
-                f"{what}: no answer from Kafka within {self.settings.engine_kafka_stall_s:.0f} s"
-            )
-        if "error" in box:
-            raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
+        """``fn()`` given up (:class:`~tidewatch.kafka.txn.KafkaStalled`) after ``engine_kafka_stall_s``."""
+        return bounded(fn, self.settings.engine_kafka_stall_s, what)
 
     def _transaction(
         self, batch_id: int, alerts: list[Alert] | list[dict[str, Any]], dead: DeadLetters | None

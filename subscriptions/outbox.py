@@ -22,6 +22,14 @@ the relay process is killed:
 4. Two relays never run at once: each holds a PostgreSQL advisory lock per topic for
    its lifetime, so "after the highest marked offset" is only ever written by one process.
 
+A broker restart under a running relay (5.): a transaction that fails (any Kafka error) or
+has not returned within ``relay_kafka_stall_s`` is given up, the producer is re-created with
+the same transactional id -- which fences the old one (possibly still blocked in a librdkafka
+call) and completes or aborts its open transaction -- and :meth:`OutboxRelay.recover` marks the
+rows whose records did commit, exactly as after case 3; the rest are published again
+(:mod:`tidewatch.kafka.txn`, the engine's mechanism).  :meth:`OutboxRelay.run` never gives up:
+an outage longer than ``relay_kafka_retry_s`` is logged and waited out.
+
 Every message also carries the subscription ``version`` (header and value), so a
 consumer can drop anything it has already applied (``version`` ≤ what it holds) -- a
 second line of defence for consumers that read ``read_uncommitted`` (Spark's Kafka
@@ -50,6 +58,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tidewatch.db.models import Outbox
 from tidewatch.db.session import make_engine
+from tidewatch.kafka.txn import KafkaStalled, bounded, retrying
 from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
 
@@ -87,8 +96,13 @@ def _rowcount(result: Any) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-def _headers(row: Outbox) -> list[tuple[str, str | bytes | None]]:
-    h: list[tuple[str, str | bytes | None]] = [("outbox_id", str(row.id).encode())]
+_Header = tuple[str, str | bytes | None]
+#: what a transaction produces of a row: outbox id, key, value, headers
+_Record = tuple[int, bytes, bytes, list[_Header]]
+
+
+def _headers(row: Outbox) -> list[_Header]:
+    h: list[_Header] = [("outbox_id", str(row.id).encode())]
     version = row.payload.get("version") if isinstance(row.payload, dict) else None
     if version is not None:
         h.append(("version", str(version).encode()))
@@ -107,6 +121,10 @@ class OutboxRelay:
     hooks: Hooks = field(default_factory=Hooks)
     #: the ``relay`` principal's credentials (:func:`tidewatch.services.kafka.client_config`)
     kafka_conf: dict[str, str] = field(default_factory=dict)
+    #: a Kafka transaction not done after this long is given up (``relay_kafka_stall_s``)
+    stall_s: float = field(default_factory=lambda: get_settings().relay_kafka_stall_s)
+    #: :meth:`drain` retries failed transactions this long (``relay_kafka_retry_s``)
+    retry_s: float = field(default_factory=lambda: get_settings().relay_kafka_retry_s)
 
     def __post_init__(self) -> None:
         self._engine: Engine = make_engine(self.url)
@@ -118,7 +136,12 @@ class OutboxRelay:
             self._lock_conn.close()
             self._engine.dispose()
             raise RelayBusy(f"another outbox relay is publishing to {self.topic!r}")
-        self._producer = Producer(
+        self._producer = self._new_producer()
+        self._broken = False  # a transaction failed: re-create the producer and recover first
+        self.recovered = self.recover()
+
+    def _new_producer(self) -> Producer:
+        producer = Producer(
             {
                 "bootstrap.servers": self.bootstrap,
                 **self.kafka_conf,
@@ -128,9 +151,10 @@ class OutboxRelay:
                 "linger.ms": 5,
             }
         )
-        # fences a previous relay with the same id and aborts its open transaction (case 2)
-        self._producer.init_transactions(30)
-        self.recovered = self.recover()
+        # fences a previous relay (or producer) with the same id and completes or aborts its
+        # open transaction (case 2)
+        producer.init_transactions(30)
+        return producer
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **kw: Any) -> OutboxRelay:
@@ -243,7 +267,11 @@ class OutboxRelay:
     # --- publishing ---------------------------------------------------------------------------
 
     def publish_pending(self) -> int:
-        """Publish one batch of unpublished rows in one Kafka transaction; return how many."""
+        """Publish one batch of unpublished rows in one Kafka transaction; return how many.
+
+        The transaction runs under :func:`~tidewatch.kafka.txn.bounded` (``stall_s``): a Kafka
+        error or a stall leaves the rows unmarked and raises; :meth:`drain` then re-creates the
+        producer and recovers before publishing again."""
         with self._sessions.begin() as s:
             rows = list(
                 s.scalars(
@@ -256,40 +284,11 @@ class OutboxRelay:
             )
             if not rows:
                 return 0
-            delivered: dict[int, tuple[int, int]] = {}
-            errors: list[str] = []
-
-            def on_delivery(oid: int) -> Callable[[KafkaError | None, Any], None]:
-                def report(err: KafkaError | None, msg: Any) -> None:
-                    if err is not None:
-                        errors.append(str(err))
-                    else:
-                        delivered[oid] = (msg.partition(), msg.offset())
-
-                return report
-
-            self._producer.begin_transaction()
-            try:
-                for row in rows:
-                    self._producer.produce(
-                        self.topic,
-                        key=row.key.encode(),
-                        value=encode_value(row),
-                        headers=_headers(row),
-                        on_delivery=on_delivery(row.id),
-                    )
-                self._producer.flush(30)
-                if errors or len(delivered) != len(rows):
-                    raise KafkaException(KafkaError(KafkaError._FAIL, f"delivery failed: {errors[:3]}"))
-                if self.hooks.before_kafka_commit:
-                    self.hooks.before_kafka_commit()
-                self._producer.commit_transaction(30)
-            except BaseException:
-                try:
-                    self._producer.abort_transaction(30)
-                except KafkaException:
-                    pass
-                raise
+            producer = self._producer
+            records = [(row.id, row.key.encode(), encode_value(row), _headers(row)) for row in rows]
+            delivered = bounded(
+                lambda: self._transaction(producer, records), self.stall_s, f"{len(rows)} change(s)"
+            )
             if self.hooks.after_kafka_commit:
                 self.hooks.after_kafka_commit()
             for row in rows:
@@ -298,18 +297,79 @@ class OutboxRelay:
                 row.kafka_partition, row.kafka_offset = part, off
             return len(rows)
 
-    def drain(self) -> int:
-        """Publish until nothing is pending; return how many rows."""
+    def _transaction(self, producer: Producer, records: list[_Record]) -> dict[int, tuple[int, int]]:
+        """Produce ``records`` in one transaction of ``producer``; their (partition, offset) by
+        outbox id.  Runs in a thread of its own (it touches no ORM object or session)."""
+        delivered: dict[int, tuple[int, int]] = {}
+        errors: list[str] = []
+
+        def on_delivery(oid: int) -> Callable[[KafkaError | None, Any], None]:
+            def report(err: KafkaError | None, msg: Any) -> None:
+                if err is not None:
+                    errors.append(str(err))
+                else:
+                    delivered[oid] = (msg.partition(), msg.offset())
+
+            return report
+
+        producer.begin_transaction()
+        try:
+            for oid, key, value, headers in records:
+                producer.produce(
+                    self.topic, key=key, value=value, headers=headers, on_delivery=on_delivery(oid)
+                )
+            producer.flush(30)
+            if errors or len(delivered) != len(records):
+                raise KafkaException(KafkaError(KafkaError._FAIL, f"delivery failed: {errors[:3]}"))
+            if self.hooks.before_kafka_commit:
+                self.hooks.before_kafka_commit()
+            producer.commit_transaction(30)
+        except BaseException:
+            try:
+                producer.abort_transaction(10)
+            except KafkaException:
+                pass  # the next producer's init_transactions aborts it
+            raise
+        return delivered
+
+    def _reconnect(self) -> None:
+        """After a failed or stalled transaction: a new producer of the same transactional id (the
+        old one, possibly still blocked in a call, is fenced and its transaction completed or
+        aborted), then :meth:`recover` marks the rows whose records did get committed."""
+        self._producer = bounded(self._new_producer, self.stall_s, "a new producer")
+        self.recovered += self.recover(timeout=self.stall_s)
+
+    def drain(self, stop: threading.Event | None = None) -> int:
+        """Publish until nothing is pending; return how many rows.  A failed or stalled Kafka
+        transaction is retried (:func:`~tidewatch.kafka.txn.retrying`, for up to ``retry_s`` or
+        until ``stop`` is set)."""
         total = 0
-        while n := self.publish_pending():
+
+        def attempt(n: int) -> int:
+            if n > 1 or self._broken:
+                self._broken = True
+                self._reconnect()
+                self._broken = False
+            return self.publish_pending()
+
+        while n := retrying(attempt, self.retry_s, f"outbox relay ({self.topic})", log, stop):
             total += n
         return total
 
     def run(self, stop: threading.Event | None = None, poll_interval: float = 0.5) -> None:
-        """Publish forever (until ``stop`` is set), polling the outbox every ``poll_interval`` s."""
+        """Publish forever (until ``stop`` is set), polling the outbox every ``poll_interval`` s;
+        a Kafka outage longer than ``retry_s`` is logged and waited out."""
         stop = stop or threading.Event()
         while not stop.is_set():
-            if self.drain() == 0:
+            try:
+                published = self.drain(stop)
+            except (KafkaException, KafkaStalled) as exc:
+                self._broken = True
+                if stop.is_set():
+                    break
+                log.error("outbox relay: Kafka still unreachable (%s); trying again", exc)
+                published = 0
+            if published == 0:
                 stop.wait(poll_interval)
 
     def close(self) -> None:

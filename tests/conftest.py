@@ -413,3 +413,25 @@ def restartable_pg() -> Iterator[Settings]:
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return PROJECT_ROOT
+
+
+@pytest.fixture()
+def restartable_db(restartable_pg: Settings) -> str:
+    """URL of a new database on the ``restartable_pg`` server, migrated to head."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from tidewatch.db.migrate import upgrade
+
+    name = f"test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(restartable_pg.sqlalchemy_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    url = make_url(restartable_pg.sqlalchemy_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url

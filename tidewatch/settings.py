@@ -186,6 +186,16 @@ class Settings(BaseSettings):
         "and retried with a new producer (librdkafka can hang past its own timeouts after a broker "
         "restart)",
     )
+    relay_kafka_retry_s: float = Field(
+        300.0,
+        description="how long the outbox relay retries a batch's Kafka transaction before "
+        "reporting failure (`relay --once` exits; the running relay keeps trying)",
+    )
+    relay_kafka_stall_s: float = Field(
+        20.0,
+        description="an outbox relay Kafka transaction that has not returned after this long is "
+        "given up and retried with a new producer (as engine_kafka_stall_s)",
+    )
     engine_pipeline: bool = Field(
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",

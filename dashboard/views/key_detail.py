@@ -80,7 +80,10 @@ def render() -> None:
             if ck not in cache:
                 try:
                     cache[ck] = detail.recent_events(plan.stream, plan.key, key, lookback, settings)
-                except Exception as exc:  # noqa: BLE001 - Kafka down: say so, keep the page
+                except detail.KafkaUnavailable as exc:  # Kafka down or restarting: say so
+                    st.warning(str(exc))
+                    cache[ck] = ({}, False)
+                except Exception as exc:  # noqa: BLE001 - any other failure: say so, keep the page
                     st.warning(f"Cannot read the {plan.stream} stream from Kafka: {type(exc).__name__}")
                     cache[ck] = ({}, False)
             cols, truncated = cache[ck]

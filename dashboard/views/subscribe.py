@@ -79,7 +79,10 @@ def _preview(v: Validation) -> None:
     lookback = v.plan.domain_ms or int(settings.dashboard_detail_minutes * 60_000)
     try:
         cols, truncated = detail.recent_events(v.plan.stream, v.plan.key, None, lookback, settings)
-    except Exception as exc:  # noqa: BLE001 - Kafka down: say so, keep the editor usable
+    except detail.KafkaUnavailable as exc:  # Kafka down or restarting: say so
+        st.warning(str(exc))
+        return
+    except Exception as exc:  # noqa: BLE001 - any other failure: say so, keep the editor usable
         st.warning(f"Cannot read the {v.plan.stream} stream from Kafka: {type(exc).__name__}")
         return
     keys, now = detail.preview_keys(v.plan, cols, settings.pane_ms)

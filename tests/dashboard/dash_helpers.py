@@ -68,3 +68,28 @@ def add_alerts(
                     )
                 )
     return seqs
+
+
+def produce_trades(bootstrap: str, topic: str, symbols: list[str], ts: list[int], sizes: list[int]) -> None:
+    """Trades (Avro, keyed by symbol) written to ``topic``, as the feed writes them."""
+    import numpy as np
+    from confluent_kafka import Producer
+
+    from ingest.avro import encode_batch
+
+    n = len(symbols)
+    msgs = encode_batch(
+        "trades",
+        {
+            "symbol": symbols,
+            "ts": np.asarray(ts, np.int64),
+            "price": np.full(n, 100.0),
+            "size": np.asarray(sizes, np.int64),
+            "side": ["BID"] * n,
+            "exchange": ["NASDAQ"] * n,
+        },
+    ).messages()
+    p = Producer({"bootstrap.servers": bootstrap})
+    for sym, m in zip(symbols, msgs, strict=True):
+        p.produce(topic, m, sym.encode())
+    assert p.flush(30) == 0

@@ -7,11 +7,10 @@ import uuid
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from dash_helpers import produce_trades
 
 from dashboard.detail import aggregate_series, lookup_times, preview_keys, recent_events
-from ingest.avro import encode_batch
 from subscriptions.compiler import compile_rule
 from tidewatch.settings import Settings
 
@@ -25,22 +24,7 @@ def test_recent_events_of_one_key_from_kafka(kafka_bootstrap: str) -> None:
     now = int(time.time() * 1000)
     symbols = ["AAPL", "MSFT", "AAPL", "IBM", "AAPL"]
     ts = np.array([now - 4000, now - 3000, now - 2000, now - 1000, now - 500], np.int64)
-    sizes = np.array([600, 1, 300, 5, 200], np.int64)
-    msgs = encode_batch(
-        "trades",
-        {
-            "symbol": symbols,
-            "ts": ts,
-            "price": np.full(5, 100.0),
-            "size": sizes,
-            "side": ["BID"] * 5,
-            "exchange": ["NASDAQ"] * 5,
-        },
-    ).messages()
-    p = Producer({"bootstrap.servers": kafka_bootstrap})
-    for sym, m in zip(symbols, msgs, strict=True):
-        p.produce(topic, m, sym.encode())
-    assert p.flush(30) == 0
+    produce_trades(kafka_bootstrap, topic, symbols, ts.tolist(), [600, 1, 300, 5, 200])
     settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_trades=topic)
     cols, truncated = recent_events("trades", "symbol", "AAPL", 60_000, settings)
     assert not truncated

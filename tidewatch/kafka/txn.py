@@ -1,0 +1,87 @@
+"""Riding out a Kafka broker restart under a transactional producer (engine and outbox relay).
+
+After a broker restart librdkafka (2.16) can block in ``send_offsets_to_transaction`` or
+``commit_transaction`` past its own timeout (librdkafka issues 5456 and 5511), and a
+transaction can fail with any kind of error (retriable, abortable, fatal).  Both callers do
+the same thing: each call into the transactional clients runs under :func:`bounded` (given up
+with :class:`KafkaStalled` after a deadline; the call is left in its thread, on a producer that
+is then abandoned), and :func:`retrying` repeats the whole unit of work.  At every attempt
+after the first the caller re-creates its producer with the same ``transactional.id`` -- its
+``init_transactions`` fences the old producer and completes or aborts its open transaction --
+and then consults its own progress record (the engine's marker offset, the relay's recovery
+read of the topic) to decide whether the work was already committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaException
+
+T = TypeVar("T")
+
+
+class KafkaStalled(RuntimeError):
+    """A call of a Kafka client did not return within its deadline (see :func:`bounded`)."""
+
+
+def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """``fn()`` in a thread of its own; :class:`KafkaStalled` if it has not returned after
+    ``seconds`` (the thread is left running: it must only touch clients that are then abandoned)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
+            box["error"] = exc
+
+    th = threading.Thread(target=run, name="tidewatch-kafka", daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        raise KafkaStalled(f"{what}: no answer from Kafka within {seconds:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def retrying(
+    attempt: Callable[[int], T],
+    retry_s: float,
+    what: str,
+    log: logging.Logger,
+    stop: threading.Event | None = None,
+) -> T:
+    """``attempt(1)``, ``attempt(2)``, ... until one returns, while they raise
+    :class:`~confluent_kafka.KafkaException` or :class:`KafkaStalled`, pausing 0.5 s (doubling up
+    to 10 s) in between, for up to ``retry_s`` or until ``stop`` is set; then the last error is
+    raised.  ``attempt(n)`` with ``n > 1`` must re-create the producer and check its progress
+    before working again."""
+    deadline = time.monotonic() + retry_s
+    n, wait = 1, 0.5
+    while True:
+        try:
+            out = attempt(n)
+            if n > 1:
+                log.info("%s: published to Kafka at attempt %d", what, n)
+            return out
+        except (KafkaException, KafkaStalled) as exc:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                log.error("%s: Kafka unreachable for %.0f s: giving up (%s)", what, retry_s, exc)
+                raise
+            pause = min(wait, left)
+            log.warning(
+                "%s: Kafka transaction failed (attempt %d: %s); retrying with a new producer "
+                "in %.1f s (%.0f s left)", what, n, exc, pause, left,
+            )  # fmt: skip
+            if stop is None:
+                time.sleep(pause)
+            elif stop.wait(pause):
+                raise
+            n, wait = n + 1, min(2 * wait, 10.0)
