@@ -156,8 +156,17 @@ class ContainerRuntime:
     def client(self) -> docker.DockerClient:
         import docker
 
+        self.revive()
         assert self.url is not None
         return docker.DockerClient(base_url=self.url, timeout=60)
+
+    def revive(self) -> None:
+        """Find or start the API again when it stopped answering: a Podman service exits after
+        ``SERVICE_IDLE_S`` without requests, e.g. while a long stretch of tests uses no container
+        (the session-end sweep then found no socket)."""
+        if self.url is not None and not self._ping(self.url):
+            self.url = None
+            self.connect()
 
     def require_image(self, image: str) -> None:
         import docker

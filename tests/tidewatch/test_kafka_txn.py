@@ -72,3 +72,22 @@ def test_retrying_stops_when_told() -> None:
     with pytest.raises(KafkaException):
         retrying(down, 300, "x", log, stop)
     assert calls == [1, 2] and time.monotonic() - t0 < 5
+
+
+def test_a_refusal_is_raised_at_once_not_retried() -> None:
+    """An ACL refusal cannot be ridden out by a new producer: one attempt, then the error."""
+    import logging
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from tidewatch.kafka.txn import retrying
+
+    calls = []
+
+    def attempt(n: int) -> None:
+        calls.append(n)
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(KafkaException):
+        retrying(attempt, 30.0, "test", logging.getLogger("test"))
+    assert calls == [1]

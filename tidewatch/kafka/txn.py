@@ -20,9 +20,30 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 T = TypeVar("T")
+
+#: refusals no new producer can get past (credentials, ACLs): raised at once, never retried
+REFUSED = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError._AUTHENTICATION,
+    }
+)
+
+
+def refused(exc: BaseException) -> bool:
+    """True when ``exc`` is Kafka refusing this principal (an ACL or its credentials)."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if not isinstance(err, KafkaError):
+        return False
+    # a transaction's commit may carry the refusal of one of its requests only in its text
+    return err.code() in REFUSED or "AUTHORIZATION_FAILED" in str(err)
 
 
 class KafkaStalled(RuntimeError):
@@ -60,7 +81,7 @@ def retrying(
     """``attempt(1)``, ``attempt(2)``, ... until one returns, while they raise
     :class:`~confluent_kafka.KafkaException` or :class:`KafkaStalled`, pausing 0.5 s (doubling up
     to 10 s) in between, for up to ``retry_s`` or until ``stop`` is set; then the last error is
-    raised.  ``attempt(n)`` with ``n > 1`` must re-create the producer and check its progress
+    raised.  A refusal (ACL, credentials: :func:`refused`) is raised at once.  ``attempt(n)`` with ``n > 1`` must re-create the producer and check its progress
     before working again."""
     deadline = time.monotonic() + retry_s
     n, wait = 1, 0.5
@@ -71,6 +92,9 @@ def retrying(
                 log.info("%s: published to Kafka at attempt %d", what, n)
             return out
         except (KafkaException, KafkaStalled) as exc:
+            if refused(exc):  # an ACL or a credential: a new producer would be refused the same
+                log.error("%s: refused by Kafka (%s): not retried", what, exc)
+                raise
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop.is_set()):
                 log.error("%s: Kafka unreachable for %.0f s: giving up (%s)", what, retry_s, exc)
