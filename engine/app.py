@@ -166,7 +166,8 @@ class EngineApp:
         self._inflight: Any = None  # the batch being evaluated
         self._delivering: Any = None  # the output being delivered
         self._evaluated = 0  # batches evaluated since start (snapshot cadence)
-        #: (start of evaluation, end of delivery, events) of every delivered batch (perf_counter)
+        #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
+        #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
 
@@ -334,6 +335,8 @@ class EngineApp:
         ):
             self.totals[k] += v
         self.delivered.append((e.t0, t_done, n_events))
+        if len(self.delivered) > 100_000:  # a long-running engine keeps the recent half only
+            del self.delivered[:50_000]
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
