@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from engine.algorithms import CICount, CISum, RInt, exact_count  # noqa: E402
+from engine.algorithms import fixed128 as fx  # noqa: E402
 from engine.algorithms._levels import (  # noqa: E402
     assign_positions,
     check_count,
@@ -144,13 +145,32 @@ def _ci_event(
 
 @nb.njit(cache=True)
 def _expire(
-    method, now, head, end, base_cnt, base_sum, tot, c_ts, c_cnt, c_sum, m, TS, BM, BM2, act, st, p, L
+    method,
+    now,
+    head,
+    end,
+    base_cnt,
+    base_sh,
+    base_sl,
+    tot,
+    c_ts,
+    c_cnt,
+    c_sh,
+    c_sl,
+    m,
+    TS,
+    BM,
+    BM2,
+    act,
+    st,
+    p,
+    L,
 ):
     """What the engine does periodically: drop R-INT rows older than the longest window
     (RInt.expire) and, for the index, forget keys without events since (CICount.expire)."""
     before = now - MAX_T
     nh = expire_heads(c_ts, head, end, before)
-    _advance_base(nh, head, end, base_cnt, base_sum, tot, c_cnt, c_sum)
+    _advance_base(nh, head, end, base_cnt, base_sh, base_sl, tot, c_cnt, c_sh, c_sl)
     head[:] = nh
     if method == 2:
         S = L * p
@@ -160,8 +180,8 @@ def _expire(
 
 
 @nb.njit(cache=True)
-def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_slo, q_sure,
-                head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val,
+def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, noh, nol, q_T, q_u, q_slo, q_sure,
+                head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit, c_ts, c_cnt, c_sh, c_sl, c_val,
                 m, TS, BM, BM2, act, bma, bma2, score, key_of, pos_of, st, every, p, L, K, out, sure,
                 scr_i, scr_j, scr_t, fixed_now):  # fmt: skip
     """Inputs a..b-1: event i (if do_update) then a lookup of rule i % R at the event's time
@@ -175,14 +195,14 @@ def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_s
     noaux = np.zeros(0)
     for i in range(a, b):
         if do_update:
-            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], novals[i : i + 1], ones[i : i + 1],
-                        head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], novals[i : i + 1], noh[i : i + 1], nol[i : i + 1], ones[i : i + 1],
+                        head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit, c_ts, c_cnt, c_sh, c_sl, c_val)  # fmt: skip
             if method == 2:
                 _ci_event(i, ev_k, ev_t, ones[i : i + 1], m, TS, BM, BM2, act, bma, bma2, score, key_of, pos_of,
                           noaux, p, L, st, every)  # fmt: skip
             now = ev_t[i]
             if i % EXPIRE_EVERY == 0:
-                _expire(method, now, head, end, base_cnt, base_sum, tot, c_ts, c_cnt, c_sum, m, TS, BM, BM2, act, st,
+                _expire(method, now, head, end, base_cnt, base_sh, base_sl, tot, c_ts, c_cnt, c_sh, c_sl, m, TS, BM, BM2, act, st,
                         p, L)  # fmt: skip
         else:
             now = fixed_now
@@ -232,8 +252,8 @@ def drive_count(method, a, b, do_update, ev_k, ev_t, ones, novals, q_T, q_u, q_s
 
 
 @nb.njit(cache=True)
-def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, q_sure, vunit,
-              head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val,
+def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, vh, vl, ones, q_T, q_v, q_slo, q_sure, vunit,
+              head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit, c_ts, c_cnt, c_sh, c_sl, c_val,
               m, TS, BM, BM2, act, bma, bma2, score, key_of, pos_of, st, every, csum, p, L, K, out, sure,
               fixed_now):  # fmt: skip
     """As drive_count for SUM(volume) > v: naive = R-INT window sums of every key (binary search
@@ -245,8 +265,8 @@ def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, 
     checked = 0
     for i in range(a, b):
         if do_update:
-            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], vals[i : i + 1], ones[i : i + 1],
-                        head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val)  # fmt: skip
+            rint_append(ev_k[i : i + 1], ev_t[i : i + 1], vals[i : i + 1], vh[i : i + 1], vl[i : i + 1], ones[i : i + 1],
+                        head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit, c_ts, c_cnt, c_sh, c_sl, c_val)  # fmt: skip
             if method == 2:
                 q0 = pos_of[ev_k[i]]
                 if q0 < 0:
@@ -256,7 +276,7 @@ def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, 
                           st, every)  # fmt: skip
             now = ev_t[i]
             if i % EXPIRE_EVERY == 0:
-                _expire(method, now, head, end, base_cnt, base_sum, tot, c_ts, c_cnt, c_sum, m, TS, BM, BM2, act, st,
+                _expire(method, now, head, end, base_cnt, base_sh, base_sl, tot, c_ts, c_cnt, c_sh, c_sl, m, TS, BM, BM2, act, st,
                         p, L)  # fmt: skip
         else:
             now = fixed_now
@@ -280,7 +300,11 @@ def drive_sum(method, a, b, do_update, ev_k, ev_t, vals, ones, q_T, q_v, q_slo, 
             if e == h:
                 continue
             i1 = search_after(c_ts, h, e, t)
-            s = c_sum[e - 1, 0] - (c_sum[i1 - 1, 0] if i1 > h else base_sum[k, 0])
+            if i1 > h:
+                dh, dl = fx.sub(c_sh[e - 1, 0], c_sl[e - 1, 0], c_sh[i1 - 1, 0], c_sl[i1 - 1, 0])
+            else:
+                dh, dl = fx.sub(c_sh[e - 1, 0], c_sl[e - 1, 0], base_sh[k, 0], base_sl[k, 0])
+            s = fx.to_float(dh, dl)
             if s > v:
                 hits += 1
                 chk += k
@@ -340,8 +364,8 @@ def _clone(obj):
 
 def _rint_args(r: RInt):
     p, kc, c = r._pool, r._kcols, r._cols
-    return (p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], kc["tot"], kc["unit"], c["ts"], c["cnt"], c["sum"],
-            c["val"])  # fmt: skip
+    return (p.head, p.end, kc["base_cnt"], kc["base_sh"], kc["base_sl"], kc["last_ts"], kc["tot"], kc["unit"], c["ts"],
+            c["cnt"], c["sh"], c["sl"], c["val"])  # fmt: skip
 
 
 @dataclass
@@ -473,6 +497,7 @@ class Bench:
         n = wl.keys.shape[0]
         ones = np.ones(n, np.int64)
         novals = np.zeros((n, 0))
+        noh = nol = np.zeros((n, 0), np.int64)
         q_u = wl.rule_v + 1
         todo = [(meth, None) for meth in methods if meth != CI] + [
             (CI, p) for p in (ps if CI in methods else [])
@@ -500,7 +525,7 @@ class Bench:
             out = np.empty(wl.K, np.int64)
             sure = np.empty(wl.K, np.bool_)
             scratch = tuple(np.empty(wl.K, np.int64) for _ in range(3))
-            head_args = (wl.keys, wl.ts, ones, novals, wl.rule_T, q_u, slo, ssure)
+            head_args = (wl.keys, wl.ts, ones, novals, noh, nol, wl.rule_T, q_u, slo, ssure)
             tail_args = (*_rint_args(r), *cstate, np.int64(wl.K), out, sure, *scratch)
             call = _caller(drive_count, meth, head_args, tail_args)
             call(wl.warm, wl.warm, True, 0)  # compile / load from cache outside the clock
@@ -519,6 +544,7 @@ class Bench:
         n = wl.keys.shape[0]
         ones = np.ones(n, np.int64)
         vals = wl.vol[:, None].copy()
+        vh, vl = fx.split_many(vals)
         racers = []
         for meth, p in [(PAPER_NAIVE, None)] + [(CI, p) for p in ps]:
             r = _clone(rw)
@@ -543,7 +569,7 @@ class Bench:
                 cstate = (*c[:-2], np.zeros(1), *c[-2:])
             out = np.empty(wl.K, np.int64)
             sure = np.empty(wl.K, np.bool_)
-            head_args = (wl.keys, wl.ts, vals, ones, wl.rule_T, wl.rule_sv, slo, ssure, unit)
+            head_args = (wl.keys, wl.ts, vals, vh, vl, ones, wl.rule_T, wl.rule_sv, slo, ssure, unit)
             tail_args = (*_rint_args(r), *cstate, np.int64(wl.K), out, sure)
             call = _caller(drive_sum, meth, head_args, tail_args)
             call(wl.warm, wl.warm, True, 0)

@@ -183,11 +183,18 @@ class EngineApp:
         last = self.store.last_committed()
         snaps = sorted((self.state_dir / "snapshots").glob("*.bin")) if self.state_dir.exists() else []
         snaps = [s for s in snaps if int(s.stem) <= last]
+        self.core = self._core_factory()
         if snaps:
-            self.core = EngineCore.from_bytes(snaps[-1].read_bytes())
-            log.info("restored the state snapshot of batch %d", self.core.last_batch)
-        else:
-            self.core = self._core_factory()
+            try:
+                self.core = EngineCore.from_bytes(snaps[-1].read_bytes())
+                log.info("restored the state snapshot of batch %d", self.core.last_batch)
+            except ValueError as exc:  # a snapshot of an older state format (e.g. float64 R-INT sums)
+                log.warning(
+                    "the state snapshot %s cannot be read by this engine (%s); rebuilding the state by "
+                    "replaying every committed batch from Kafka",
+                    snaps[-1],
+                    exc,
+                )
         first = self.core.last_batch + 1
         if last >= first:
             log.info("replaying batches %d..%d from Kafka (no output) to rebuild the state", first, last)

@@ -8,7 +8,8 @@ kernel of :func:`ingest.avro.decode_batch` (no per-record Python) and checked
 against the invariants of the stream:
 
 * ``undecodable`` -- not a framed record of the stream's current schema;
-* ``invalid``     -- negative ``size`` / ``length`` / port, NaN or infinite ``price``,
+* ``invalid``     -- negative ``size`` / ``length`` / port, NaN or infinite ``price``, a
+  number above 2**53 in magnitude (window sums are exact only below that, see fixed128),
   empty key field (``symbol``; ``src_ip`` / ``dst_ip``);
 * ``future``      -- ``ts`` more than ``max_future_ms`` after the Kafka record
   timestamp (deterministic: a replay of the same records decides the same way);
@@ -28,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.algorithms.fixed128 import MAX_VALUE
 from engine.dead_letter import DeadLetters
 from ingest.avro import decode_batch
 
@@ -164,6 +166,8 @@ def decode_records(
         mark(cols[f] < 0, 1, f"negative {f}")
     for f in spec.finite_fields:
         mark(~np.isfinite(cols[f]), 1, f"{f} is NaN or infinite")
+    for f in (*spec.nonneg_fields, *spec.finite_fields):  # exact window sums (fixed128)
+        mark(np.abs(cols[f]) > MAX_VALUE, 1, f"{f} above 2**53 in magnitude")
     if "timestamp" in records.column_names and max_future_ms is not None:
         kts = kafka_ts_ms(records.column("timestamp"))[good]
         mark(ts > kts + max_future_ms, 2, f"ts more than {max_future_ms} ms after the Kafka timestamp")

@@ -14,7 +14,9 @@ structures of Arasu & Widom (R-INT over panes, section 3; CI-COUNT/CI-SUM fed pa
 counts/sums as multiplicities, section 4.2) need.
 
 Everything is vectorized: one ``lexsort`` of the batch, then ``bincount`` /
-``reduceat`` per column set.  No per-event Python.
+``reduceat`` per column set, and one Numba pass for the exact SUMs (128-bit fixed point,
+:mod:`engine.algorithms.fixed128`: a pane's sum is exact, so window sums built from panes equal
+those built from single events, bit for bit).  No per-event Python.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from engine.algorithms.fixed128 import exact_group_sums
 
 Columns = Mapping[str, np.ndarray]
 Predicate = Callable[[Columns], np.ndarray]
@@ -54,7 +58,9 @@ class PaneAggregates:
     """The aggregates of one column set, aligned with :attr:`PaneRows.keys`."""
 
     count: np.ndarray  # int64
-    sums: dict[str, np.ndarray] = field(default_factory=dict)  # float64
+    sums: dict[str, np.ndarray] = field(default_factory=dict)  # float64 nearest to the exact sum
+    # field -> the exact sums as fixed128 (hi, lo) words (:mod:`engine.algorithms.fixed128`)
+    exact: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     mins: dict[str, np.ndarray] = field(default_factory=dict)  # float64, NaN when count == 0
     maxs: dict[str, np.ndarray] = field(default_factory=dict)
     first: dict[str, np.ndarray] = field(default_factory=dict)
@@ -124,7 +130,7 @@ def aggregate(columns: Columns, spec: PaneSpec, g: int) -> PaneRows:
             return np.asarray(columns[name], np.float64)[order][_sel]
 
         for f in cs.sums:
-            agg.sums[f] = np.bincount(g_sel, weights=col(f), minlength=n_groups)
+            agg.sums[f], agg.exact[f] = exact_group_sums(g_sel, col(f), n_groups)
         for f in cs.minmax:
             v = col(f)
             lo = np.full(n_groups, np.nan)

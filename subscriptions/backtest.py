@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from engine.algorithms.fixed128 import MAX_VALUE
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
 from subscriptions.evaluator import Evaluator
@@ -179,11 +180,12 @@ def load_events(stream: str, path: str | Path) -> EventFile:
                 num = pd.to_numeric(pd.Series(raw).str.strip(), errors="coerce").to_numpy(dtype=np.float64)
             if num.dtype.kind == "f":
                 good = np.isfinite(num)
+                z = np.where(good, num, 0)
+                good &= np.abs(z) <= MAX_VALUE  # window sums are exact below it (fixed128)
                 if f.type == "int":
-                    z = np.where(good, num, 0)
-                    good &= (np.floor(z) == z) & (np.abs(z) < 2**62)
+                    good &= np.floor(z) == z
             else:
-                good = np.ones(n, bool)
+                good = np.abs(num) <= MAX_VALUE
             if f.non_negative:
                 good &= ~(num < 0)
             for i in np.flatnonzero(ok & ~good)[:100_000]:

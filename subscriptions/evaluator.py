@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from engine.algorithms import CICount, CISum, DistinctCount, KeyInterner, MinMax, RInt
+from engine.algorithms.fixed128 import exact_group_sums
 from engine.panes import ColumnSet, PaneAggregates, PaneRows, PaneSpec, aggregate, pane_of
 from subscriptions import ast as A
 from subscriptions.compiler import AggSpec, Atom, Plan
@@ -552,7 +553,7 @@ class _KeyState:
                 return v if _m is None else v[_m]
 
             for f in need["sums"]:
-                agg.sums[f] = np.bincount(c, weights=col(f), minlength=K)
+                agg.sums[f], agg.exact[f] = exact_group_sums(c, col(f), K)
             for f in need["minmax"]:
                 v = col(f)
                 lo = np.full(K, np.inf)
@@ -629,7 +630,9 @@ class _KeyState:
                 elif s.kind == "ci_sum":
                     s.obj.update(k, t, np.asarray(agg.sums[s.attr], np.float64)[sel])
                 elif s.kind == "values":
-                    s.obj.append(k, t, np.asarray(agg.sums[s.attr], np.float64)[sel].reshape(-1, 1), mult=c)
+                    v = np.asarray(agg.sums[s.attr], np.float64)[sel].reshape(-1, 1)
+                    ex = agg.exact.get(s.attr)  # the exact pane sums (v is rounded)
+                    s.obj.append(k, t, v, mult=c, exact=None if ex is None else (ex[0][sel], ex[1][sel]))
                 elif s.kind == "firstlast":
                     vals = np.column_stack((agg.first[s.attr][sel], agg.last[s.attr][sel]))
                     s.obj.append(k, t, vals, mult=c)

@@ -17,6 +17,7 @@ import math
 import numba as nb
 import numpy as np
 
+from . import fixed128 as fx
 from ._levels import levels_lookup
 from ._pool import as_keys, order_batch, search_after
 from .ci_count import CICount
@@ -202,7 +203,8 @@ def post_check_sum(
 
 @nb.njit(cache=True)
 def _exact_sum_kernel(s_lo, s_up, sure_lo, sure_up, t, lo, hi, has_lo, has_hi, lo_strict, hi_strict, nkeys,
-                      TS, BM, BM2, act, bma, bma2, key_of, out, sure, head, end, base_sum, c_ts, c_sum, col):  # fmt: skip
+                      TS, BM, BM2, act, bma, bma2, key_of, out, sure, head, end, base_sh, base_sl, c_ts, c_sh, c_sl,
+                      col):  # fmt: skip
     """Candidates of the index, the unproven ones checked with R-INT window sums; out[:j] = the
     answer's key ids (position order)."""
     n = levels_lookup(s_lo, s_up, sure_lo, sure_up, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure)
@@ -218,7 +220,11 @@ def _exact_sum_kernel(s_lo, s_up, sure_lo, sure_up, t, lo, hi, has_lo, has_hi, l
             if e <= h:
                 continue
             i1 = search_after(c_ts, h, e, t)
-            s = c_sum[e - 1, col] - (c_sum[i1 - 1, col] if i1 > h else base_sum[k, col])
+            if i1 > h:
+                dh, dl = fx.sub(c_sh[e - 1, col], c_sl[e - 1, col], c_sh[i1 - 1, col], c_sl[i1 - 1, col])
+            else:
+                dh, dl = fx.sub(c_sh[e - 1, col], c_sl[e - 1, col], base_sh[k, col], base_sl[k, col])
+            s = fx.to_float(dh, dl)
             if has_lo and (s <= lo if lo_strict else s < lo):
                 continue
             if has_hi and (s >= hi if hi_strict else s > hi):
@@ -251,6 +257,7 @@ def exact_sum(
         float(lo if lo is not None else 0.0), float(hi if hi is not None else 0.0), lo is not None, hi is not None,
         bool(lo_strict), bool(hi_strict), cs._K, cs.TS, cs.BM, cs.BM2, cs.act, cs.bma, cs.bma2, cs.key_of, cs._out,
         cs._sure,
-        rint._pool.head, rint._pool.end, kc["base_sum"], rint._cols["ts"], rint._cols["sum"], int(col),
+        rint._pool.head, rint._pool.end, kc["base_sh"], kc["base_sl"], rint._cols["ts"], rint._cols["sh"],
+        rint._cols["sl"], int(col),
     )  # fmt: skip
     return np.sort(cs._out[:n])

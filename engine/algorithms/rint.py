@@ -5,7 +5,9 @@ For a subtractable aggregate (COUNT, SUM, hence AVG) R-INT keeps, per substream,
 ``(l, r]`` is ``f(1, r) - f(1, l)``. Here every key keeps, in its pool region
 (:mod:`engine.algorithms._pool`), the timestamps of its rows, the running count (a row stands for
 ``mult`` events: raw events have 1, pane rows their pane's count) and the running sums of
-``n_cols`` value columns, plus the raw values for FIRST/LAST. An update is O(1); a time-based
+``n_cols`` value columns -- exact, in 128-bit fixed point (:mod:`engine.algorithms.fixed128`), so a
+window's SUM is the float64 nearest to the exact sum however its rows were grouped -- plus the raw
+values for FIRST/LAST. An update is O(1); a time-based
 window ``(lo, hi]`` costs two binary searches (O(1) for a suffix window's right end), a
 tuple-based window (last n rows) is O(1). ``kth_newest_ts`` gives the timestamp of the k-th
 newest event, which turns the COUNT threshold test into a constant-time check:
@@ -17,14 +19,16 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from . import fixed128 as fx
 from ._base import PooledStructure
 from ._pool import INT64_MIN, as_keys, broadcast_i64, order_batch, search_after
 
 
 @nb.njit(cache=True)
 def _append(
-    keys, ts, vals, mult, head, end, base_cnt, base_sum, last_ts, tot, unit, c_ts, c_cnt, c_sum, c_val
-):
+    keys, ts, vals, vh, vl, mult, head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit,
+    c_ts, c_cnt, c_sh, c_sl, c_val,
+):  # fmt: skip
     ncol = vals.shape[1]
     for i in range(keys.shape[0]):
         k = keys[i]
@@ -32,11 +36,11 @@ def _append(
         if e > head[k]:
             pc = c_cnt[e - 1]
             for c in range(ncol):
-                c_sum[e, c] = c_sum[e - 1, c] + vals[i, c]
+                c_sh[e, c], c_sl[e, c] = fx.add(c_sh[e - 1, c], c_sl[e - 1, c], vh[i, c], vl[i, c])
         else:
             pc = base_cnt[k]
             for c in range(ncol):
-                c_sum[e, c] = base_sum[k, c] + vals[i, c]
+                c_sh[e, c], c_sl[e, c] = fx.add(base_sh[k, c], base_sl[k, c], vh[i, c], vl[i, c])
         for c in range(ncol):
             c_val[e, c] = vals[i, c]
         c_ts[e] = ts[i]
@@ -49,12 +53,13 @@ def _append(
 
 
 @nb.njit(cache=True)
-def _advance_base(new_head, head, end, base_cnt, base_sum, tot, c_cnt, c_sum):
+def _advance_base(new_head, head, end, base_cnt, base_sh, base_sl, tot, c_cnt, c_sh, c_sl):
     for k in range(head.shape[0]):
         if new_head[k] > head[k]:
             base_cnt[k] = c_cnt[new_head[k] - 1]
-            for c in range(c_sum.shape[1]):
-                base_sum[k, c] = c_sum[new_head[k] - 1, c]
+            for c in range(c_sh.shape[1]):
+                base_sh[k, c] = c_sh[new_head[k] - 1, c]
+                base_sl[k, c] = c_sl[new_head[k] - 1, c]
             tot[k] = (c_cnt[end[k] - 1] - base_cnt[k]) if end[k] > new_head[k] else 0
 
 
@@ -98,9 +103,10 @@ def _bounds_rows(keys, n, head, end):
 
 
 @nb.njit(cache=True)
-def _aggregate(keys, i1, i2, head, base_cnt, base_sum, c_cnt, c_sum):
+def _aggregate(keys, i1, i2, head, base_cnt, base_sh, base_sl, c_cnt, c_sh, c_sl):
+    """COUNT and the float64 nearest to each exact SUM (fixed128) of the rows [i1, i2)."""
     m = keys.shape[0]
-    ncol = c_sum.shape[1]
+    ncol = c_sh.shape[1]
     counts = np.zeros(m, np.int64)
     sums = np.zeros((m, ncol), np.float64)
     for j in range(m):
@@ -112,11 +118,13 @@ def _aggregate(keys, i1, i2, head, base_cnt, base_sum, c_cnt, c_sum):
         if a > head[k]:
             counts[j] = c_cnt[b - 1] - c_cnt[a - 1]
             for c in range(ncol):
-                sums[j, c] = c_sum[b - 1, c] - c_sum[a - 1, c]
+                h, lo = fx.sub(c_sh[b - 1, c], c_sl[b - 1, c], c_sh[a - 1, c], c_sl[a - 1, c])
+                sums[j, c] = fx.to_float(h, lo)
         else:
             counts[j] = c_cnt[b - 1] - base_cnt[k]
             for c in range(ncol):
-                sums[j, c] = c_sum[b - 1, c] - base_sum[k, c]
+                h, lo = fx.sub(c_sh[b - 1, c], c_sl[b - 1, c], base_sh[k, c], base_sl[k, c])
+                sums[j, c] = fx.to_float(h, lo)
     return counts, sums
 
 
@@ -208,17 +216,20 @@ class RInt(PooledStructure):
     """R-INT over all keys: COUNT and SUM of ``n_cols`` value columns for any time window
     ``(lo, hi]`` or the last n rows, FIRST/LAST, and the k-th newest timestamp."""
 
-    _kind = "rint"
+    _kind = "rint128"  # running sums in fixed128 words (snapshots of the float64 "rint" are refused)
 
     def __init__(self, n_cols: int = 0, min_cap: int = 4) -> None:
         super().__init__(min_cap)
         self.n_cols = int(n_cols)
         self._add_col("ts", np.int64, None, 0)
         self._add_col("cnt", np.int64, None, 0)
-        self._add_col("sum", np.float64, self.n_cols, 0.0)
+        # running sums: exact 128-bit fixed point (fixed128), high and low words
+        self._add_col("sh", np.int64, self.n_cols, 0)
+        self._add_col("sl", np.int64, self.n_cols, 0)
         self._add_col("val", np.float64, self.n_cols, 0.0)
         self._add_kcol("base_cnt", np.int64, None, 0)
-        self._add_kcol("base_sum", np.float64, self.n_cols, 0.0)
+        self._add_kcol("base_sh", np.int64, self.n_cols, 0)
+        self._add_kcol("base_sl", np.int64, self.n_cols, 0)
         self._add_kcol("tot", np.int64, None, 0)  # live count per key (a dense pre-filter)
         self._add_kcol("unit", np.bool_, None, True)  # every row of the key had mult == 1
 
@@ -229,8 +240,12 @@ class RInt(PooledStructure):
         ts: np.ndarray,
         values: np.ndarray | None = None,
         mult: np.ndarray | None = None,
+        exact: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
-        """Apply a batch of rows (any order across keys; per key by ts, ties in array order)."""
+        """Apply a batch of rows (any order across keys; per key by ts, ties in array order).
+
+        ``exact``: the rows' values as fixed128 (hi, lo) words (e.g. exact pane sums, whose
+        float64 ``values`` are rounded); by default the words of ``values``."""
         keys = as_keys(key_ids)
         t = np.ascontiguousarray(ts, dtype=np.int64)
         n = keys.shape[0]
@@ -243,23 +258,28 @@ class RInt(PooledStructure):
         mu = np.ones(n, np.int64) if mult is None else np.ascontiguousarray(mult, dtype=np.int64)
         if mu.shape[0] != n:
             raise ValueError("mult must have one entry per row")
+        if exact is None:
+            vh, vl = fx.split_many(v)
+        else:
+            vh = np.ascontiguousarray(exact[0], dtype=np.int64).reshape(n, self.n_cols)
+            vl = np.ascontiguousarray(exact[1], dtype=np.int64).reshape(n, self.n_cols)
         self._prepare(keys, t)
         kc = self._kcols
         order = order_batch(keys, t, kc["last_ts"])
         if order is not None:
-            keys, t, v, mu = keys[order], t[order], v[order], mu[order]
+            keys, t, v, vh, vl, mu = keys[order], t[order], v[order], vh[order], vl[order], mu[order]
         c = self._cols
         p = self._pool
         _append(
-            keys, t, v, mu, p.head, p.end, kc["base_cnt"], kc["base_sum"], kc["last_ts"], kc["tot"], kc["unit"],
-            c["ts"], c["cnt"], c["sum"], c["val"],
+            keys, t, v, vh, vl, mu, p.head, p.end, kc["base_cnt"], kc["base_sh"], kc["base_sl"], kc["last_ts"],
+            kc["tot"], kc["unit"], c["ts"], c["cnt"], c["sh"], c["sl"], c["val"],
         )  # fmt: skip
 
     def _on_expire(self, new_head: np.ndarray) -> None:
         kc = self._kcols
         _advance_base(
-            new_head, self._pool.head, self._pool.end, kc["base_cnt"], kc["base_sum"], kc["tot"],
-            self._cols["cnt"], self._cols["sum"],
+            new_head, self._pool.head, self._pool.end, kc["base_cnt"], kc["base_sh"], kc["base_sl"], kc["tot"],
+            self._cols["cnt"], self._cols["sh"], self._cols["sl"],
         )  # fmt: skip
 
     # ----------------------------------------------------------------- lookups
@@ -278,13 +298,16 @@ class RInt(PooledStructure):
             i2,
             self._pool.head,
             kc["base_cnt"],
-            kc["base_sum"],
+            kc["base_sh"],
+            kc["base_sl"],
             self._cols["cnt"],
-            self._cols["sum"],
+            self._cols["sh"],
+            self._cols["sl"],
         )
 
     def window(self, key_ids: np.ndarray, lo: object, hi: object) -> tuple[np.ndarray, np.ndarray]:
-        """COUNT (int64[m]) and SUMs (float64[m, n_cols]) over rows with lo < ts <= hi."""
+        """COUNT (int64[m]) and SUMs (float64[m, n_cols]) over rows with lo < ts <= hi; each SUM
+        is the float64 nearest to the exact sum (:mod:`engine.algorithms.fixed128`)."""
         keys = as_keys(key_ids)
         i1, i2 = self._time_bounds(keys, lo, hi)
         return self._agg(keys, i1, i2)

@@ -76,6 +76,7 @@ def test_every_bad_record_is_dead_lettered_with_reason() -> None:
         rec(price=float("nan")),
         rec(price=float("inf")),
         rec(symbol=""),
+        rec(size=2**60),  # above 2**53: window sums would not be exact
         rec(ts=base["ts"] + 10_000_000),  # future
         rec(ts=999_000),  # late
     ]
@@ -90,12 +91,17 @@ def test_every_bad_record_is_dead_lettered_with_reason() -> None:
         watermark=1_004_500,
     )
     assert len(out) == 10
-    assert dead.counts() == {"undecodable": 3, "invalid": 4, "future": 1, "late": 1}
+    assert dead.counts() == {"undecodable": 3, "invalid": 5, "future": 1, "late": 1}
     # raw bytes and source offsets are kept
     by_offset = dict(zip(dead.source_offset, dead.value, strict=True))
     for i, v in enumerate(bad):
         assert by_offset[10 + i] == v
-    assert {"negative size", "empty symbol", "price is NaN or infinite"} <= set(dead.detail)
+    assert {
+        "negative size",
+        "empty symbol",
+        "price is NaN or infinite",
+        "size above 2**53 in magnitude",
+    } <= set(dead.detail)
     assert all(t == "trades" for t in dead.source_topic)
     recs = dead.records(logged_at=5)
     roundtrip = decode(encode("dead_letter", recs[0]))

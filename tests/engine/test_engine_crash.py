@@ -44,7 +44,9 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     from engine.publish import ensure_topics
 
     ensure_topics(kafka_bootstrap, s)
-    sc = make_scenario(n_trades=8000, n_packets=4000, seed=11)
+    # about 30 micro-batches of events for every three kills (each kill waits for three batches)
+    scale = max(1, -(-KILLS // 3))
+    sc = make_scenario(n_trades=8000 * scale, n_packets=4000 * scale, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
     env = engine_env(s, kafka_bootstrap, db)
     log = tmp_path / "engine.log"

@@ -118,7 +118,10 @@ HOSTILE: list[tuple[str, bytes | None, str | None]] = [
     ("1 MB symbol", trade_body(symbol=b"S" * 1_000_000), None),
     ("NUL inside symbol", trade_body(symbol=b"A\x00B"), None),
     ("non-ASCII symbol", trade_body(symbol="Ä€😀".encode()), None),
-    ("size 2^63-1", trade_body(size=2**63 - 1), None),
+    ("size 2^63-1", trade_body(size=2**63 - 1), "invalid"),  # above 2^53: window sums not exact
+    ("size 2^53 + 1", trade_body(size=2**53 + 1), "invalid"),
+    ("price -1e300", trade_body(price=-1e300), "invalid"),
+    ("size 2^53 (the largest exact one)", trade_body(size=2**53), None),
     ("ts -2^63 (before any lookup)", trade_body(ts=-(2**63)), None),
     ("subnormal price", trade_body(price=5e-324), None),
 ]
@@ -132,7 +135,7 @@ def test_every_hostile_record_is_dead_lettered_or_decoded_exactly() -> None:
 
     expect_dead = [(10 + i, reason) for i, (_, _, reason) in enumerate(HOSTILE) if reason is not None]
     want = {r: sum(1 for _, x in expect_dead if x == r) for r in ("undecodable", "invalid", "future", "late")}
-    assert want == {"undecodable": 12, "invalid": 6, "future": 2, "late": 0}
+    assert want == {"undecodable": 12, "invalid": 9, "future": 2, "late": 0}
     assert dead.counts() == want
     assert sorted(zip(dead.source_offset, dead.reason, strict=True)) == expect_dead
     # raw bytes kept for each, so nothing is lost: offsets and values match the input

@@ -148,6 +148,8 @@ def test_malformed_rows_are_reported_and_skipped(app: typer.Typer, runner: CliRu
         + "X,1500,A,1,2.5,BID\n"  # line 7: fractional size
         + "X,,A,1,2,BID\n"  # line 8: no ts
         + "X,1600,A,1,10,ASK\n"  # line 9
+        + "X,1700,A,1,90071992547409930,ASK\n"  # line 10: size above 2**53 (sums not exact)
+        + "X,1800,A,-1e300,1,ASK\n"  # line 11: price above 2**53 in magnitude
     )
     out = tmp_path / "out.jsonl"
     args = [
@@ -163,11 +165,11 @@ def test_malformed_rows_are_reported_and_skipped(app: typer.Typer, runner: CliRu
     ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    for line in (3, 4, 5, 6, 7, 8):
+    for line in (3, 4, 5, 6, 7, 8, 10, 11):
         assert f"t.csv:{line}:" in res.output
     for line in (2, 9):
         assert f"t.csv:{line}:" not in res.output
-    assert "6 malformed" in res.output
+    assert "8 malformed" in res.output
     # kept: ts 1000 and 1600; lookups at 1000 and 2000 (the first tau >= 1600)
     assert [json.loads(x)["kind"] for x in out.read_text().splitlines()] == ["ENTER"]
     res = runner.invoke(app, args + ["--strict"])
