@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.algorithms.fixed128 import MAX_VALUE
 from engine.dead_letter import DeadLetters
 from ingest.avro import decode_batch
+from subscriptions.schema import MAX_NUMERIC
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def decode_records(
     for f in spec.finite_fields:
         mark(~np.isfinite(cols[f]), 1, f"{f} is NaN or infinite")
     for f in (*spec.nonneg_fields, *spec.finite_fields):  # exact window sums (fixed128)
-        mark(np.abs(cols[f]) > MAX_VALUE, 1, f"{f} above 2**53 in magnitude")
+        mark(np.abs(cols[f]) > MAX_NUMERIC, 1, f"{f} above 2**53 in magnitude")
     if "timestamp" in records.column_names and max_future_ms is not None:
         kts = kafka_ts_ms(records.column("timestamp"))[good]
         mark(ts > kts + max_future_ms, 2, f"ts more than {max_future_ms} ms after the Kafka timestamp")

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.avro import Coded, field_names
+from subscriptions.schema import MAX_NUMERIC
 
 TRADE_SIDES = ("BID", "ASK", "UNKNOWN")
 _INT_RE = r"^[+-]?[0-9]{1,18}$"
@@ -116,17 +117,22 @@ def _validate(stream: str, df: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray
             if kind == "float":
                 ok = pc.match_substring_regex(a, _FLOAT_RE).to_numpy(zero_copy_only=False)
                 v = pc.cast(pc.if_else(pa.array(ok), a, "0"), pa.float64()).to_numpy(zero_copy_only=False)
-                ok &= np.isfinite(v) & (v >= 0)
-                flag(~ok, f"{name}: not a number >= 0")
+                ok &= np.isfinite(v) & (v >= 0) & (v <= MAX_NUMERIC)
+                flag(~ok, f"{name}: not a number in 0..2**53")
                 cols[name] = np.where(ok, v, 0.0)
                 continue
             ok = pc.match_substring_regex(a, _INT_RE).to_numpy(zero_copy_only=False)
             iv = pc.cast(pc.if_else(pa.array(ok), a, "0"), pa.int64()).to_numpy(zero_copy_only=False)
+            ok &= np.abs(iv) <= MAX_NUMERIC  # window sums are exact below it
             if kind == "uint":
                 ok &= iv >= 0
             if kind == "port":
                 ok &= (iv >= 0) & (iv <= 65535)
-            desc = {"int": "an integer", "uint": "an integer >= 0", "port": "a port 0..65535"}[kind]
+            desc = {
+                "int": "an integer up to 2**53",
+                "uint": "an integer in 0..2**53",
+                "port": "a port 0..65535",
+            }[kind]
             flag(~ok, f"{name}: not {desc}")
             cols[name] = np.where(ok, iv, 0).astype(np.int64)
         else:

@@ -21,11 +21,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from engine.algorithms.fixed128 import MAX_VALUE
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
 from subscriptions.evaluator import Evaluator
-from subscriptions.schema import STREAMS
+from subscriptions.schema import MAX_NUMERIC, STREAMS
 
 
 class BacktestInputError(Exception):
@@ -181,11 +180,11 @@ def load_events(stream: str, path: str | Path) -> EventFile:
             if num.dtype.kind == "f":
                 good = np.isfinite(num)
                 z = np.where(good, num, 0)
-                good &= np.abs(z) <= MAX_VALUE  # window sums are exact below it (fixed128)
+                good &= np.abs(z) <= MAX_NUMERIC  # window sums are exact below it (fixed128)
                 if f.type == "int":
                     good &= np.floor(z) == z
             else:
-                good = np.abs(num) <= MAX_VALUE
+                good = np.abs(num) <= MAX_NUMERIC
             if f.non_negative:
                 good &= ~(num < 0)
             for i in np.flatnonzero(ok & ~good)[:100_000]:

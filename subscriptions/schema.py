@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: the largest magnitude a numeric field may have; events beyond it are malformed (dead letter,
+#: skipped CSV row): every integer up to it is a float64, and window sums of such values are exact
+#: (engine.algorithms.fixed128)
+MAX_NUMERIC = 2**53
+
 
 @dataclass(frozen=True)
 class FieldSpec:

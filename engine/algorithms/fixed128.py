@@ -29,9 +29,6 @@ import numba as nb
 import numpy as np
 
 SCALE_BITS = 60
-#: the largest magnitude an input value may have (larger ones are refused by the decoder and the
-#: backtest's readers): every integer up to it is a float64, and window sums stay far below 2**67
-MAX_VALUE = 2**53
 _SCALE = 2.0**SCALE_BITS
 _TWO64 = 2.0**64
 _TWO63 = 2.0**63

@@ -47,10 +47,13 @@ ROWS: list[tuple[bytes, bool]] = [
     (b"AAPL,1017,10.5,5,BID,NASDAQ", False),
     (b"AAPL,1018,10.5,5.5,BID,NASDAQ", True),  # fractional size
     (b"AAPL,1019,10.5,5,BID,NASDAQ", False),
+    (b"AAPL,1020,10.5,9007199254740994,BID,NASDAQ", True),  # size above 2**53: sums not exact
+    (b"AAPL,1021,1e17,5,BID,NASDAQ", True),  # price above 2**53
+    (b"AAPL,1022,10.5,9007199254740992,BID,NASDAQ", False),  # 2**53 itself is fine
 ]
 BAD_LINES = [i + 2 for i, (_, bad) in enumerate(ROWS) if bad]
-GOOD_TS = [1000, 1011, 1012, 1013, 1014, 1015, 1017, 1019]
-GOOD_SYMBOLS = ["AAPL", "AAPL", "AA,PL", 'AA"PL', "Ä€😀", "AA\tPL", "AAPL", "AAPL"]
+GOOD_TS = [1000, 1011, 1012, 1013, 1014, 1015, 1017, 1019, 1022]
+GOOD_SYMBOLS = ["AAPL", "AAPL", "AA,PL", 'AA"PL', "Ä€😀", "AA\tPL", "AAPL", "AAPL", "AAPL"]
 
 
 def _file(rows: list[bytes], header: bytes = HEADER, end: bytes = b"\n") -> bytes:
@@ -75,7 +78,7 @@ def _backtest(tmp_path: Path, data: bytes) -> tuple[pd.DataFrame, list[int]]:
 
 
 def test_the_hostile_file_has_what_it_claims() -> None:
-    assert len(BAD_LINES) == 12 and len(GOOD_TS) == 8 == len(ROWS) - len(BAD_LINES)
+    assert len(BAD_LINES) == 14 and len(GOOD_TS) == 9 == len(ROWS) - len(BAD_LINES)
 
 
 @pytest.mark.parametrize("chunk_lines", [1, 3, 200_000])
