@@ -428,21 +428,55 @@ def run_live(a: argparse.Namespace) -> None:
 def run_core(a: argparse.Namespace) -> None:
     """The engine core alone (no Spark, no I/O): ``EngineCore`` with the pane-fed evaluator over
     ``--events`` encoded records, ``--rules`` of :func:`make_mixed_rules` -- where the
-    driver-held index stops scaling (events/s, one lookup of every rule, state, peak RSS)."""
+    driver-held index stops scaling (events/s, one lookup of every rule, state, peak RSS).
+
+    ``--gc-compare``: the same replay twice in this process, first with Python's default garbage
+    collector thresholds, then with the engine's (``engine_gc_threshold``), and their ratio."""
+    from tidewatch.settings import get_settings
+
+    settings = get_settings()
+    if not a.gc_compare:
+        _core_replay(a, settings, settings.engine_gc_threshold)
+        return
+    base = _core_replay(a, settings, 0)
+    tuned = _core_replay(a, settings, settings.engine_gc_threshold)
+    print(
+        f"garbage collector: engine thresholds {tuned['events_per_s'] / base['events_per_s']:.2f}x the events/s "
+        f"of Python's defaults ({tuned['events_per_s']:,.0f} vs {base['events_per_s']:,.0f}); GC time "
+        f"{tuned['gc_s']:.2f} s vs {base['gc_s']:.2f} s, longest collection {tuned['gc_max_ms']:.0f} ms vs "
+        f"{base['gc_max_ms']:.0f} ms",
+        flush=True,
+    )
+    print("command:", " ".join(sys.argv))
+
+
+def _core_replay(a: argparse.Namespace, settings: Any, gc_threshold: int) -> dict[str, float]:
+    import gc
     import resource
 
     import pyarrow as pa
 
     from engine.core import EngineCore, SubscriptionChange, make_evaluator
+    from engine.gc_tuning import tune_gc
     from ingest.avro import encode_batch
-    from tidewatch.settings import get_settings
 
-    settings = get_settings()
     stream = a.stream
     cols = make_events(stream, a.events, a.keys, a.rate, int(time.time() * 1000) - 60_000, seed=3)
     span = a.events / a.rate
     texts = make_mixed_rules(a.rules, stream, cols, span)
     msgs = encode_batch(stream, cols).messages()
+    gc.collect()
+    tune_gc(gc_threshold)
+    gc_time = {"t0": 0.0, "total": 0.0, "max": 0.0}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_time["t0"] = time.perf_counter()
+        else:
+            d = time.perf_counter() - gc_time["t0"]
+            gc_time["total"] += d
+            gc_time["max"] = max(gc_time["max"], d)
+
     core = EngineCore(
         pane_ms=settings.pane_ms,
         allowed_lateness_ms=2000,
@@ -455,21 +489,25 @@ def run_core(a: argparse.Namespace) -> None:
     n = len(msgs)
     kafka_ts = int(time.time() * 1000)
     busy, n_lookups, n_alerts = 0.0, 0, 0
-    for b, lo in enumerate(range(0, n, a.max_offsets), start=1):
-        hi = min(n, lo + a.max_offsets)
-        tbl = pa.table(
-            {
-                "partition": pa.array(np.zeros(hi - lo, np.int32)),
-                "offset": pa.array(np.arange(lo, hi, dtype=np.int64)),
-                "timestamp": pa.array(np.full(hi - lo, kafka_ts, np.int64)),
-                "value": pa.array(msgs[lo:hi], pa.binary()),
-            }
-        )
-        t = time.perf_counter()
-        out = core.process(b, {stream: tbl}, [])
-        busy += time.perf_counter() - t
-        n_lookups += len(out.lookups)
-        n_alerts += len(out.alerts)
+    gc.callbacks.append(on_gc)
+    try:
+        for b, lo in enumerate(range(0, n, a.max_offsets), start=1):
+            hi = min(n, lo + a.max_offsets)
+            tbl = pa.table(
+                {
+                    "partition": pa.array(np.zeros(hi - lo, np.int32)),
+                    "offset": pa.array(np.arange(lo, hi, dtype=np.int64)),
+                    "timestamp": pa.array(np.full(hi - lo, kafka_ts, np.int64)),
+                    "value": pa.array(msgs[lo:hi], pa.binary()),
+                }
+            )
+            t = time.perf_counter()
+            out = core.process(b, {stream: tbl}, [])
+            busy += time.perf_counter() - t
+            n_lookups += len(out.lookups)
+            n_alerts += len(out.alerts)
+    finally:
+        gc.callbacks.remove(on_gc)
     ev: Any = core.evaluator
     assert core.applied_until is not None
     t = time.perf_counter()
@@ -481,10 +519,13 @@ def run_core(a: argparse.Namespace) -> None:
         f"core {stream}: {a.rules:,} rules, {a.keys:,} keys: {n:,} events ({span:.0f} s of event time) in "
         f"{busy:.1f} s = {n / busy:,.0f} events/s; {n_lookups} lookups, {n_alerts:,} alerts; one lookup of "
         f"every rule {look * 1000:.0f} ms; rules added in {t_rules:.1f} s; state "
-        f"{core.state_nbytes() / 1e6:.0f} MB; peak RSS {rss:.2f} GB",
+        f"{core.state_nbytes() / 1e6:.0f} MB; peak RSS {rss:.2f} GB; GC thresholds {gc.get_threshold()}: "
+        f"{gc_time['total']:.2f} s collecting, longest {gc_time['max'] * 1000:.0f} ms",
         flush=True,
     )
-    print("command:", " ".join(sys.argv))
+    if not a.gc_compare:
+        print("command:", " ".join(sys.argv))
+    return {"events_per_s": n / busy, "gc_s": gc_time["total"], "gc_max_ms": gc_time["max"] * 1000}
 
 
 def main() -> None:
@@ -512,6 +553,11 @@ def main() -> None:
     ap.add_argument("--verbose", action="store_true", help="log every engine batch")
     ap.add_argument(
         "--live", type=float, default=0, help="live mode: feed seconds (Tidewatch alone, latency)"
+    )
+    ap.add_argument(
+        "--gc-compare",
+        action="store_true",
+        help="with --core-only: replay twice, Python's default GC thresholds vs the engine's",
     )
     ap.add_argument(
         "--core-only",

@@ -306,9 +306,12 @@ def backtest_alerts(
     subs: dict[str, str], ev_file: Any, every: int, until: int
 ) -> list[tuple[str, str, str, int]]:
     """(subscription id, key, kind, as_of) of the backtest of ``subs`` over ``ev_file``, as_of <= until."""
+    from engine.gc_tuning import tune_gc
     from subscriptions.backtest import iter_alerts
     from subscriptions.compiler import compile_rule
+    from tidewatch.settings import get_settings
 
+    tune_gc(get_settings().engine_gc_threshold)  # as the engine and `tidewatch backtest` do
     plans = [(sid, text, compile_rule(text)) for sid, text in subs.items()]
     t0 = time.perf_counter()
     last = [t0]

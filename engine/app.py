@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core import BatchOutput, EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
+from engine.gc_tuning import freeze_state, tune_gc
 from engine.publish import Publisher, ensure_topics
 from engine.retry import retry_transient
 from engine.store import Store
@@ -377,7 +378,9 @@ class EngineApp:
         ``available_now``: process what is in Kafka now (in batches of at most
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
         """
+        tune_gc(self.settings.engine_gc_threshold)
         self.recover()
+        freeze_state()
         reader = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.bootstrap)

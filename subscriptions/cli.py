@@ -114,8 +114,11 @@ def backtest_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from engine.gc_tuning import tune_gc
     from subscriptions.backtest import BacktestInputError, RuleFileError, run_backtest
+    from tidewatch.settings import get_settings
 
+    tune_gc(get_settings().engine_gc_threshold)  # one alert allocates a few objects: see engine.gc_tuning
     if strategy not in ("shared", "naive"):
         _err("--strategy must be 'shared' or 'naive'")
         raise typer.Exit(2)

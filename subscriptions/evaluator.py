@@ -1366,41 +1366,45 @@ class Evaluator:
         over the union of their keys -- thousands of rules firing at one lookup cost one
         structure read per distinct aggregate, not one per rule."""
         ctx = _Lookup(self, now)
-        reqs: list[tuple[_Rule, list[str], np.ndarray]] = []
-        sigs: dict[tuple[Any, ...], tuple[_Structure, AggSpec, list[np.ndarray]]] = {}
+        reqs: list[tuple[_Rule, list[str]]] = []
+        # aggregate signature -> (structure, spec, [(request, atom position)], [key ids])
+        sigs: dict[tuple[Any, ...], tuple[_Structure, AggSpec, list[tuple[int, int]], list[np.ndarray]]] = {}
         for name, keys in wanted.items():
             rule = self.rules[name]
             st = rule.state
             n_ids = len(st.interner)
             ids = np.fromiter((st._ids.get(k, n_ids) for k in keys), np.int64, len(keys))
-            reqs.append((rule, keys, ids))
-            for spec in rule.plan.aggs:
+            for j, spec in enumerate(rule.plan.aggs):
                 s = rule.agg_structs[spec.id]
-                sigs.setdefault((id(s), spec.func, spec.window), (s, spec, []))[2].append(ids)
-        computed: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
-        for sig, (s, spec, lists) in sigs.items():
-            u = np.unique(np.concatenate(lists))
-            computed[sig] = (u, ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0))
+                ent = sigs.setdefault((id(s), spec.func, spec.window), (s, spec, [], []))
+                ent[2].append((len(reqs), j))
+                ent[3].append(ids)
+            reqs.append((rule, keys))
+        # one structure read, one gather and one conversion to Python values per signature,
+        # then each rule's column is a slice of that list (no per-rule NumPy calls)
+        cols: list[list[list[Any]]] = [[[] for _ in rule.plan.aggs] for rule, _ in reqs]
+        for s, spec, members, lists in sigs.values():
+            allids = np.concatenate(lists)
+            u, inv = np.unique(allids, return_inverse=True)
+            v = ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0)
+            x = np.asarray(v, np.float64)[inv.reshape(-1)]
+            nan = np.isnan(x)
+            integral = spec.func in ("COUNT", "DISTINCT")  # COUNTs as int
+            if nan.any():  # NULL (e.g. AVG of an empty window) as None
+                o = (np.where(nan, 0, x).astype(np.int64) if integral else x).astype(object)
+                o[nan] = None
+                flat = o.tolist()
+            else:
+                flat = x.astype(np.int64).tolist() if integral else x.tolist()
+            pos = 0
+            for (ri, j), ids in zip(members, lists, strict=True):
+                n = ids.shape[0]
+                cols[ri][j] = flat[pos : pos + n]
+                pos += n
         out: dict[str, dict[str, dict[str, float | int | str | None]]] = {}
-        for rule, keys, ids in reqs:
+        for (rule, keys), rc in zip(reqs, cols, strict=True):
             texts = [spec.text for spec in rule.plan.aggs]
-            cols: list[list[Any]] = []
-            for spec in rule.plan.aggs:
-                u, v = computed[(id(rule.agg_structs[spec.id]), spec.func, spec.window)]
-                x = np.asarray(v[np.searchsorted(u, ids)] if ids.shape[0] else np.zeros(0), np.float64)
-                nan = np.isnan(x)
-                col: list[Any] = (
-                    x.astype(np.int64).tolist() if spec.func in ("COUNT", "DISTINCT") and not nan.any()
-                    else x.tolist()
-                )  # fmt: skip
-                if nan.any():  # NULL (e.g. AVG of an empty window) as None; COUNTs as int
-                    integral = spec.func in ("COUNT", "DISTINCT")
-                    col = [
-                        None if m else (int(c) if integral else c)
-                        for c, m in zip(col, nan.tolist(), strict=True)
-                    ]
-                cols.append(col)
-            rows = zip(*cols, strict=True) if cols else ((),) * len(keys)
+            rows = zip(*rc, strict=True) if rc else ((),) * len(keys)
             out[rule.name] = {
                 k: dict(zip(texts, row, strict=True)) for k, row in zip(keys, rows, strict=True)
             }

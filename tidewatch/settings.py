@@ -200,6 +200,11 @@ class Settings(BaseSettings):
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",
     )
+    engine_gc_threshold: int = Field(
+        100_000,
+        description="allocations between collections of Python's youngest GC generation in the engine and "
+        "the backtest (0: Python's default 700; docs/engine.md, 'Garbage collection')",
+    )
     engine_lookup_every_ms: int | None = Field(
         None,
         description="the engine looks every rule up at each multiple of this (a multiple of pane_ms; "
