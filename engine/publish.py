@@ -3,7 +3,9 @@
 After a batch is committed in PostgreSQL (:mod:`engine.store`), its Avro alerts (topic
 ``alerts``, keyed by subscription id), its result changes (compacted topic ``results``,
 keyed ``subscription|key``: ``present=true`` on ENTER; ``present=false`` then a tombstone
-on EXIT) and its dead letters are produced in ONE Kafka transaction.  The same
+on EXIT) and its dead letters are produced in ONE Kafka transaction; the alert and result
+records of the whole batch are encoded together (:mod:`engine.alert_wire`, one Numba kernel)
+and produced in one loop.  The same
 transaction commits a *progress marker*: the offset ``batch_id + 1`` of a private
 consumer group on partition 0 of ``alerts`` (``send_offsets_to_transaction``), so the
 marker is visible exactly when the batch's records are.  After a crash the engine reads
@@ -33,6 +35,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from engine.alert_wire import encode_alerts, warm_up
 from engine.core import Alert
 from engine.dead_letter import DeadLetters
 from ingest.avro import encode
@@ -77,6 +80,10 @@ class Publisher:
         self.marker_tp = TopicPartition(settings.topic_alerts, 0)
         self.tid = f"tidewatch-engine-{engine_id}"
         self.producer, self.marker = self._clients()
+        #: how a batch's alerts are produced (``bench/delivery_bench.py`` swaps in
+        #: :func:`_produce_alerts_per_record`, the path :func:`produce_alerts` replaced)
+        self.produce_alerts: Callable[[Producer, Any, Any, int, int], None] = produce_alerts
+        warm_up()  # the alert encoder's kernel, compiled before the first batch
 
     def _clients(self) -> tuple[Producer, Consumer]:
         """A transactional producer (fencing any older one of the same id) and the marker's reader."""
@@ -161,23 +168,7 @@ class Publisher:
         now = int(time.time() * 1000)
         p = self.producer
         p.begin_transaction()
-        for a in alerts:
-            rec = _alert_record(a, batch_id, now)
-            p.produce(s.topic_alerts, key=rec["subscription_id"].encode(), value=encode("alerts", rec))
-            rkey = f"{rec['subscription_id']}|{rec['key']}".encode()
-            present = rec["kind"] == "ENTER"
-            res = {
-                "subscription_id": rec["subscription_id"],
-                "key": rec["key"],
-                "present": present,
-                "as_of": rec["as_of"],
-                "values": rec["values"],
-                "batch_id": batch_id,
-            }
-            p.produce(s.topic_results, key=rkey, value=encode("results", res))
-            if not present:
-                p.produce(s.topic_results, key=rkey, value=None)
-            p.poll(0)
+        self.produce_alerts(p, s, alerts, batch_id, now)
         if dead is not None and len(dead):
             for rec in dead.records(now):
                 p.produce(
@@ -191,6 +182,65 @@ class Publisher:
     def close(self) -> None:
         self.producer.flush(30)
         self.marker.close()
+
+
+def produce_alerts(
+    p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
+) -> None:
+    """Produce a batch's alert, result and tombstone records (encoded together,
+    :func:`engine.alert_wire.encode_alerts`) in one loop, in the order of the alerts."""
+    recs = encode_alerts(alerts, batch_id, now)
+    produce = p.produce
+
+    def put(topic: str, value: bytes | None, key: bytes) -> None:
+        try:
+            produce(topic, value=value, key=key)
+        except BufferError:  # the local queue is full: wait for deliveries, then once more
+            p.poll(1.0)
+            produce(topic, value=value, key=key)
+
+    ta, tr = s.topic_alerts, s.topic_results
+    for i, (ak, av, rk, rv, present) in enumerate(
+        zip(
+            recs.alert_keys,
+            recs.alert_values,
+            recs.result_keys,
+            recs.result_values,
+            recs.present,
+            strict=True,
+        )
+    ):
+        put(ta, av, ak)
+        put(tr, rv, rk)
+        if not present:
+            put(tr, None, rk)
+        if i % 1000 == 999:
+            p.poll(0)  # serve delivery reports
+    p.poll(0)
+
+
+def _produce_alerts_per_record(
+    p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
+) -> None:
+    """The alert loop before :func:`produce_alerts`: a dict and two fastavro encodings per alert.
+    Kept as the reference of tests/engine/test_alert_wire.py and ``bench/delivery_bench.py``."""
+    for a in alerts:
+        rec = _alert_record(a, batch_id, now)
+        p.produce(s.topic_alerts, key=rec["subscription_id"].encode(), value=encode("alerts", rec))
+        rkey = f"{rec['subscription_id']}|{rec['key']}".encode()
+        present = rec["kind"] == "ENTER"
+        res = {
+            "subscription_id": rec["subscription_id"],
+            "key": rec["key"],
+            "present": present,
+            "as_of": rec["as_of"],
+            "values": rec["values"],
+            "batch_id": batch_id,
+        }
+        p.produce(s.topic_results, key=rkey, value=encode("results", res))
+        if not present:
+            p.produce(s.topic_results, key=rkey, value=None)
+        p.poll(0)
 
 
 def _alert_record(a: Alert | dict[str, Any], batch_id: int, now: int) -> dict[str, Any]:

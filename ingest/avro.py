@@ -231,6 +231,18 @@ def _varint(n: int) -> bytes:
 
 
 @nb.njit(cache=True, nogil=True)
+def put_long(out, pos, v):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Avro ``long`` ``v`` (zig-zag varint) written at ``out[pos]``; the position after it."""
+    z = np.uint64((v << 1) ^ (v >> 63))
+    while z >= 0x80:
+        out[pos] = np.uint8((z & np.uint64(0x7F)) | np.uint64(0x80))
+        pos += 1
+        z >>= np.uint64(7)
+    out[pos] = np.uint8(z)
+    return pos + 1
+
+
+@nb.njit(cache=True, nogil=True)
 def _encode_kernel(  # pragma: no cover - compiled
     n, hdr, kinds, slots, codes, dict_base, dict_data, dict_off, ints, fbits, out, rec_off
 ):
@@ -252,14 +264,7 @@ def _encode_kernel(  # pragma: no cover - compiled
                     out[pos] = dict_data[j]
                     pos += 1
             elif k == 1:  # int / long: zig-zag varint
-                v = ints[s, i]
-                z = np.uint64((v << 1) ^ (v >> 63))
-                while z >= 0x80:
-                    out[pos] = np.uint8((z & np.uint64(0x7F)) | np.uint64(0x80))
-                    pos += 1
-                    z >>= np.uint64(7)
-                out[pos] = np.uint8(z)
-                pos += 1
+                pos = put_long(out, pos, ints[s, i])
             elif k == 2:  # double: 8 bytes little endian
                 z = fbits[s, i]
                 for _ in range(8):

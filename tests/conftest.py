@@ -409,13 +409,7 @@ def restartable_pg() -> Iterator[Settings]:
     root.chmod(0o755)  # the server runs as the postgres user when the tests run as root
     s = Settings(run_dir=root / "run", pg_port=_free_port(), pg_password="tidewatch-test", database_url=None)
     with _own_service(postgres, s):
-        conn = postgres.superuser_connect(s)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(f'ALTER ROLE "{s.pg_user}" CREATEDB')
-        finally:
-            conn.close()
+        postgres.allow_createdb(s)
         yield s
 
 

@@ -148,8 +148,11 @@ def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str,
     )
 
 
-def read_topic(bootstrap: str, topic: str, schema: str | None, timeout: float = 20.0) -> list[Any]:
-    """Every committed record of a topic (decoded when ``schema`` is given), read_committed."""
+def read_topic(
+    bootstrap: str, topic: str, schema: str | None, timeout: float = 20.0, *, messages: bool = False
+) -> list[Any]:
+    """Every committed record of a topic (decoded when ``schema`` is given), read_committed; with
+    ``messages``, every one as ``(partition, key, value)``, tombstones (value None) included."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -173,7 +176,9 @@ def read_topic(bootstrap: str, topic: str, schema: str | None, timeout: float = 
         for m in c.consume(1000, 0.5):
             if m.error():
                 continue
-            if m.value() is not None:
+            if messages:
+                out.append((m.partition(), m.key(), m.value()))
+            elif m.value() is not None:
                 out.append(decode(m.value(), schema) if schema else m.value())
             if m.offset() >= ends[m.partition()] - 1:
                 done.add(m.partition())

@@ -185,6 +185,18 @@ def superuser_connect(settings: Settings | None = None, dbname: str = "postgres"
     return psycopg2.connect(host=str(layout(s).sock), port=s.pg_port, user=_server_user(), dbname=dbname)
 
 
+def allow_createdb(settings: Settings | None = None) -> None:
+    """Let the application role create databases (tests and benchmarks make one per run)."""
+    s = settings or get_settings()
+    conn = superuser_connect(s)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("ALTER ROLE {} CREATEDB").format(sql.Identifier(s.pg_user)))
+    finally:
+        conn.close()
+
+
 def ensure_app_database(settings: Settings | None = None) -> None:
     """Create ``settings.pg_user`` (with its password) and ``settings.pg_database`` if missing."""
     s = settings or get_settings()

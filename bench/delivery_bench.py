@@ -1,0 +1,228 @@
+"""The engine's alert delivery, old and new side by side in one process: µs per alert.
+
+One batch's output goes to PostgreSQL (:meth:`engine.store.Store.commit`: alert log, current
+results, batch id, metrics in one transaction) and then to Kafka
+(:meth:`engine.publish.Publisher.publish`: Avro alerts, results, progress marker in one
+transaction), as ``EngineApp._deliver`` does.  Each side is timed on the same synthetic batches:
+
+* **old**: every column bound as an array (``unnest``) -- :func:`engine.store._write_unnest` --
+  and a dict plus two fastavro encodings per alert -- :func:`engine.publish._produce_alerts_per_record`;
+* **new**: ``COPY`` into a staging table -- :func:`engine.store.write_copy` -- and the batch
+  encoded by one Numba kernel -- :func:`engine.publish.produce_alerts`.
+
+Each side writes to a database of its own (the same alerts, so the tables grow alike); the two
+sides alternate, and the median of ``--repeat`` batches per size is printed.  Real services:
+an embedded PostgreSQL and Kafka broker started here (:mod:`tidewatch.services`, free ports,
+temporary run dir, stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
+
+    flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.engine_bench import fresh_database  # noqa: E402
+from engine.core import Alert, BatchOutput  # noqa: E402
+
+LABELS = [
+    "COUNT(*) OVER LAST 10 SECONDS",
+    "SUM(size) OVER LAST 20 SECONDS",
+    "AVG(price) OVER LAST 30 SECONDS",
+    "MAX(price) OVER LAST 15 SECONDS - MIN(price) OVER LAST 15 SECONDS",
+]
+METRICS = {"events_per_s": 1.0, "batch_ms": 1.0, "lag_ms": 1.0, "alerts": 0, "dead_letters": 0}
+
+
+def make_batch(batch_id: int, n: int, n_subs: int, n_keys: int, seed: int) -> BatchOutput:
+    """``n`` alerts of ``n_subs`` rules over ``n_keys`` symbols, as the alert storm of the live
+    bench makes them: in as_of order over 4 panes, ENTER and EXIT, 1-3 aggregate values each."""
+    rng = random.Random(seed)
+    subs = [str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4)) for i in range(n_subs)]
+    t0 = 1_763_900_000_000 + 10_000 * batch_id
+    alerts = []
+    for i in range(n):
+        s = rng.randrange(n_subs)
+        values: dict[str, float | int | None] = {}
+        for j in range(1 + s % 3):
+            values[LABELS[(s + j) % 4]] = rng.randrange(1, 500) if j == 0 else round(rng.uniform(1, 1e4), 2)
+        kind = "ENTER" if rng.random() < 0.6 else "EXIT"
+        key = f"S{rng.randrange(n_keys):05d}"
+        alerts.append(Alert(subs[s], f"rule-{s}", "trades", key, kind, t0 + 1000 * (4 * i // n), values))
+    return BatchOutput(batch_id=batch_id, alerts=alerts, events={"trades": 200_000})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
+    """``(PostgreSQL URL, Kafka bootstrap, settings)``: the given ones, or an embedded server and
+    broker of this run (stopped by PID and their run dir removed at the end)."""
+    from tidewatch.services import kafka, postgres
+    from tidewatch.settings import Settings, get_settings
+
+    if a.database_url and a.bootstrap:
+        s = get_settings().model_copy(update={"kafka_bootstrap": a.bootstrap})
+        yield a.database_url, a.bootstrap, s
+        return
+    root = Path(tempfile.mkdtemp(prefix="tw-delivery-bench-"))
+    root.chmod(0o755)  # the PostgreSQL server runs as the postgres user when this runs as root
+    port = _free_port()
+    s = Settings(
+        run_dir=root / "run",
+        cache_dir=get_settings().cache_dir,
+        pg_port=_free_port(),
+        pg_password="tidewatch-bench",
+        database_url=None,
+        kafka_port=port,
+        kafka_bootstrap=f"127.0.0.1:{port}",
+        kafka_controller_port=_free_port(),
+        kafka_security="plaintext",
+    )
+    started: list[Any] = []
+    try:
+        for svc in (postgres, kafka):
+            svc.start(s)
+            started.append(svc)
+        postgres.allow_createdb(s)
+        yield s.sqlalchemy_url, s.kafka_bootstrap, s
+    finally:
+        for svc in reversed(started):
+            svc.stop(s)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class Side:
+    """One delivery path: its Store (own database) and its Publisher (own transactional id)."""
+
+    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Any) -> None:
+        from engine import publish, store
+        from engine.publish import Publisher
+        from engine.store import Store
+        from tidewatch.db.session import make_engine
+
+        self.name = name
+        self.store = Store(make_engine(fresh_database(pg_url)))
+        self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
+        old = name == "old"
+        self.write: Callable[..., None] = store._write_unnest if old else store.write_copy
+        self.publisher.produce_alerts = publish._produce_alerts_per_record if old else publish.produce_alerts
+        self.next_batch = 0
+
+    def deliver(self, out: BatchOutput) -> tuple[float, float]:
+        """Seconds of the PostgreSQL commit and of the Kafka transaction of ``out``."""
+        out = BatchOutput(batch_id=self.next_batch, alerts=out.alerts, events=out.events)
+        self.next_batch += 1
+        t0 = time.perf_counter()
+        assert self.store.commit(out, watermark=None, metrics=METRICS, write=self.write)
+        t1 = time.perf_counter()
+        self.publisher.publish(out.batch_id, out.alerts)
+        return t1 - t0, time.perf_counter() - t1
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.store.engine.dispose()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,20000", help="alerts per batch")
+    ap.add_argument("--repeat", type=int, default=5, help="batches per size and side (median shown)")
+    ap.add_argument("--subscriptions", type=int, default=10_000)
+    ap.add_argument("--keys", type=int, default=5_000)
+    ap.add_argument(
+        "--database-url", default=None, help="PostgreSQL server (with --bootstrap: no own services)"
+    )
+    ap.add_argument("--bootstrap", default=None, help="Kafka (with --database-url)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    a = ap.parse_args()
+    from engine.publish import ensure_topics
+
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    started = datetime.now(UTC)
+    load0 = os.getloadavg()
+    res: dict[str, Any] = {
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "sizes": {},
+    }
+    with services(a) as (pg_url, bootstrap, base):
+        run = uuid.uuid4().hex[:6]
+        topics = ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
+        settings = base.model_copy(
+            update={f"topic_{t}": f"dbench-{t.replace('_', '-')}-{run}" for t in topics}
+        )
+        ensure_topics(bootstrap, settings)
+        sides = [Side(n, pg_url, bootstrap, settings) for n in ("old", "new")]
+        try:
+            warm = make_batch(0, 200, a.subscriptions, a.keys, seed=1)
+            for side in sides:  # connections, staging table, the encoder's kernel, the producer
+                side.deliver(warm)
+            k = 0  # batches made: each gets its own as_of range (no alert id repeats)
+            for n in sizes:
+                per: dict[str, dict[str, list[float]]] = {s.name: {"pg": [], "kafka": []} for s in sides}
+                for r in range(a.repeat):
+                    k += 1
+                    out = make_batch(k, n, a.subscriptions, a.keys, seed=k)
+                    order = sides if r % 2 == 0 else sides[::-1]  # alternate who goes first
+                    for side in order:
+                        pg_s, kafka_s = side.deliver(out)
+                        per[side.name]["pg"].append(pg_s / n * 1e6)
+                        per[side.name]["kafka"].append(kafka_s / n * 1e6)
+                fig = {
+                    name: {part: statistics.median(v) for part, v in parts.items()}
+                    for name, parts in per.items()
+                }
+                for f in fig.values():
+                    f["total"] = f["pg"] + f["kafka"]
+                res["sizes"][n] = {"median_us_per_alert": fig, "runs_us_per_alert": per}
+                print(f"batch of {n:,} alerts (median of {a.repeat}), µs per alert:")
+                print(f"  {'':8s}{'PostgreSQL':>12s}{'Kafka':>10s}{'total':>10s}")
+                for name in ("old", "new"):
+                    f = fig[name]
+                    print(f"  {name:8s}{f['pg']:12.1f}{f['kafka']:10.1f}{f['total']:10.1f}")
+                old, new = fig["old"], fig["new"]
+                print(
+                    f"  old/new {old['pg'] / new['pg']:10.2f}x{old['kafka'] / new['kafka']:9.2f}x"
+                    f"{old['total'] / new['total']:9.2f}x",
+                    flush=True,
+                )
+        finally:
+            for side in sides:
+                side.close()
+            del sides, side  # the producers' threads end before the broker does
+            gc.collect()
+    load1 = os.getloadavg()
+    res["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+    res["loadavg_start_end"] = [load0, load1]
+    print(f"run {res['started_utc']} .. {res['finished_utc']} UTC, load average (1/5/15 min) "
+          f"{load0[0]:.2f}/{load0[1]:.2f}/{load0[2]:.2f} at the start, {load1[0]:.2f}/{load1[1]:.2f}/{load1[2]:.2f} at the end")  # fmt: skip
+    print(f"command: {res['command']}")
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
