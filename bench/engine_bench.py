@@ -384,7 +384,13 @@ def run_live(a: argparse.Namespace) -> None:
     while prod.is_alive():
         time.sleep(1.0)
         rss = me.memory_info().rss
-        jvm = sum(ch.memory_info().rss for ch in me.children(recursive=True) if "java" in ch.name())
+        jvm = 0
+        for ch in me.children(recursive=True):
+            try:
+                if "java" in ch.name():
+                    jvm += ch.memory_info().rss
+            except psutil.Error:  # a child that ended between listing and reading
+                continue
         peak_rss = max(peak_rss, rss)
         samples.append((time.perf_counter() - t0, app.totals["events"] - ev0, rss, jvm))
     feed = json.loads(Path(stop_file + ".json").read_text())
