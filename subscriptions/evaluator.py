@@ -187,7 +187,7 @@ class _Unit:
         return max(panes) if panes else int(np.iinfo(np.int64).min)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, prev):  # type: ignore[no-untyped-def]
     """One exact pass of a group of single-threshold rules (section 4: one index lookup serves
     them all): the sorted (rule uid << 32 | key id) pairs whose exact value lies in each rule's
@@ -214,7 +214,7 @@ def _group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, prev):  # type
     return _pair_diff(pairs[:j], prev)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _pair_diff(pairs, prev):  # type: ignore[no-untyped-def]
     """``pairs`` and the pairs that entered / exited since ``prev`` (both sorted, unique)."""
     j = pairs.shape[0]

@@ -61,7 +61,7 @@ def _floor_log2(x):
     return r
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def levels_update(keys, ts, adds, m, TS, BM, BM2, p, L):
     """Apply rows (key, ts, units) in array order. TS: int64[L*p, Kcap]; BM / BM2: the slots'
     maxima over blocks of 16 / 1024 keys."""
@@ -108,7 +108,7 @@ def levels_update(keys, ts, adds, m, TS, BM, BM2, p, L):
         m[k] = m1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def levels_lookup(s_lo, s_up, s_lo_sure, s_up_sure, t, nkeys, TS, BM, BM2, act, bma, bma2, out, sure):
     """Candidates: keys k < nkeys with act[k] > t (an event in the window), (s_lo < 0 or
     TS[s_lo, k] > t) and (s_up < 0 or TS[s_up, k] <= t); act[k] is the key's newest event ts.
@@ -152,7 +152,7 @@ def levels_lookup(s_lo, s_up, s_lo_sure, s_up_sure, t, nkeys, TS, BM, BM2, act, 
     return n
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def recompute_blocks(TS, BM, BM2, blocks, nkeys, S=-1):
     """Recompute the level-1 summaries of the given blocks and the level-2 ones above them
     (slot rows 0..S-1; S < 0: every row of TS)."""
@@ -184,7 +184,7 @@ def recompute_blocks(TS, BM, BM2, blocks, nkeys, S=-1):
             BM2[s, c] = mx
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def reset_expired(before_ts, nkeys, m, TS, act, S=-1):
     """Forget keys none of whose units is newer than before_ts; returns the touched blocks."""
     marks = np.zeros((nkeys >> BLOCK_SHIFT) + 1, np.bool_)
@@ -209,7 +209,7 @@ def reset_expired(before_ts, nkeys, m, TS, act, S=-1):
 # invisible to callers: lookups map positions back to key ids.
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def assign_positions(keys, pos_of, key_of, K):
     """Positions of the rows' keys; keys without one get K, K + 1, ... in arrival order.
     Returns (positions, new K). pos_of: key id -> position (-1: none); key_of: inverse."""
@@ -226,7 +226,7 @@ def assign_positions(keys, pos_of, key_of, K):
     return out, K
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def batch_max_units(pos, units, m):
     """Largest m[k] after adding the batch's units (O(batch), m is left unchanged)."""
     for i in range(pos.shape[0]):
@@ -240,7 +240,7 @@ def batch_max_units(pos, units, m):
     return mx
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def touch(pos, ts, units, act, bma, bma2, score):
     """Per row: newest event timestamp of the key and its block maxima; activity score += units."""
     for i in range(pos.shape[0]):
@@ -255,7 +255,7 @@ def touch(pos, ts, units, act, bma, bma2, score):
             bma2[k >> BLOCK2_SHIFT] = t
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def rebuild_act_blocks(act, bma, bma2, K):
     """Block maxima of act over positions 0..K-1."""
     bma[:] = INT64_MIN
@@ -267,7 +267,7 @@ def rebuild_act_blocks(act, bma, bma2, K):
             bma2[k >> BLOCK2_SHIFT] = act[k]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def relayout_due(since, K, every):
     """Relayout policy: after ``every`` rows (every < 0: max(65536, 4 K) rows, i.e. O(L p / 4)
     amortized slot moves per row; every == 0: never)."""
@@ -278,7 +278,7 @@ def relayout_due(since, K, every):
     return since >= every
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def relayout(K, S, score, TS, BM, BM2, m, act, bma, bma2, key_of, pos_of, aux):
     """Renumber positions 0..K-1 by decreasing activity score (stable: ties keep their order),
     halve the scores (exponential decay of old activity), rebuild the block summaries.
@@ -314,7 +314,7 @@ def relayout(K, S, score, TS, BM, BM2, m, act, bma, bma2, key_of, pos_of, aux):
 
 
 # ---------------------------------------------------------------------------- exact post-check
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _kth_batch(keys, idx, n, need, res, slot, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     """res[i] = timestamp of key keys[idx[i]]'s need-th newest unit (kth_one), i < n, in two
     passes: the row index of each single-event key is computed from small per-key arrays first,
@@ -337,7 +337,7 @@ def _kth_batch(keys, idx, n, need, res, slot, head, end, base_cnt, tot, unit, c_
             res[i] = c_ts[j]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def check_count(
     out, sure, n, key_of, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt, scr_i, scr_j, scr_t
 ):

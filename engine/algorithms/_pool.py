@@ -38,7 +38,7 @@ class Plan:
     fresh: bool  # True: columns are rebuilt from scratch (compaction), else moved in place / grown
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _next_pow2(x: int) -> int:
     c = 1
     while c < x:
@@ -46,7 +46,7 @@ def _next_pow2(x: int) -> int:
     return c
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _plan_reserve(need, off, cap, head, end, top, min_cap):
     """Plan moves so that every key k has room for need[k] more rows (mutates off/cap/head/end)."""
     n = 0
@@ -79,7 +79,7 @@ def _plan_reserve(need, off, cap, head, end, top, min_cap):
     return keys, src, dst, length, top
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _batch_need(keys, scratch):
     """Distinct keys of a batch (first-appearance order) and their row counts, in O(batch);
     scratch (zeros, one entry per key) is left zeroed."""
@@ -98,7 +98,7 @@ def _batch_need(keys, scratch):
     return uk[:n], need
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _plan_reserve_keys(ukeys, uneed, off, cap, head, end, top, min_cap):
     """:func:`_plan_reserve` for the keys of one batch only (O(batch), not O(K)); also returns
     the change of the keys' total capacity."""
@@ -133,7 +133,7 @@ def _plan_reserve_keys(ukeys, uneed, off, cap, head, end, top, min_cap):
     return keys[:j], src[:j], dst[:j], length[:j], top, dcap
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _plan_compact(need, off, cap, head, end, min_cap):
     """Plan a full compaction into a fresh pool (mutates off/cap/head/end); returns the new top."""
     K = need.shape[0]
@@ -162,7 +162,7 @@ def _plan_compact(need, off, cap, head, end, min_cap):
     return keys[:j], src[:j], dst[:j], length[:j], top
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def move_rows_1d(old, new, src, dst, length, same):
     for j in range(src.shape[0]):
         s = src[j]
@@ -173,7 +173,7 @@ def move_rows_1d(old, new, src, dst, length, same):
             new[d + i] = old[s + i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def move_rows_2d(old, new, src, dst, length, same):
     for j in range(src.shape[0]):
         s = src[j]
@@ -185,7 +185,7 @@ def move_rows_2d(old, new, src, dst, length, same):
                 new[d + i, c] = old[s + i, c]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def expire_heads(ts, head, end, before_ts):
     """New head per key: first live row with ts > before_ts (binary search in [head, end))."""
     K = head.shape[0]
@@ -205,7 +205,7 @@ def expire_heads(ts, head, end, before_ts):
     return new_head
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def search_after(ts, lo, hi, t):
     """First index i in [lo, hi) with ts[i] > t (hi if none); ts is sorted within [lo, hi)."""
     if hi <= lo or ts[hi - 1] <= t:
@@ -221,7 +221,7 @@ def search_after(ts, lo, hi, t):
     return lo
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _check_order(key_ids, ts, last_ts):
     """0: per-key ts already non-decreasing in array order; 1: needs a stable sort by ts;
     2: a row is older than its key's last applied ts."""

@@ -411,7 +411,7 @@ def post_check_count(
     return cand[:n]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def exact_count_kernel(s_lo, s_up, sure_lo, sure_up, u, w, t, K, TS, BM, BM2, act, bma, bma2, key_of, out, sure,
                        scr_i, scr_j, scr_t, head, end, base_cnt, tot, unit, c_ts, c_cnt):  # fmt: skip
     """One exact lookup: index candidates (positions), the unproven ones checked with R-INT;

@@ -24,7 +24,7 @@ from .ci_count import CICount
 from .rint import RInt
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _units(keys, vals, unit, csum):
     """Units completed by each row (in array order) and the per-key running sums (updated)."""
     out = np.empty(keys.shape[0], np.int64)
@@ -201,7 +201,7 @@ def post_check_sum(
     return cand[keep]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _exact_sum_kernel(s_lo, s_up, sure_lo, sure_up, t, lo, hi, has_lo, has_hi, lo_strict, hi_strict, nkeys,
                       TS, BM, BM2, act, bma, bma2, key_of, out, sure, head, end, base_sh, base_sl, c_ts, c_sh, c_sl,
                       col):  # fmt: skip

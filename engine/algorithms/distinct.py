@@ -27,7 +27,7 @@ def _new_index() -> Dict:
     return Dict.empty(key_type=_KEY_T, value_type=types.int64)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _append(keys, ts, vals, head, end, first_seq, last_ts, c_ts, c_v, c_prev, index):
     for i in range(keys.shape[0]):
         k = keys[i]
@@ -41,13 +41,13 @@ def _append(keys, ts, vals, head, end, first_seq, last_ts, c_ts, c_v, c_prev, in
         last_ts[k] = ts[i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _advance_seq(new_head, head, first_seq):
     for k in range(head.shape[0]):
         first_seq[k] += new_head[k] - head[k]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _rebuild_index(index, head, end, first_seq, c_v):
     index.clear()
     for k in range(head.shape[0]):
@@ -55,7 +55,7 @@ def _rebuild_index(index, head, end, first_seq, c_v):
             index[(k, c_v[i])] = first_seq[k] + (i - head[k])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _distinct(keys, i1, i2, head, first_seq, c_prev):
     m = keys.shape[0]
     out = np.zeros(m, np.int64)

@@ -121,7 +121,7 @@ def to_float(h, l):  # type: ignore[no-untyped-def]  # noqa: E741
     return -f if neg else f
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def split_many(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Element-wise :func:`split` of a float64 array (any shape)."""
     flat = values.ravel()
@@ -132,7 +132,7 @@ def split_many(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi.reshape(values.shape), lo.reshape(values.shape)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def to_float_many(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Element-wise :func:`to_float`."""
     fh = hi.ravel()
@@ -143,7 +143,7 @@ def to_float_many(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return out.reshape(hi.shape)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def group_sums(groups: np.ndarray, values: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact per-group sums of ``values`` (group ids in ``[0, n_groups)``), as (hi, lo) words:
     what ``np.bincount(groups, weights=values)`` computes, without rounding."""

@@ -22,7 +22,7 @@ _B1 = 5  # log2 of the small block width
 _B2 = 10  # log2 of the large block width
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _fold(i, x, s1min, s1max, s2min, s2max):
     j = i >> _B1
     if x < s1min[j]:
@@ -36,7 +36,7 @@ def _fold(i, x, s1min, s1max, s2min, s2max):
         s2max[j] = x
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _append(keys, ts, vals, end, last_ts, c_ts, c_v, s1min, s1max, s2min, s2max):
     for i in range(keys.shape[0]):
         k = keys[i]
@@ -48,7 +48,7 @@ def _append(keys, ts, vals, end, last_ts, c_ts, c_v, s1min, s1max, s2min, s2max)
         last_ts[k] = ts[i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _rebuild(keys, off, cap, head, end, c_v, s1min, s1max, s2min, s2max):
     """Reset the blocks inside the keys' regions and fold their live rows again."""
     inf = np.inf
@@ -66,7 +66,7 @@ def _rebuild(keys, off, cap, head, end, c_v, s1min, s1max, s2min, s2max):
             _fold(i, c_v[i], s1min, s1max, s2min, s2max)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _range(i1, i2, c_v, s1min, s1max, s2min, s2max):
     m = i1.shape[0]
     mins = np.full(m, np.nan)

@@ -24,7 +24,7 @@ from ._base import PooledStructure
 from ._pool import INT64_MIN, as_keys, broadcast_i64, order_batch, search_after
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _append(
     keys, ts, vals, vh, vl, mult, head, end, base_cnt, base_sh, base_sl, last_ts, tot, unit,
     c_ts, c_cnt, c_sh, c_sl, c_val,
@@ -52,7 +52,7 @@ def _append(
         last_ts[k] = ts[i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _advance_base(new_head, head, end, base_cnt, base_sh, base_sl, tot, c_cnt, c_sh, c_sl):
     for k in range(head.shape[0]):
         if new_head[k] > head[k]:
@@ -63,7 +63,7 @@ def _advance_base(new_head, head, end, base_cnt, base_sh, base_sl, tot, c_cnt, c
             tot[k] = (c_cnt[end[k] - 1] - base_cnt[k]) if end[k] > new_head[k] else 0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _bounds_time(keys, lo, hi, head, end, c_ts):
     """Row index ranges [i1, i2) of the windows (lo, hi]; (0, 0) for unknown keys."""
     m = keys.shape[0]
@@ -86,7 +86,7 @@ def _bounds_time(keys, lo, hi, head, end, c_ts):
     return i1, i2
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _bounds_rows(keys, n, head, end):
     m = keys.shape[0]
     K = head.shape[0]
@@ -102,7 +102,7 @@ def _bounds_rows(keys, n, head, end):
     return i1, i2
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _aggregate(keys, i1, i2, head, base_cnt, base_sh, base_sl, c_cnt, c_sh, c_sl):
     """COUNT and the float64 nearest to each exact SUM (fixed128) of the rows [i1, i2)."""
     m = keys.shape[0]
@@ -128,7 +128,7 @@ def _aggregate(keys, i1, i2, head, base_cnt, base_sh, base_sl, c_cnt, c_sh, c_sl
     return counts, sums
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _first_last(i1, i2, c_val, col):
     m = i1.shape[0]
     first = np.full(m, np.nan)
@@ -169,7 +169,7 @@ def kth_one(k, need, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     return c_ts[lo]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _kth_newest(keys, kk, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     m = keys.shape[0]
     K = head.shape[0]
@@ -181,7 +181,7 @@ def _kth_newest(keys, kk, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     return out
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def count_filter(cand, n, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     """Exact post-check in place: keep among cand[:n] the keys with u <= COUNT(t, now] <= w
     (u <= 0 / w < 0: no bound), using COUNT >= x <=> x-th newest ts > t. Returns the new n."""
@@ -200,7 +200,7 @@ def count_filter(cand, n, u, w, t, head, end, base_cnt, tot, unit, c_ts, c_cnt):
     return j
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _last_ts(keys, head, end, c_ts):
     m = keys.shape[0]
     K = head.shape[0]
