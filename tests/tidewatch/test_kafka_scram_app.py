@@ -64,10 +64,25 @@ def _admin(s: Settings, **conf: Any) -> dict[str, Any]:
 
 
 def _end_offsets(s: Settings, topic: str) -> int:
+    """Sum of the topic's end offsets; retried while a fresh topic's partitions still elect their
+    leader (NOT_LEADER_FOR_PARTITION right after creation, seen once in a clean-clone run)."""
     c = Consumer(_admin(s, **{"group.id": "tidewatch-test-offsets"}))
+    deadline = time.monotonic() + 30
     try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+        while True:
+            try:
+                parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+                return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+            except KafkaException as exc:
+                transient = (
+                    KafkaError.NOT_LEADER_FOR_PARTITION,
+                    KafkaError.LEADER_NOT_AVAILABLE,
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    KafkaError._TIMED_OUT,
+                )
+                if exc.args[0].code() not in transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         c.close()
 
