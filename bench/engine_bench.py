@@ -60,7 +60,7 @@ def run_settings(base: Any, prefix: str, run: str, **more: Any) -> Any:
     """``base`` with topics of their own (``<prefix>-<topic>-<run>``), a fresh checkpoint folder
     and no snapshots (a benchmark run never restarts), plus ``more``."""
     topics = ("trades", "packets", "subscriptions", "alerts", "results", "dead_letter")
-    update = {f"topic_{t}": f"{prefix}-{t.replace('_', '-')}-{run}" for t in topics}
+    update: dict[str, Any] = {f"topic_{t}": f"{prefix}-{t.replace('_', '-')}-{run}" for t in topics}
     update["checkpoint_dir"] = Path(tempfile.mkdtemp(prefix=f"tw-{prefix}-"))
     update["snapshot_every_batches"] = 10**9
     return base.model_copy(update=update | more)
@@ -305,7 +305,34 @@ def live_producer(
     Path(stop_file + ".json").write_text(json.dumps({"t_first": t_start, "t_last": t_last, "n": n}))
 
 
-def run_live(a: argparse.Namespace) -> None:
+def cpu_by_role(me: Any, producer_pid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the processes of a live run, by role: this
+    driver, Spark's JVM (a child ``java``), the Kafka broker (another ``java``), PostgreSQL
+    (every ``postgres`` process) and the feed's producer process."""
+    import psutil
+
+    def secs(p: Any) -> float:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+
+    out = dict.fromkeys(("driver", "spark_jvm", "kafka", "postgres", "producer"), 0.0)
+    out["driver"] = secs(me)
+    children = {c.pid for c in me.children(recursive=True)}
+    for p in psutil.process_iter(["name", "pid"]):
+        try:
+            name = p.info["name"] or ""
+            if p.pid == producer_pid:
+                out["producer"] += secs(p)
+            elif "java" in name:
+                out["spark_jvm" if p.pid in children else "kafka"] += secs(p)
+            elif name.startswith("postgres"):
+                out["postgres"] += secs(p)
+        except psutil.Error:  # a process that ended between listing and reading
+            continue
+    return out
+
+
+def run_live(a: argparse.Namespace) -> dict[str, Any]:
     """Tidewatch alone on a live feed: sustained events/s, alert latency p50/p99, memory."""
     import multiprocessing
     import threading
@@ -325,7 +352,7 @@ def run_live(a: argparse.Namespace) -> None:
     run = uuid.uuid4().hex[:8]
     settings = run_settings(
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
-        engine_lookup_every_ms=a.lookup_every_ms,
+        engine_lookup_every_ms=a.lookup_every_ms, engine_source=a.source,
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
@@ -334,7 +361,7 @@ def run_live(a: argparse.Namespace) -> None:
         stream, int(a.rate * min(a.live, 600)), a.keys, a.rate, int(time.time() * 1000), seed=99
     )
     texts = make_mixed_rules(a.rules, stream, sample, min(a.live, 600))
-    spark = build_spark(settings, "tidewatch-engine-live")
+    spark = build_spark(settings, "tidewatch-engine-live") if a.source == "spark" else None
     db = fresh_database(a.database_url or base.sqlalchemy_url)
     app = EngineApp(settings, bootstrap=bootstrap, pg_url=db, engine_id=run)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
@@ -347,7 +374,11 @@ def run_live(a: argparse.Namespace) -> None:
     t_sub = time.perf_counter()
     q = app.start(spark, trigger_seconds=a.trigger, max_offsets_per_trigger=a.max_offsets)
     deadline = time.monotonic() + 600
-    while len(app.core.rules) < len(texts) and time.monotonic() < deadline:
+    # active = compiled, indexed and the batch that subscribed them delivered: the core fills
+    # ``rules`` one by one while that batch still builds indexes, so the count alone is not enough
+    while (
+        len(app.core.rules) < len(texts) or app.core.last_batch < 0 or app.batches_done <= app.core.last_batch
+    ) and time.monotonic() < deadline:
         time.sleep(0.2)
     print(f"{len(app.core.rules):,} rules active after {time.perf_counter() - t_sub:.1f} s", flush=True)
     latencies: list[float] = []
@@ -378,11 +409,13 @@ def run_live(a: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     wall0 = time.time()
     prod.start()
+    cpu0 = cpu_by_role(me := psutil.Process(), None)
+    cpu1 = cpu0
     peak_rss = 0
-    me = psutil.Process()
     samples = []
     while prod.is_alive():
         time.sleep(1.0)
+        cpu1 = cpu_by_role(me, prod.pid)
         rss = me.memory_info().rss
         jvm = 0
         for ch in me.children(recursive=True):
@@ -404,7 +437,8 @@ def run_live(a: argparse.Namespace) -> None:
     stop.set()
     th.join(5)
     app.close()
-    spark.stop()
+    if spark is not None:
+        spark.stop()
     lat = np.array(latencies) / 1000.0
     late_b = batches[n_before:]
     # the rate the engine kept up with: events applied while the feed ran / feed seconds
@@ -413,7 +447,7 @@ def run_live(a: argparse.Namespace) -> None:
     rate_kept = (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0]) if len(kept) > 1 else 0.0
     jvm_peak = max((s[3] for s in samples), default=0)
     print(
-        f"live {stream}: {a.rules:,} rules, {a.keys:,} keys, feed {a.rate:,.0f} events/s for {t_prod:.0f} s "
+        f"live {stream} ({a.source} source): {a.rules:,} rules, {a.keys:,} keys, feed {a.rate:,.0f} events/s for {t_prod:.0f} s "
         f"({produced:,} events); engine applied {drained:,} ({rate_kept:,.0f} events/s while the feed ran, "
         f"{len(late_b)} batches, median batch {np.median([b[1] - b[0] for b in late_b]) if late_b else 0:.2f} s); "
         f"alerts {len(lat):,}, latency produce->alerts p50 {np.percentile(lat, 50) if len(lat) else float('nan'):.2f} s "
@@ -422,13 +456,41 @@ def run_live(a: argparse.Namespace) -> None:
         f"Spark JVM RSS peak {jvm_peak / 1e9:.2f} GB",
         flush=True,
     )
-    print("command:", " ".join(sys.argv))
+    cpu = {k: cpu1[k] - (cpu0[k] if k != "producer" else 0.0) for k in cpu1}
+    print(
+        f"CPU seconds while the feed ran ({t_prod:.0f} s x 2 cores = {2 * t_prod:.0f}): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()),
+        flush=True,
+    )
     if a.json:
         a.json.write_text(
             json.dumps(
-                {"latency_s": lat.tolist()[:100000], "samples": samples, "batches": late_b}, default=str
+                {"latency_s": lat.tolist()[:100000], "samples": samples, "batches": late_b, "cpu_s": cpu},
+                default=str,
             )
         )
+    pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
+    return {"p50": pct(50), "p99": pct(99), "events_per_s": rate_kept, "alerts": len(lat), "cpu_s": cpu}
+
+
+def run_live_sources(a: argparse.Namespace) -> None:
+    """``--live`` once per ``--source`` (comma-separated), one after the other in this run, then
+    the figures side by side."""
+    sources = [x for x in a.source.split(",") if x]
+    res = {}
+    for src in sources:
+        one = argparse.Namespace(**(vars(a) | {"source": src}))
+        if a.json and len(sources) > 1:
+            one.json = a.json.with_name(f"{a.json.stem}-{src}{a.json.suffix}")
+        res[src] = run_live(one)
+    if len(res) > 1:
+        print("side by side, same feed and rules, one after the other:")
+        for src, r in res.items():
+            print(
+                f"  {src:>6} source: p50 {r['p50']:.2f} s, p99 {r['p99']:.2f} s, {r['events_per_s']:,.0f} events/s, "
+                f"{r['alerts']:,} alerts, CPU s " + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_s"].items())
+            )
+    print("command:", " ".join(sys.argv))
 
 
 def run_core(a: argparse.Namespace) -> None:
@@ -571,6 +633,12 @@ def main() -> None:
         help="the engine core alone, no Spark/Kafka/PostgreSQL (--events, --rules, --keys, --stream, "
         "--rate; --max-offsets is the batch size)",
     )
+    ap.add_argument(
+        "--source",
+        default="spark",
+        help="how Tidewatch reads Kafka: spark (Spark's Kafka source) or direct (a consumer in the driver; "
+        "engine_source); live mode: a comma-separated list runs each in turn and compares them",
+    )
     ap.add_argument("--stream", choices=["trades", "packets"], default="trades", help="live mode: the feed")
     ap.add_argument("--keys", type=int, default=5000, help="live mode: symbols / source IPs")
     ap.add_argument("--trigger", type=float, default=0.5, help="live mode: the engine's trigger interval (s)")
@@ -586,7 +654,7 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if a.live:
-        run_live(a)
+        run_live_sources(a)
         return
     if a.core_only:
         run_core(a)
@@ -599,7 +667,7 @@ def main() -> None:
     base = get_settings()
     bootstrap = a.bootstrap or base.kafka_bootstrap
     run = uuid.uuid4().hex[:8]
-    settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms)
+    settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms, engine_source=a.source)
     from engine.publish import ensure_topics
 
     ensure_topics(bootstrap, settings)

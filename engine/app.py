@@ -3,7 +3,9 @@
 Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
 
 * Spark reads ``trades``, ``packets`` and ``subscriptions`` with its Kafka source; every
-  micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).
+  micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).  On one machine,
+  ``engine_source = "direct"`` reads them with a consumer in the driver instead
+  (:mod:`engine.kafka_source`) and hands the same batches to :meth:`EngineApp.accept`.
 * The batch's records reach the driver as Arrow (``DataFrame.toArrow``); they are decoded
   column-wise by the Numba kernel (:mod:`engine.decode`), bad records become dead letters,
   and :class:`engine.core.EngineCore` applies subscription changes first (PSoup), feeds the
@@ -18,7 +20,8 @@ Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
-  from PostgreSQL.  Spark's own checkpoint then re-delivers the first uncommitted batch.
+  from PostgreSQL.  Spark's own checkpoint then re-delivers the first uncommitted batch (the
+  direct source resumes after the newest logged batch, from the positions logged with it).
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ class _Evaluated:
     watermark: int | None
     rules: int
     t0: float  # perf_counter at the start of the evaluation
-    read_s: float  # Spark read + toArrow of the batch
+    read_s: float  # Kafka read (Spark: + toArrow) of the batch
     core_s: float  # evaluation
 
 
@@ -251,7 +254,14 @@ class EngineApp:
         committed yet: :meth:`recover` finishes such batches from their offset logs."""
         t0 = time.perf_counter()
         tbl = df.select(*RECORD_COLUMNS).toArrow()
-        self.read_s = time.perf_counter() - t0
+        self.accept(tbl, int(batch_id), time.perf_counter() - t0)
+
+    def accept(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
+        """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
+        to reach the driver: handle it here, or (pipelined) log its offset ranges durably and hand
+        it to the evaluation thread.  Called by :meth:`on_batch` (Spark's Kafka source) and by
+        :class:`engine.kafka_source.DirectSource`."""
+        self.read_s = read_s
         if not getattr(self.settings, "engine_pipeline", False):
             self.handle(tbl, int(batch_id))
             return
@@ -263,6 +273,11 @@ class EngineApp:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
             self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-output")
         self._inflight = self._worker.submit(self._handle_pipelined, tbl, int(batch_id), self.read_s)
+
+    def busy(self) -> bool:
+        """Pipelined mode: a batch is still being evaluated (the next one would wait for it)."""
+        fut = self._inflight
+        return fut is not None and not fut.done()
 
     def drain(self, output: bool = False) -> None:
         """Wait for the batch being evaluated (pipelined mode) and, with ``output``, for the
@@ -348,7 +363,7 @@ class EngineApp:
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "done in %.0f ms (Spark read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f, "
+            "done in %.0f ms (read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f, "
             "Kafka %.0f)",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), e.rules, total_s * 1000,
@@ -373,7 +388,9 @@ class EngineApp:
         max_offsets_per_trigger: int | None = None,
         available_now: bool = False,
     ) -> Any:
-        """Recover, then start the streaming query; returns the ``StreamingQuery``.
+        """Recover, then start the streaming query; returns the ``StreamingQuery`` (with
+        ``engine_source = "direct"``: a :class:`engine.kafka_source.DirectSource` that looks like
+        one, and ``spark`` is not used).
 
         ``available_now``: process what is in Kafka now (in batches of at most
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
@@ -381,6 +398,12 @@ class EngineApp:
         tune_gc(self.settings.engine_gc_threshold)
         self.recover()
         freeze_state()
+        max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
+        trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        if getattr(self.settings, "engine_source", "spark") == "direct":
+            from engine.kafka_source import DirectSource
+
+            return DirectSource(self, trig, max_offsets_per_trigger, available_now).start()
         reader = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.bootstrap)
@@ -390,10 +413,8 @@ class EngineApp:
             .option("kafka.isolation.level", "read_committed")
             .options(**spark_options(self.settings, "engine"))  # SASL/SCRAM in the scram mode
         )
-        max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         if max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-        trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
         writer = reader.load().writeStream.foreachBatch(self.on_batch)
         writer = (
             writer.trigger(availableNow=True)
@@ -422,7 +443,7 @@ def read_ranges(
     (read as the ``engine`` principal of ``settings``)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    cols: dict[str, list[Any]] = {c: [] for c in RECORD_COLUMNS}
+    kept: list[Any] = []
     todo = {(t, int(p)): (a, b) for t, ps in ranges.items() for p, (a, b) in ps.items()}
     if todo:
         c = Consumer(
@@ -448,12 +469,7 @@ def read_ranges(
                     a, b = left[tp]
                     off = int(m.offset() or 0)
                     if a <= off <= b:
-                        cols["topic"].append(m.topic())
-                        cols["partition"].append(m.partition())
-                        cols["offset"].append(off)
-                        cols["timestamp"].append(m.timestamp()[1])
-                        cols["key"].append(m.key())
-                        cols["value"].append(m.value())
+                        kept.append(m)
                     if off >= b:
                         del left[tp]
                         c.pause([TopicPartition(*tp)])
@@ -461,13 +477,20 @@ def read_ranges(
                 raise RuntimeError(f"replay could not read offsets {left} within {timeout_s} s")
         finally:
             c.close()
+    return records_table(kept)
+
+
+def records_table(msgs: list[Any]) -> pa.Table:
+    """confluent-kafka messages (no errors among them) as an Arrow table of
+    :data:`RECORD_COLUMNS` -- the shape ``toArrow()`` of Spark's Kafka source gives the engine
+    (``timestamp`` in epoch ms)."""
     return pa.table(
         {
-            "topic": pa.array(cols["topic"], pa.string()),
-            "partition": pa.array(cols["partition"], pa.int32()),
-            "offset": pa.array(cols["offset"], pa.int64()),
-            "timestamp": pa.array(cols["timestamp"], pa.int64()),
-            "key": pa.array(cols["key"], pa.binary()),
-            "value": pa.array(cols["value"], pa.binary()),
+            "topic": pa.array([m.topic() for m in msgs], pa.string()),
+            "partition": pa.array([m.partition() for m in msgs], pa.int32()),
+            "offset": pa.array([m.offset() for m in msgs], pa.int64()),
+            "timestamp": pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
+            "key": pa.array([m.key() for m in msgs], pa.binary()),
+            "value": pa.array([m.value() for m in msgs], pa.binary()),
         }
     )

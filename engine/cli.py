@@ -41,6 +41,13 @@ def register(app: typer.Typer) -> None:
         max_offsets_per_trigger: Annotated[
             int | None, typer.Option(help="cap on Kafka records per micro-batch")
         ] = None,
+        source: Annotated[
+            str | None,
+            typer.Option(
+                help="how to read Kafka: 'spark' (Spark's Kafka source, scales with executors) or "
+                "'direct' (a Kafka consumer in the driver: one machine, less CPU)"
+            ),
+        ] = None,
         run_seconds: Annotated[
             float | None, typer.Option(help="stop after this many seconds (default: until Ctrl-C)")
         ] = None,
@@ -59,13 +66,18 @@ def register(app: typer.Typer) -> None:
                 "checkpoint_dir": checkpoint,
                 "kafka_bootstrap": bootstrap,
                 "database_url": database_url,
+                "engine_source": source,
             }.items()
             if v is not None
         }
+        if source is not None and source not in ("spark", "direct"):
+            raise typer.BadParameter(f"--source must be 'spark' or 'direct', not {source!r}")
         settings = get_settings().model_copy(update=update)
-        from engine.spark_session import build_spark
+        spark = None
+        if settings.engine_source == "spark":
+            from engine.spark_session import build_spark
 
-        spark = build_spark(settings, "tidewatch-engine")
+            spark = build_spark(settings, "tidewatch-engine")
         app = EngineApp(settings, engine_id=engine_id)
         query = app.start(spark, max_offsets_per_trigger=max_offsets_per_trigger)
         stop = {"now": False}
@@ -84,7 +96,8 @@ def register(app: typer.Typer) -> None:
         finally:
             query.stop()
             app.close()
-            spark.stop()
+            if spark is not None:
+                spark.stop()
             typer.echo(
                 f"engine stopped: {int(app.totals['events'])} events, {int(app.totals['alerts'])} alerts, "
                 f"{int(app.totals['dead_letters'])} dead letters in {app.batches_done} batches"

@@ -196,6 +196,11 @@ class Settings(BaseSettings):
         description="an outbox relay Kafka transaction that has not returned after this long is "
         "given up and retried with a new producer (as engine_kafka_stall_s)",
     )
+    engine_source: Literal["spark", "direct"] = Field(
+        "spark",
+        description="how the engine reads Kafka: 'spark' (Spark's Kafka source; scales with executors) or "
+        "'direct' (a librdkafka consumer in the driver; one machine, less CPU; docs/engine.md)",
+    )
     engine_pipeline: bool = Field(
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",

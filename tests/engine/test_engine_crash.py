@@ -35,11 +35,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = int(os.environ.get("TIDEWATCH_TEST_KILLS", "3"))
 
 
+@pytest.mark.parametrize("source", ["spark", "direct"])
 def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, source: str
 ) -> None:
+    """With Spark's Kafka source (Spark's checkpoint says where to resume) and with the driver's
+    own consumer (the positions logged with each batch say it)."""
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp_path / "ckpt")
+    s = engine_settings(run, tmp_path / "ckpt", engine_source=source)
     db = fresh_database(pg_url)
     from engine.publish import ensure_topics
 
@@ -48,7 +51,7 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     scale = max(1, -(-KILLS // 3))
     sc = make_scenario(n_trades=8000 * scale, n_packets=4000 * scale, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
-    env = engine_env(s, kafka_bootstrap, db)
+    env = engine_env(s, kafka_bootstrap, db) | {"TIDEWATCH_ENGINE_SOURCE": source}
     log = tmp_path / "engine.log"
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     rng = random.Random(7)

@@ -82,11 +82,11 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
+def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, source: str = "spark") -> None:
     from engine.app import EngineApp
 
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp / "ckpt")
+    s = engine_settings(run, tmp / "ckpt", engine_source=source)
     db = fresh_database(pg_url)
     from engine.publish import ensure_topics
 
@@ -167,7 +167,10 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     assert n_results == enter_minus_exit
 
 
+@pytest.mark.parametrize("source", ["spark", "direct"])
 def test_engine_equals_backtest_exactly_once(
-    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path, source: str
 ) -> None:
-    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path)
+    """Both ways of reading Kafka (Spark's Kafka source; the driver's own consumer) give the
+    backtest's alert log, once each in Kafka, every dead letter, and PSoup's late rule."""
+    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path, source)

@@ -1,0 +1,341 @@
+"""Direct ingest for one machine: a librdkafka consumer in the driver instead of Spark's Kafka source.
+
+``engine_source = "direct"`` (``tidewatch engine run --source direct``).  The default,
+``"spark"``, reads Kafka with Spark's Kafka source and hands every micro-batch to
+:meth:`engine.app.EngineApp.on_batch`; that is the shape that scales with executors on a
+cluster (docs/engine.md, "Scale").  On a single small machine the same records cost far more
+in Spark's JVM than in a consumer inside the driver: in the 10,000-rule live run
+(``bench/engine_bench.py --live``, 6,005,000 trades in 120 s on 2 cores) Spark's JVM used
+75 CPU-seconds to read the records, more than the whole evaluation and delivery in the
+driver (47 CPU-seconds), and the read of a micro-batch took 0.7-1.5 s while alerts stormed.
+This source gives the engine the same batches -- an Arrow table of
+:data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
+:meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
+
+Exactly once without Spark's checkpoint: before a batch is handed over, the Kafka positions
+after it (next offset of every assigned partition) are written to
+``<checkpoint>/tidewatch/positions/<batch>.json``, then the app writes the batch's offset log
+(``batches/<batch>.json``) as it does for Spark.  On start, :meth:`EngineApp.recover` brings the
+state to the last committed batch and finishes every logged batch; the source then resumes
+from the positions of the newest logged batch, with the next batch id.  A positions file whose
+batch has no offset log was never handed over: its records are read again as that batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.app import EngineApp
+
+log = logging.getLogger("tidewatch.engine")
+
+#: most messages one ``consume`` call returns (librdkafka's per-call cap is 1,000,000)
+CONSUME_CHUNK = 50_000
+#: longest a batch waits for a partition that has records but gave none yet
+ALIGN_WAIT_S = 5.0
+
+
+def positions_dir(app: EngineApp) -> Path:
+    return app.state_dir / "positions"
+
+
+def resume_point(app: EngineApp) -> tuple[int, dict[str, dict[str, int]]]:
+    """(next batch id, ``{topic: {partition: next offset}}``) after the newest logged batch.
+
+    The newest positions file whose batch has an offset log gives the positions; logged
+    batches after it (written by Spark's source, or before positions were kept) add their
+    ranges.  No log at all: batch 0 from the earliest offsets."""
+    logs = app.state_dir / "batches"
+    logged = sorted(int(f.stem) for f in logs.glob("*.json")) if logs.exists() else []
+    if not logged:
+        return 0, {}
+    last = logged[-1]
+    pos: dict[str, dict[str, int]] = {}
+    base = -1
+    pdir = positions_dir(app)
+    have = sorted((int(f.stem) for f in pdir.glob("*.json")), reverse=True) if pdir.exists() else []
+    for b in have:
+        if b <= last and (logs / f"{b:012d}.json").exists():
+            pos = json.loads((pdir / f"{b:012d}.json").read_text())
+            base = b
+            break
+    for b in logged:
+        if b <= base:
+            continue
+        for topic, parts in json.loads((logs / f"{b:012d}.json").read_text()).items():
+            for part, (_, hi) in parts.items():
+                t = pos.setdefault(topic, {})
+                t[part] = max(t.get(part, 0), int(hi) + 1)
+    return last + 1, pos
+
+
+class DirectSource:
+    """Reads ``trades``, ``packets`` and ``subscriptions`` with one librdkafka consumer
+    (``read_committed``) and hands batches to an :class:`EngineApp`; looks like a Spark
+    ``StreamingQuery`` to its callers (``isActive``, ``exception()``, ``stop()``,
+    ``awaitTermination()``).
+
+    A batch is cut when ``trigger_s`` has passed since the previous one and the app's
+    evaluation thread is free (records keep arriving into the batch while it is busy), or at
+    ``max_records``.  ``available_now``: read up to the end offsets seen at start, then stop.
+    """
+
+    def __init__(
+        self,
+        app: EngineApp,
+        trigger_s: float,
+        max_records: int | None = None,
+        available_now: bool = False,
+    ) -> None:
+        self.app = app
+        self.trigger_s = float(trigger_s)
+        self.max_records = int(max_records or 1_000_000)
+        self.available_now = available_now
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tidewatch-direct-source", daemon=True)
+        #: partition -> the end offset librdkafka last reported reaching (partition EOF)
+        self._eof: dict[tuple[str, int], int] = {}
+        #: partition -> the offset it was sought back to, until that record is read again
+        self._expect: dict[tuple[str, int], int] = {}
+        self._parts: list[tuple[str, int]] = []
+        self.batch_id, self.positions = resume_point(app)
+        self.name = f"tidewatch-engine-{app.engine_id} (direct)"
+
+    # ------------------------------------------------------------------ query-like interface
+    def start(self) -> DirectSource:
+        self._thread.start()
+        return self
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - the name of Spark's StreamingQuery property
+        return self._thread.is_alive()
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:  # noqa: N802 - Spark's name
+        self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        return not self._thread.is_alive()
+
+    def processAllAvailable(self) -> None:  # noqa: N802 - Spark's name
+        """Wait until every record that is in Kafka now has been handed over and evaluated."""
+        c = self._consumer()
+        try:
+            target = self._end_offsets(c)
+        finally:
+            c.close()
+        while not self._stop.is_set() and self._thread.is_alive():
+            if all(self._next(t, p) >= hi for (t, p), hi in target.items()):
+                break
+            time.sleep(0.05)
+        self.app.drain(output=True)
+
+    # ------------------------------------------------------------------ reading
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        from tidewatch.services.kafka import client_config
+
+        s = self.app.settings
+        return Consumer(
+            {
+                "bootstrap.servers": self.app.bootstrap,
+                **client_config(s, "engine"),  # SASL/SCRAM in the scram mode
+                "group.id": f"tidewatch-engine-{self.app.engine_id}",
+                "enable.auto.commit": False,  # positions live in the checkpoint, with the batch log
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
+                # a fetch the broker holds for new data delays a seek (below) by as long
+                "fetch.wait.max.ms": 50,
+                "fetch.max.bytes": 64 << 20,
+                "max.partition.fetch.bytes": 16 << 20,
+                "queued.max.messages.kbytes": 64 << 10,
+            }
+        )
+
+    def _partitions(self, client: Any) -> list[tuple[str, int]]:
+        md = client.list_topics(timeout=30)
+        out: list[tuple[str, int]] = []
+        for topic in self.app.topics.values():
+            t = md.topics.get(topic)
+            if t is None or t.error is not None:
+                raise RuntimeError(f"topic {topic} is not in Kafka ({t.error if t else 'missing'})")
+            out.extend((topic, p) for p in sorted(t.partitions))
+        return out
+
+    def _next(self, topic: str, part: int) -> int:
+        return self.positions.get(topic, {}).get(str(part), 0)
+
+    def _end_offsets(self, client: Any) -> dict[tuple[str, int], int]:
+        """End offsets (``read_committed``: the last stable offset) of every partition read."""
+        from confluent_kafka import TopicPartition
+
+        out = {}
+        for topic, part in self._partitions(client):
+            _, hi = client.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
+            out[(topic, part)] = hi
+        return out
+
+    def _run(self) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        from engine.app import offset_ranges, records_table
+
+        c = self._consumer()
+        try:
+            parts = self._partitions(c)
+            c.assign(
+                [
+                    TopicPartition(
+                        t, p, self._next(t, p) if str(p) in self.positions.get(t, {}) else OFFSET_BEGINNING
+                    )
+                    for t, p in parts
+                ]
+            )
+            end = self._end_offsets(c) if self.available_now else None
+            log.info(
+                "direct Kafka source: %d partitions of %s from batch %d",
+                len(parts), ", ".join(self.app.topics.values()), self.batch_id,
+            )  # fmt: skip
+            self._parts = parts
+            t_cut = time.monotonic()
+            while not self._stop.is_set():
+                if end is not None and all(self._next(t, p) >= hi for (t, p), hi in end.items()):
+                    break
+                msgs, t_read = self._read_batch(c, t_cut, end)
+                if not msgs:
+                    t_cut = time.monotonic()
+                    continue
+                t0 = time.perf_counter()
+                tbl = records_table(msgs)
+                for topic, ps in offset_ranges(tbl).items():
+                    for part, (_, hi) in ps.items():
+                        self.positions.setdefault(topic, {})[part] = hi + 1
+                self._hand_over(tbl, t_read + time.perf_counter() - t0)
+                t_cut = time.monotonic()
+            self.app.drain(output=True)
+        except BaseException as exc:  # surfaced through exception(), as a StreamingQuery does
+            self._error = exc
+            log.exception("direct Kafka source stopped")
+        finally:
+            c.close()
+
+    def _read_batch(
+        self, c: Any, t_cut: float, end: dict[tuple[str, int], int] | None
+    ) -> tuple[list[Any], float]:
+        """The records of the next batch, and the seconds spent in ``consume``.
+
+        Cut when ``trigger_s`` has passed since ``t_cut`` and the evaluation thread is free, or
+        at ``max_records`` -- but not before every partition that has records now has given
+        some (for at most :data:`ALIGN_WAIT_S` more; past ``max_records`` only those partitions'
+        records join, and the others are sought back to their first record not taken, so the
+        positions logged with this batch stay exact).  That is what the engine's per-partition
+        watermark needs (:meth:`engine.core.EngineCore._advance_watermark`): Spark's source
+        prorates ``maxOffsetsPerTrigger`` over the partitions that have data, while one
+        consumer's queue may hold a whole fetch of one partition before the next one's, and a
+        batch without a lagging partition would move the watermark past its records."""
+        from confluent_kafka import KafkaError
+
+        msgs: list[Any] = []
+        seen: set[tuple[str, int]] = set()
+        rewind: dict[tuple[str, int], int] = {}  # partition -> first offset read past a full batch
+        eof = self._eof
+        expect = self._expect
+        t_read = 0.0
+        give_up = None
+        while not self._stop.is_set():
+            full = len(msgs) >= self.max_records
+            left = t_cut + self.trigger_s - time.monotonic()
+            if full or (left <= 0 and msgs and not self.app.busy()):
+                missing = self._lagging(c, seen)
+                if not missing:
+                    break
+                now = time.monotonic()
+                give_up = give_up or now + ALIGN_WAIT_S
+                if now >= give_up:
+                    log.warning(
+                        "partitions %s still have records but gave none in %.0f s; the batch goes without them",
+                        missing, ALIGN_WAIT_S,
+                    )  # fmt: skip
+                    break
+            t0 = time.perf_counter()
+            waiting = give_up is not None  # for lagging partitions: look again soon
+            got = c.consume(CONSUME_CHUNK if full else min(CONSUME_CHUNK, self.max_records - len(msgs)),
+                            0.02 if waiting else min(max(left, 0.02), 0.5))  # fmt: skip
+            t_read += time.perf_counter() - t0
+            for m in got:
+                err = m.error()
+                if err is None:
+                    tp = (m.topic(), m.partition())
+                    if expect and tp in expect:  # sought back: only from the offset sought on
+                        if m.offset() != expect[tp]:
+                            continue
+                        del expect[tp]
+                    if full and tp in seen:  # over the cap: only the lagging partitions join
+                        rewind.setdefault(tp, int(m.offset()))  # read again for the next batch
+                        continue
+                    msgs.append(m)
+                    seen.add(tp)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    tp = (m.topic(), m.partition())
+                    if tp not in expect:
+                        eof[tp] = int(m.offset())
+                elif err.fatal():
+                    raise RuntimeError(f"Kafka consumer: {err}")
+                else:
+                    log.warning("Kafka consumer: %s", err)
+            if (
+                end is not None
+                and not got
+                and all(eof.get(tp, -1) >= hi or self._next(*tp) >= hi for tp, hi in end.items())
+            ):
+                break  # available_now: everything up to the end offsets seen at start is read
+        if rewind:
+            from confluent_kafka import TopicPartition
+
+            for (t, p), off in rewind.items():  # librdkafka drops what it fetched past ``off``
+                c.seek(TopicPartition(t, p, off))
+                eof.pop((t, p), None)  # the end it reported was reached by records not taken
+                expect[(t, p)] = off  # anything else of it still queued from before is stale
+        return msgs, t_read
+
+    def _lagging(self, c: Any, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Partitions not in the batch that have records now: their end offset (the last
+        stable offset, ``read_committed``), asked of the broker, is past both the position
+        after the records handed over and the end librdkafka last reported (its partition EOF
+        skips transaction markers)."""
+        from confluent_kafka import TopicPartition
+
+        out = []
+        for t, p in self._parts:
+            if (t, p) in seen:
+                continue
+            _, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)
+            if hi > max(self._next(t, p), self._eof.get((t, p), -1)):
+                out.append((t, p))
+        return out
+
+    def _hand_over(self, tbl: Any, read_s: float) -> None:
+        from engine.app import _atomic_write
+
+        b = self.batch_id
+        _atomic_write(positions_dir(self.app) / f"{b:012d}.json", json.dumps(self.positions).encode())
+        self.app.accept(tbl, b, read_s)
+        self.batch_id = b + 1
+        for old in sorted(positions_dir(self.app).glob("*.json"))[:-3]:  # the newest three are enough
+            old.unlink(missing_ok=True)
