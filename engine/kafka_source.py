@@ -131,19 +131,6 @@ class DirectSource:
             raise self._error
         return not self._thread.is_alive()
 
-    def processAllAvailable(self) -> None:  # noqa: N802 - Spark's name
-        """Wait until every record that is in Kafka now has been handed over and evaluated."""
-        c = self._consumer()
-        try:
-            target = self._end_offsets(c)
-        finally:
-            c.close()
-        while not self._stop.is_set() and self._thread.is_alive():
-            if all(self._next(t, p) >= hi for (t, p), hi in target.items()):
-                break
-            time.sleep(0.05)
-        self.app.drain(output=True)
-
     # ------------------------------------------------------------------ reading
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
@@ -215,7 +202,7 @@ class DirectSource:
             self._parts = parts
             t_cut = time.monotonic()
             while not self._stop.is_set():
-                if end is not None and all(self._next(t, p) >= hi for (t, p), hi in end.items()):
+                if end is not None and self._reached(end):
                     break
                 msgs, t_read = self._read_batch(c, t_cut, end)
                 if not msgs:
@@ -299,11 +286,7 @@ class DirectSource:
                     raise RuntimeError(f"Kafka consumer: {err}")
                 else:
                     log.warning("Kafka consumer: %s", err)
-            if (
-                end is not None
-                and not got
-                and all(eof.get(tp, -1) >= hi or self._next(*tp) >= hi for tp, hi in end.items())
-            ):
+            if end is not None and not got and self._reached(end):
                 break  # available_now: everything up to the end offsets seen at start is read
         if rewind:
             from confluent_kafka import TopicPartition
@@ -313,6 +296,11 @@ class DirectSource:
                 eof.pop((t, p), None)  # the end it reported was reached by records not taken
                 expect[(t, p)] = off  # anything else of it still queued from before is stale
         return msgs, t_read
+
+    def _reached(self, end: dict[tuple[str, int], int]) -> bool:
+        """Every partition has been read up to ``end`` (handed over, or librdkafka's partition
+        EOF at or past it: a transaction marker at the end has no record to hand over)."""
+        return all(max(self._next(t, p), self._eof.get((t, p), -1)) >= hi for (t, p), hi in end.items())
 
     def _lagging(self, c: Any, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Partitions not in the batch that have records now: their end offset (the last
