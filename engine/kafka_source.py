@@ -8,7 +8,7 @@ in Spark's JVM than in a consumer inside the driver: in the 10,000-rule live run
 (``bench/engine_bench.py --live``, 6,005,000 trades in 120 s on 2 cores) Spark's JVM used
 72-86 CPU-seconds to read the records, more than the whole evaluation and delivery in the
 driver (43-51 CPU-seconds), and the read of a micro-batch took 0.7-1.5 s while alerts stormed;
-p99 alert latency was 2.05-2.68 s with this source, 2.37-5.11 s with Spark's (docs/engine.md).
+p99 alert latency was 2.05-2.68 s with this source, 2.37-5.82 s with Spark's (docs/engine.md).
 This source gives the engine the same batches -- an Arrow table of
 :data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
 :meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
