@@ -25,6 +25,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -458,7 +459,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     )
     cpu = {k: cpu1[k] - (cpu0[k] if k != "producer" else 0.0) for k in cpu1}
     print(
-        f"CPU seconds while the feed ran ({t_prod:.0f} s x 2 cores = {2 * t_prod:.0f}): "
+        f"CPU seconds while the feed ran ({t_prod:.0f} s x {os.cpu_count()} cores = {(os.cpu_count() or 1) * t_prod:.0f}): "
         + ", ".join(f"{k} {v:.0f}" for k, v in cpu.items()),
         flush=True,
     )
