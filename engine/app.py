@@ -256,17 +256,26 @@ class EngineApp:
         tbl = df.select(*RECORD_COLUMNS).toArrow()
         self.accept(tbl, int(batch_id), time.perf_counter() - t0)
 
-    def accept(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
+    def accept(
+        self,
+        tbl: pa.Table,
+        batch_id: int,
+        read_s: float,
+        ranges: dict[str, dict[str, list[int]]] | None = None,
+    ) -> None:
         """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
-        to reach the driver: handle it here, or (pipelined) log its offset ranges durably and hand
-        it to the evaluation thread.  Called by :meth:`on_batch` (Spark's Kafka source) and by
+        to reach the driver: log its offset ranges durably (``ranges``: :func:`offset_ranges`
+        of ``tbl`` when the caller has them), then handle it here, or (pipelined) hand it to the
+        evaluation thread.  Called by :meth:`on_batch` (Spark's Kafka source) and by
         :class:`engine.kafka_source.DirectSource`."""
         self.read_s = read_s
-        if not getattr(self.settings, "engine_pipeline", False):
+        pipelined = getattr(self.settings, "engine_pipeline", False)
+        if pipelined:
+            self.drain()
+        _atomic_write(self._batch_log(int(batch_id)), json.dumps(ranges or offset_ranges(tbl)).encode())
+        if not pipelined:
             self.handle(tbl, int(batch_id))
             return
-        self.drain()
-        _atomic_write(self._batch_log(int(batch_id)), json.dumps(offset_ranges(tbl)).encode())
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -291,7 +300,9 @@ class EngineApp:
                 out.result()
 
     def handle(self, tbl: pa.Table, batch_id: int) -> None:
-        """Process one batch of Kafka records (Arrow) and deliver its output exactly once."""
+        """Process one batch of Kafka records (Arrow) and deliver its output exactly once (its
+        offset log is written already: by :meth:`accept`, or it is where :meth:`recover` read
+        the batch from)."""
         done = self._evaluate(tbl, batch_id, self.read_s)
         if done is not None:
             self._deliver(done)
@@ -313,7 +324,6 @@ class EngineApp:
             log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
             return None
         t0 = time.perf_counter()
-        _atomic_write(self._batch_log(batch_id), json.dumps(offset_ranges(tbl)).encode())
         out = self._process(batch_id, tbl)
         n_events = sum(out.events.values())
         core_s = time.perf_counter() - t0
@@ -441,20 +451,12 @@ def read_ranges(
 ) -> pa.Table:
     """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table
     (read as the ``engine`` principal of ``settings``)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
     kept: list[Any] = []
     todo = {(t, int(p)): (a, b) for t, ps in ranges.items() for p, (a, b) in ps.items()}
     if todo:
-        c = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                **client_config(settings, "engine"),  # SASL/SCRAM in the scram mode
-                "group.id": "tidewatch-engine-replay",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-            }
-        )
+        c = engine_consumer(bootstrap, settings, "tidewatch-engine-replay")
         try:
             c.assign([TopicPartition(t, p, a) for (t, p), (a, _) in todo.items()])
             left = dict(todo)
@@ -478,6 +480,23 @@ def read_ranges(
         finally:
             c.close()
     return records_table(kept)
+
+
+def engine_consumer(bootstrap: str, settings: Any, group_id: str, **extra: Any) -> Any:
+    """A ``read_committed`` consumer as the ``engine`` principal (SASL/SCRAM in the scram mode)
+    that commits nothing: where to read lives in the engine's checkpoint, not in Kafka."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            **client_config(settings, "engine"),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            **extra,
+        }
+    )
 
 
 def records_table(msgs: list[Any]) -> pa.Table:

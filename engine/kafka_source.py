@@ -134,18 +134,13 @@ class DirectSource:
 
     # ------------------------------------------------------------------ reading
     def _consumer(self) -> Any:
-        from confluent_kafka import Consumer
+        from engine.app import engine_consumer
 
-        from tidewatch.services.kafka import client_config
-
-        s = self.app.settings
-        return Consumer(
-            {
-                "bootstrap.servers": self.app.bootstrap,
-                **client_config(s, "engine"),  # SASL/SCRAM in the scram mode
-                "group.id": f"tidewatch-engine-{self.app.engine_id}",
-                "enable.auto.commit": False,  # positions live in the checkpoint, with the batch log
-                "isolation.level": "read_committed",
+        return engine_consumer(
+            self.app.bootstrap,
+            self.app.settings,
+            f"tidewatch-engine-{self.app.engine_id}",
+            **{
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
                 # a fetch the broker holds for new data delays a seek (below) by as long
@@ -153,7 +148,7 @@ class DirectSource:
                 "fetch.max.bytes": 64 << 20,
                 "max.partition.fetch.bytes": 16 << 20,
                 "queued.max.messages.kbytes": 64 << 10,
-            }
+            },
         )
 
     def _partitions(self, client: Any) -> list[tuple[str, int]]:
@@ -211,10 +206,11 @@ class DirectSource:
                     continue
                 t0 = time.perf_counter()
                 tbl = records_table(msgs)
-                for topic, ps in offset_ranges(tbl).items():
+                ranges = offset_ranges(tbl)
+                for topic, ps in ranges.items():
                     for part, (_, hi) in ps.items():
                         self.positions.setdefault(topic, {})[part] = hi + 1
-                self._hand_over(tbl, t_read + time.perf_counter() - t0)
+                self._hand_over(tbl, ranges, t_read + time.perf_counter() - t0)
                 t_cut = time.monotonic()
             self.app.drain(output=True)
         except BaseException as exc:  # surfaced through exception(), as a StreamingQuery does
@@ -319,12 +315,12 @@ class DirectSource:
                 out.append((t, p))
         return out
 
-    def _hand_over(self, tbl: Any, read_s: float) -> None:
+    def _hand_over(self, tbl: Any, ranges: dict[str, dict[str, list[int]]], read_s: float) -> None:
         from engine.app import _atomic_write
 
         b = self.batch_id
         _atomic_write(positions_dir(self.app) / f"{b:012d}.json", json.dumps(self.positions).encode())
-        self.app.accept(tbl, b, read_s)
+        self.app.accept(tbl, b, read_s, ranges)
         self.batch_id = b + 1
         for old in sorted(positions_dir(self.app).glob("*.json"))[:-3]:  # the newest three are enough
             old.unlink(missing_ok=True)
