@@ -482,21 +482,25 @@ def read_ranges(
     return records_table(kept)
 
 
+def engine_consumer_config(bootstrap: str, settings: Any, group_id: str, **extra: Any) -> dict[str, Any]:
+    """librdkafka settings of a ``read_committed`` consumer as the ``engine`` principal
+    (SASL/SCRAM in the scram mode) that commits nothing: where to read lives in the engine's
+    checkpoint, not in Kafka."""
+    return {
+        "bootstrap.servers": bootstrap,
+        **client_config(settings, "engine"),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        **extra,
+    }
+
+
 def engine_consumer(bootstrap: str, settings: Any, group_id: str, **extra: Any) -> Any:
-    """A ``read_committed`` consumer as the ``engine`` principal (SASL/SCRAM in the scram mode)
-    that commits nothing: where to read lives in the engine's checkpoint, not in Kafka."""
+    """A confluent-kafka ``Consumer`` of :func:`engine_consumer_config`."""
     from confluent_kafka import Consumer
 
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            **client_config(settings, "engine"),
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            **extra,
-        }
-    )
+    return Consumer(engine_consumer_config(bootstrap, settings, group_id, **extra))
 
 
 def records_table(msgs: list[Any]) -> pa.Table:

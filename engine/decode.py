@@ -93,6 +93,19 @@ def kafka_ts_ms(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.to_numpy(zero_copy_only=False), np.int64)
 
 
+def column_numpy(col: pa.Array) -> np.ndarray:
+    """One decoded column as NumPy; strings as an object array of ``str``.  Strings are few
+    distinct values (symbols, sides, exchanges), so they are dictionary-encoded in Arrow first
+    and each distinct value becomes one Python ``str`` that the array refers to: a Python object
+    per record cost more than the whole Avro decode, and shared ``str`` objects keep their hash
+    for the evaluator's key interning."""
+    if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and col.null_count == 0:
+        enc = pc.dictionary_encode(col)
+        values = enc.dictionary.to_numpy(zero_copy_only=False)
+        return values[enc.indices.to_numpy(zero_copy_only=False)]
+    return col.to_numpy(zero_copy_only=False)
+
+
 def _binary_list(col: pa.Array | pa.ChunkedArray, idx: np.ndarray) -> list[bytes | None]:
     if len(idx) == 0:
         return []
@@ -147,7 +160,7 @@ def decode_records(
     rb, ok = decode_batch(stream, values)
     bad(np.flatnonzero(~ok), "undecodable", f"not a framed {stream} record (schema id / Avro body)")
     good = np.flatnonzero(ok)
-    cols = {n: rb.column(n).to_numpy(zero_copy_only=False) for n in rb.schema.names}
+    cols = {n: column_numpy(rb.column(n)) for n in rb.schema.names}
     ts = np.asarray(cols["ts"], np.int64)
     cols["ts"] = ts
 

@@ -29,7 +29,12 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from engine.native_consumer import ERR_FATAL, ERR_PARTITION_EOF, OFFSET_BEGINNING, Chunk, NativeConsumer
 
 if TYPE_CHECKING:
     from engine.app import EngineApp
@@ -133,26 +138,42 @@ class DirectSource:
         return not self._thread.is_alive()
 
     # ------------------------------------------------------------------ reading
-    def _consumer(self) -> Any:
-        from engine.app import engine_consumer
+    def _consumer(self) -> NativeConsumer:
+        from engine.app import engine_consumer_config
 
-        return engine_consumer(
-            self.app.bootstrap,
-            self.app.settings,
-            f"tidewatch-engine-{self.app.engine_id}",
-            **{
-                "auto.offset.reset": "earliest",
-                "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
-                # a fetch the broker holds for new data delays a seek (below) by as long
-                "fetch.wait.max.ms": 50,
-                "fetch.max.bytes": 64 << 20,
-                "max.partition.fetch.bytes": 16 << 20,
-                "queued.max.messages.kbytes": 64 << 10,
-            },
+        return NativeConsumer(
+            engine_consumer_config(
+                self.app.bootstrap,
+                self.app.settings,
+                f"tidewatch-engine-{self.app.engine_id}",
+                **{
+                    "auto.offset.reset": "earliest",
+                    "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
+                    # a fetch the broker holds for new data delays a seek (below) by as long
+                    "fetch.wait.max.ms": 50,
+                    "fetch.max.bytes": 64 << 20,
+                    "max.partition.fetch.bytes": 16 << 20,
+                    "queued.max.messages.kbytes": 64 << 10,
+                    # prefetch up to a whole batch per partition (the default, 100,000 records,
+                    # halved the read rate of a backlog: bench/kafka_consume_probe.py), and when
+                    # the queue is full, fetch again soon rather than after librdkafka's 1 s
+                    "queued.min.messages": 1_000_000,
+                    "fetch.queue.backoff.ms": 20,
+                },
+            )
         )
 
-    def _partitions(self, client: Any) -> list[tuple[str, int]]:
-        md = client.list_topics(timeout=30)
+    def _partitions(self) -> list[tuple[str, int]]:
+        """Every partition of the app's topics (metadata through a confluent-kafka client)."""
+        from engine.app import engine_consumer
+
+        meta = engine_consumer(
+            self.app.bootstrap, self.app.settings, f"tidewatch-engine-{self.app.engine_id}"
+        )
+        try:
+            md = meta.list_topics(timeout=30)
+        finally:
+            meta.close()
         out: list[tuple[str, int]] = []
         for topic in self.app.topics.values():
             t = md.topics.get(topic)
@@ -164,29 +185,20 @@ class DirectSource:
     def _next(self, topic: str, part: int) -> int:
         return self.positions.get(topic, {}).get(str(part), 0)
 
-    def _end_offsets(self, client: Any) -> dict[tuple[str, int], int]:
+    def _end_offsets(self, c: NativeConsumer) -> dict[tuple[str, int], int]:
         """End offsets (``read_committed``: the last stable offset) of every partition read."""
-        from confluent_kafka import TopicPartition
-
-        out = {}
-        for topic, part in self._partitions(client):
-            _, hi = client.get_watermark_offsets(TopicPartition(topic, part), timeout=30)
-            out[(topic, part)] = hi
-        return out
+        return {(t, p): c.watermarks(t, p, 30)[1] for t, p in self._parts}
 
     def _run(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        from engine.app import offset_ranges
 
-        from engine.app import offset_ranges, records_table
-
-        c = self._consumer()
+        c: NativeConsumer | None = None
         try:
-            parts = self._partitions(c)
+            self._parts = parts = self._partitions()
+            c = self._consumer()
             c.assign(
                 [
-                    TopicPartition(
-                        t, p, self._next(t, p) if str(p) in self.positions.get(t, {}) else OFFSET_BEGINNING
-                    )
+                    (t, p, self._next(t, p) if str(p) in self.positions.get(t, {}) else OFFSET_BEGINNING)
                     for t, p in parts
                 ]
             )
@@ -195,17 +207,16 @@ class DirectSource:
                 "direct Kafka source: %d partitions of %s from batch %d",
                 len(parts), ", ".join(self.app.topics.values()), self.batch_id,
             )  # fmt: skip
-            self._parts = parts
             t_cut = time.monotonic()
             while not self._stop.is_set():
                 if end is not None and self._reached(end):
                     break
-                msgs, t_read = self._read_batch(c, t_cut, end)
-                if not msgs:
+                tables, t_read = self._read_batch(c, t_cut, end)
+                if not tables:
                     t_cut = time.monotonic()
                     continue
                 t0 = time.perf_counter()
-                tbl = records_table(msgs)
+                tbl = pa.concat_tables(tables)
                 ranges = offset_ranges(tbl)
                 for topic, ps in ranges.items():
                     for part, (_, hi) in ps.items():
@@ -217,12 +228,14 @@ class DirectSource:
             self._error = exc
             log.exception("direct Kafka source stopped")
         finally:
-            c.close()
+            if c is not None:
+                c.close()
 
     def _read_batch(
-        self, c: Any, t_cut: float, end: dict[tuple[str, int], int] | None
-    ) -> tuple[list[Any], float]:
-        """The records of the next batch, and the seconds spent in ``consume``.
+        self, c: NativeConsumer, t_cut: float, end: dict[tuple[str, int], int] | None
+    ) -> tuple[list[pa.Table], float]:
+        """The records of the next batch (Arrow tables, arrival order), and the seconds spent
+        reading them.
 
         Cut when ``trigger_s`` has passed since ``t_cut`` and the evaluation thread is free, or
         at ``max_records`` -- but not before every partition that has records now has given
@@ -233,19 +246,16 @@ class DirectSource:
         prorates ``maxOffsetsPerTrigger`` over the partitions that have data, while one
         consumer's queue may hold a whole fetch of one partition before the next one's, and a
         batch without a lagging partition would move the watermark past its records."""
-        from confluent_kafka import KafkaError
-
-        msgs: list[Any] = []
+        tables: list[pa.Table] = []
+        count = 0
         seen: set[tuple[str, int]] = set()
         rewind: dict[tuple[str, int], int] = {}  # partition -> first offset read past a full batch
-        eof = self._eof
-        expect = self._expect
         t_read = 0.0
         give_up = None
         while not self._stop.is_set():
-            full = len(msgs) >= self.max_records
+            full = count >= self.max_records
             left = t_cut + self.trigger_s - time.monotonic()
-            if full or (left <= 0 and msgs and not self.app.busy()):
+            if full or (left <= 0 and count and not self.app.busy()):
                 missing = self._lagging(c, seen)
                 if not missing:
                     break
@@ -259,63 +269,94 @@ class DirectSource:
                     break
             t0 = time.perf_counter()
             waiting = give_up is not None  # for lagging partitions: look again soon
-            got = c.consume(CONSUME_CHUNK if full else min(CONSUME_CHUNK, self.max_records - len(msgs)),
-                            0.02 if waiting else min(max(left, 0.02), 0.5))  # fmt: skip
+            chunk = c.consume(CONSUME_CHUNK if full else min(CONSUME_CHUNK, self.max_records - count),
+                              0.02 if waiting else min(max(left, 0.02), 0.5))  # fmt: skip
+            keep = self._take(chunk, full, seen, rewind)
+            if keep is not None:
+                tbl = chunk.table()
+                tbl = tbl if len(keep) == len(chunk) else tbl.take(pa.array(keep, pa.int64()))
+                tables.append(tbl)
+                count += tbl.num_rows
             t_read += time.perf_counter() - t0
-            for m in got:
-                err = m.error()
-                if err is None:
-                    tp = (m.topic(), m.partition())
-                    if expect and tp in expect:  # sought back: only from the offset sought on
-                        if m.offset() != expect[tp]:
-                            continue
-                        del expect[tp]
-                    if full and tp in seen:  # over the cap: only the lagging partitions join
-                        rewind.setdefault(tp, int(m.offset()))  # read again for the next batch
-                        continue
-                    msgs.append(m)
-                    seen.add(tp)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    tp = (m.topic(), m.partition())
-                    if tp not in expect:
-                        eof[tp] = int(m.offset())
-                elif err.fatal():
-                    raise RuntimeError(f"Kafka consumer: {err}")
-                else:
-                    log.warning("Kafka consumer: %s", err)
-            if end is not None and not got and self._reached(end):
+            if end is not None and not len(chunk) and not chunk.errors and self._reached(end):
                 break  # available_now: everything up to the end offsets seen at start is read
-        if rewind:
-            from confluent_kafka import TopicPartition
+        for (t, p), off in rewind.items():  # librdkafka drops what it fetched past ``off``
+            c.seek(t, p, off)
+            self._eof.pop((t, p), None)  # the end it reported was reached by records not taken
+            self._expect[(t, p)] = off  # anything else of it still queued from before is stale
+        return tables, t_read
 
-            for (t, p), off in rewind.items():  # librdkafka drops what it fetched past ``off``
-                c.seek(TopicPartition(t, p, off))
-                eof.pop((t, p), None)  # the end it reported was reached by records not taken
-                expect[(t, p)] = off  # anything else of it still queued from before is stale
-        return msgs, t_read
+    def _take(
+        self,
+        chunk: Chunk,
+        full: bool,
+        seen: set[tuple[str, int]],
+        rewind: dict[tuple[str, int], int],
+    ) -> np.ndarray | None:
+        """Which of a chunk's records join the batch (indexes, arrival order; None: none), per
+        partition: after a seek back, only from the offset sought on (``_expect``); once the
+        batch is full, only partitions not in it yet, and the first offset of any other is
+        kept in ``rewind`` to be read again (a partition not in the batch yet joins with its
+        first record).  Partition EOF events are noted in ``_eof``."""
+        expect = self._expect
+        resolved: dict[tuple[str, int], int] = {}  # sought-back partition -> row where it resumed
+        keep = []
+        if len(chunk):
+            code = chunk.topic.astype(np.int64) << 32 | chunk.partition.astype(np.int64)
+            for k in np.unique(code):
+                rows = np.flatnonzero(code == k)
+                tp = (chunk.topics[int(k >> 32)], int(k & 0xFFFFFFFF))
+                first = 0
+                if tp in expect:
+                    hit = np.flatnonzero(chunk.offset[rows] == expect[tp])
+                    if not len(hit):
+                        continue  # all stale
+                    first = int(hit[0])
+                    del expect[tp]
+                    resolved[tp] = int(rows[first])
+                if full:  # over the cap: a lagging partition joins with one record
+                    take = 0 if tp in seen else 1
+                    if first + take < len(rows):
+                        rewind.setdefault(tp, int(chunk.offset[rows[first + take]]))
+                    rows = rows[: first + take]
+                keep.append(rows[first:])
+        for e in chunk.errors:
+            tp = (e.topic or "", e.partition)
+            if e.code == ERR_PARTITION_EOF:
+                # an EOF queued before the record sought back to is stale
+                if tp not in expect and (tp not in resolved or resolved[tp] < e.position):
+                    self._eof[tp] = e.offset
+            elif e.code == ERR_FATAL:
+                raise RuntimeError(f"Kafka consumer: {e.message}")
+            else:
+                log.warning("Kafka consumer: %s", e.message)
+        if not keep:
+            return None
+        idx = np.sort(np.concatenate(keep))
+        for k in np.unique(chunk.topic[idx].astype(np.int64) << 32 | chunk.partition[idx].astype(np.int64)):
+            seen.add((chunk.topics[int(k >> 32)], int(k & 0xFFFFFFFF)))
+        return idx
 
     def _reached(self, end: dict[tuple[str, int], int]) -> bool:
         """Every partition has been read up to ``end`` (handed over, or librdkafka's partition
         EOF at or past it: a transaction marker at the end has no record to hand over)."""
         return all(max(self._next(t, p), self._eof.get((t, p), -1)) >= hi for (t, p), hi in end.items())
 
-    def _lagging(self, c: Any, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    def _lagging(self, c: NativeConsumer, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Partitions not in the batch that have records now: their end offset (the last
         stable offset, ``read_committed``), asked of the broker, is past both the position
         after the records handed over and the end librdkafka last reported (its partition EOF
         skips transaction markers)."""
-        from confluent_kafka import TopicPartition
-
         out = []
         for t, p in self._parts:
             if (t, p) in seen:
                 continue
-            _, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)
+            _, hi = c.watermarks(t, p, 10)
             if hi > max(self._next(t, p), self._eof.get((t, p), -1)):
                 out.append((t, p))
         return out
 
-    def _hand_over(self, tbl: Any, ranges: dict[str, dict[str, list[int]]], read_s: float) -> None:
+    def _hand_over(self, tbl: pa.Table, ranges: dict[str, dict[str, list[int]]], read_s: float) -> None:
         from engine.app import _atomic_write
 
         b = self.batch_id
