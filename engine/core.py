@@ -407,7 +407,7 @@ class EngineCore:
             self._lookup_at(tau, out)
         for stream, (p, _) in bufs.items():
             lo = cursor[stream]
-            self.pending[stream] = p if lo == 0 else p.take(np.arange(lo, len(p)))
+            self.pending[stream] = p if lo == 0 else p.slice(lo)
 
     def _attach_values(self, out: BatchOutput, first: int, tau: int) -> None:
         """Give the alerts ``out.alerts[first:]`` (all at ``tau``) the values that made them fire.

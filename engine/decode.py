@@ -75,6 +75,15 @@ class Decoded:
             self.offset[idx],
         )
 
+    def slice(self, start: int) -> Decoded:
+        """The rows from ``start`` on, as views (no copy)."""
+        return Decoded(
+            self.stream,
+            {k: v[start:] for k, v in self.columns.items()},
+            self.partition[start:],
+            self.offset[start:],
+        )
+
 
 def empty(stream: str) -> Decoded:
     """A :class:`Decoded` with no rows."""
@@ -191,6 +200,8 @@ def decode_records(
         if len(sel):
             bad(good[sel], name, detail[sel].tolist(), ts[sel])
     keep = np.flatnonzero(reason == 0)
+    if len(keep) == len(part):  # every record good: no copy
+        return Decoded(stream, cols, part, offs)
     return Decoded(
         stream,
         {k: v[keep] for k, v in cols.items()},

@@ -12,6 +12,10 @@ p99 alert latency was 2.05-2.68 s with this source, 2.37-5.82 s with Spark's (do
 This source gives the engine the same batches -- an Arrow table of
 :data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
 :meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
+The records are read by :class:`engine.native_consumer.NativeConsumer`, which fills the Arrow
+buffers in Numba kernels with no Python object per record (confluent-kafka's ``Message``
+objects had capped this source at about 300,000 records/s); metadata and end offsets go
+through a confluent-kafka client of their own.
 
 Exactly once without Spark's checkpoint: before a batch is handed over, the Kafka positions
 after it (next offset of every assigned partition) are written to
@@ -29,7 +33,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -111,6 +115,7 @@ class DirectSource:
         #: partition -> the offset it was sought back to, until that record is read again
         self._expect: dict[tuple[str, int], int] = {}
         self._parts: list[tuple[str, int]] = []
+        self._meta: Any = None  # a confluent-kafka consumer for metadata and end offsets
         self.batch_id, self.positions = resume_point(app)
         self.name = f"tidewatch-engine-{app.engine_id} (direct)"
 
@@ -164,16 +169,8 @@ class DirectSource:
         )
 
     def _partitions(self) -> list[tuple[str, int]]:
-        """Every partition of the app's topics (metadata through a confluent-kafka client)."""
-        from engine.app import engine_consumer
-
-        meta = engine_consumer(
-            self.app.bootstrap, self.app.settings, f"tidewatch-engine-{self.app.engine_id}"
-        )
-        try:
-            md = meta.list_topics(timeout=30)
-        finally:
-            meta.close()
+        """Every partition of the app's topics."""
+        md = self._meta.list_topics(timeout=30)
         out: list[tuple[str, int]] = []
         for topic in self.app.topics.values():
             t = md.topics.get(topic)
@@ -182,18 +179,33 @@ class DirectSource:
             out.extend((topic, p) for p in sorted(t.partitions))
         return out
 
+    def _end_offset(self, topic: str, part: int, timeout_s: float) -> int:
+        """The end offset of a partition asked of the broker now (``read_committed``: the last
+        stable offset).  Asked through a client of its own: on the consumer's connection the
+        request would queue behind fetch responses of up to ``fetch.max.bytes`` (measured:
+        100-480 ms once per batch while a backlog was read)."""
+        from confluent_kafka import TopicPartition
+
+        return int(
+            self._meta.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s, cached=False)[1]
+        )
+
     def _next(self, topic: str, part: int) -> int:
         return self.positions.get(topic, {}).get(str(part), 0)
 
-    def _end_offsets(self, c: NativeConsumer) -> dict[tuple[str, int], int]:
+    def _end_offsets(self) -> dict[tuple[str, int], int]:
         """End offsets (``read_committed``: the last stable offset) of every partition read."""
-        return {(t, p): c.watermarks(t, p, 30)[1] for t, p in self._parts}
+        return {(t, p): self._end_offset(t, p, 30) for t, p in self._parts}
 
     def _run(self) -> None:
-        from engine.app import offset_ranges
+        from engine.app import engine_consumer, offset_ranges
 
         c: NativeConsumer | None = None
         try:
+            # metadata and end offsets, through a client of its own (see _end_offset)
+            self._meta = engine_consumer(
+                self.app.bootstrap, self.app.settings, f"tidewatch-engine-{self.app.engine_id}"
+            )
             self._parts = parts = self._partitions()
             c = self._consumer()
             c.assign(
@@ -202,7 +214,7 @@ class DirectSource:
                     for t, p in parts
                 ]
             )
-            end = self._end_offsets(c) if self.available_now else None
+            end = self._end_offsets() if self.available_now else None
             log.info(
                 "direct Kafka source: %d partitions of %s from batch %d",
                 len(parts), ", ".join(self.app.topics.values()), self.batch_id,
@@ -230,6 +242,8 @@ class DirectSource:
         finally:
             if c is not None:
                 c.close()
+            if self._meta is not None:
+                self._meta.close()
 
     def _read_batch(
         self, c: NativeConsumer, t_cut: float, end: dict[tuple[str, int], int] | None
@@ -256,7 +270,7 @@ class DirectSource:
             full = count >= self.max_records
             left = t_cut + self.trigger_s - time.monotonic()
             if full or (left <= 0 and count and not self.app.busy()):
-                missing = self._lagging(c, seen)
+                missing = self._lagging(seen)
                 if not missing:
                     break
                 now = time.monotonic()
@@ -342,7 +356,7 @@ class DirectSource:
         EOF at or past it: a transaction marker at the end has no record to hand over)."""
         return all(max(self._next(t, p), self._eof.get((t, p), -1)) >= hi for (t, p), hi in end.items())
 
-    def _lagging(self, c: NativeConsumer, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
+    def _lagging(self, seen: set[tuple[str, int]]) -> list[tuple[str, int]]:
         """Partitions not in the batch that have records now: their end offset (the last
         stable offset, ``read_committed``), asked of the broker, is past both the position
         after the records handed over and the end librdkafka last reported (its partition EOF
@@ -351,7 +365,7 @@ class DirectSource:
         for t, p in self._parts:
             if (t, p) in seen:
                 continue
-            _, hi = c.watermarks(t, p, 10)
+            hi = self._end_offset(t, p, 10)
             if hi > max(self._next(t, p), self._eof.get((t, p), -1)):
                 out.append((t, p))
         return out
