@@ -7,7 +7,9 @@ The ceiling of the engine's direct source (``engine/kafka_source.py``): one topi
 * ``messages``: ``consume()`` only (librdkafka fetches in its threads; Python gets one
   ``Message`` object per record);
 * ``arrow``: the same, then the Arrow table the engine is handed
-  (:func:`engine.app.records_table`).
+  (:func:`engine.app.records_table`);
+* ``native``: the direct source's consumer (:class:`engine.native_consumer.NativeConsumer`,
+  its settings), which fills the same Arrow table in Numba kernels, no Python object per record.
 
 records/s = records / wall time of the round.  Needs Kafka (``tidewatch up --services-only``)::
 
@@ -27,10 +29,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import make_trades, produce  # noqa: E402
 
 
+def native_round(bootstrap: str, topic: str, n: int) -> float:
+    import pyarrow as pa
+
+    from engine.native_consumer import NativeConsumer
+
+    c = NativeConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"probe-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 16 << 20,
+            "queued.max.messages.kbytes": 64 << 10,
+            "queued.min.messages": 1_000_000,
+            "fetch.queue.backoff.ms": 20,
+        }
+    )
+    c.assign([(topic, p, 0) for p in (0, 1)])
+    got = 0
+    t0 = time.perf_counter()
+    try:
+        while got < n:
+            tables = [ch.table() for ch in [c.consume(50_000, 1.0)] if len(ch)]
+            if tables:
+                got += pa.concat_tables(tables).num_rows
+    finally:
+        c.close()
+    return n / (time.perf_counter() - t0)
+
+
 def one_round(bootstrap: str, topic: str, n: int, variant: str) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
     from engine.app import records_table
+
+    if variant == "native":
+        return native_round(bootstrap, topic, n)
 
     c = Consumer(
         {
@@ -70,13 +106,17 @@ def main() -> None:
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
     produced_s = produce(a.bootstrap, topic, make_trades(a.events, 5000, 50_000))
     print(f"produced {a.events:,} trades to {topic} in {produced_s:.1f} s", flush=True)
-    rates: dict[str, list[float]] = {"messages": [], "arrow": []}
+    rates: dict[str, list[float]] = {"messages": [], "arrow": [], "native": []}
     for _ in range(a.rounds):
         for variant in rates:
             rates[variant].append(one_round(a.bootstrap, topic, a.events, variant))
             print(f"  {variant}: {rates[variant][-1]:,.0f} records/s", flush=True)
     for variant, r in rates.items():
         print(f"{variant}: {min(r):,.0f}-{max(r):,.0f} records/s over {len(r)} rounds")
+    best = {v: max(r) for v, r in rates.items()}
+    print(
+        f"native / arrow (the engine's table both ways): {best['native'] / best['arrow']:.1f}x (best rounds)"
+    )
     admin.delete_topics([topic])
     print("command:", " ".join(sys.argv))
 

@@ -407,7 +407,8 @@ class NativeConsumer:
         return idx
 
     def consume(self, max_records: int, timeout_s: float) -> Chunk:
-        """Up to ``max_records`` records and events, waiting at most ``timeout_s`` for the first."""
+        """Up to ``max_records`` records and events: what librdkafka's queue has, waiting up to
+        ``timeout_s`` for it to reach ``max_records`` (``rd_kafka_consume_batch_queue``)."""
         lib = self._lib
         if len(self._ptrs) < max_records:
             self._ptrs = np.zeros(max_records, np.int64)
@@ -447,7 +448,7 @@ class NativeConsumer:
                         int(off[i]),
                         text or err2str(int(err[i])),
                         int(np.count_nonzero(ok[:i])),
-                    )  # fmt: skip
+                    )
                 )
             if m:
                 handles = rkt[ok]
