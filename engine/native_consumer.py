@@ -130,7 +130,6 @@ def _lib() -> ctypes.CDLL:
         ),
         "rd_kafka_topic_name": (ctypes.c_char_p, [_vp]),
         "rd_kafka_err2str": (ctypes.c_char_p, [ctypes.c_int]),
-        "rd_kafka_fatal_error": (ctypes.c_int, [_vp, ctypes.c_char_p, ctypes.c_size_t]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -476,11 +475,6 @@ class NativeConsumer:
             _binary(m, voffs, vdata, vvalid),
             errors,
         )
-
-    def fatal_error(self) -> str:
-        buf = ctypes.create_string_buffer(512)
-        code = self._lib.rd_kafka_fatal_error(self._rk, buf, len(buf))
-        return f"{err2str(code)}: {buf.value.decode('utf-8', 'replace')}" if code else ""
 
     def close(self) -> None:
         """Leave and free the client (idempotent)."""
