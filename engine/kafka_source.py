@@ -333,7 +333,9 @@ class DirectSource:
                     if first + take < len(rows):
                         rewind.setdefault(tp, int(chunk.offset[rows[first + take]]))
                     rows = rows[: first + take]
-                keep.append(rows[first:])
+                if first < len(rows):
+                    keep.append(rows[first:])
+                    seen.add(tp)  # each partition once per chunk: the checks above saw seen as it was
         for e in chunk.errors:
             tp = (e.topic or "", e.partition)
             if e.code == ERR_PARTITION_EOF:
@@ -346,10 +348,7 @@ class DirectSource:
                 log.warning("Kafka consumer: %s", e.message)
         if not keep:
             return None
-        idx = np.sort(np.concatenate(keep))
-        for k in np.unique(chunk.topic[idx].astype(np.int64) << 32 | chunk.partition[idx].astype(np.int64)):
-            seen.add((chunk.topics[int(k >> 32)], int(k & 0xFFFFFFFF)))
-        return idx
+        return np.sort(np.concatenate(keep))
 
     def _reached(self, end: dict[tuple[str, int], int]) -> bool:
         """Every partition has been read up to ``end`` (handed over, or librdkafka's partition
