@@ -18,7 +18,7 @@ per-record part:
 Both kernels run without the GIL, so the engine's evaluation thread goes on meanwhile.  The
 kernels call librdkafka by symbol name (registered with LLVM at load), which keeps them in
 Numba's on-disk cache.  ``rd_kafka_message_t`` is a public struct of ``rdkafka.h`` (its layout
-is part of librdkafka's ABI); :data:`MESSAGE_FIELDS` names the offsets read.
+is part of librdkafka's ABI); the ``W_*`` constants name the words read.
 
 Records and errors keep librdkafka's semantics: ``Chunk.errors`` lists the error events
 (partition EOF among them) with their place among the records, as ``consume`` would have
@@ -53,16 +53,7 @@ ERR_FATAL = -150
 
 #: 8-byte words of ``rd_kafka_message_t`` (x86-64 / aarch64 LP64 layout): err (int, padded),
 #: rkt, partition (int32, padded), payload, len, key, key_len, offset
-MESSAGE_FIELDS = {
-    "err": 0,
-    "rkt": 1,
-    "partition": 2,
-    "payload": 3,
-    "len": 4,
-    "key": 5,
-    "key_len": 6,
-    "offset": 7,
-}
+W_ERR, W_RKT, W_PARTITION, W_PAYLOAD, W_LEN, W_KEY, W_KEY_LEN, W_OFFSET = range(8)
 
 _vp = ctypes.c_void_p
 
@@ -207,14 +198,14 @@ def _headers(
     """Public fields of ``n`` messages; ``klen`` / ``vlen`` -1 for a NULL key / payload."""
     for i in range(n):
         h = nb.carray(_ptr(ptrs[i]), (8,), np.int64)  # type: ignore[call-arg]
-        e = _int32(h[0])
+        e = _int32(h[W_ERR])
         err[i] = e
-        rkt[i] = h[1]
-        part[i] = _int32(h[2])
-        off[i] = h[7]
-        vptr[i] = h[3]
-        vlen[i] = h[4] if h[3] != 0 else -1
-        klen[i] = h[6] if h[5] != 0 else -1
+        rkt[i] = h[W_RKT]
+        part[i] = _int32(h[W_PARTITION])
+        off[i] = h[W_OFFSET]
+        vptr[i] = h[W_PAYLOAD]
+        vlen[i] = h[W_LEN] if h[W_PAYLOAD] != 0 else -1
+        klen[i] = h[W_KEY_LEN] if h[W_KEY] != 0 else -1
         ts[i] = _message_timestamp(ptrs[i]) if e == 0 else -1  # type: ignore[call-arg]
 
 
@@ -253,9 +244,9 @@ def _copy(
         if err[i] == 0:
             h = nb.carray(_ptr(ptrs[i]), (8,), np.int64)  # type: ignore[call-arg]
             kvalid[j] = klen[i] >= 0
-            kp = _put(h[5], klen[i], kdata, kp)
+            kp = _put(h[W_KEY], klen[i], kdata, kp)
             vvalid[j] = vlen[i] >= 0
-            vp = _put(h[3], vlen[i], vdata, vp)
+            vp = _put(h[W_PAYLOAD], vlen[i], vdata, vp)
             j += 1
             koffs[j] = kp
             voffs[j] = vp
