@@ -928,10 +928,16 @@ class Evaluator:
             s, created = st.struct(kind, pred, attr, st.feed_raw(window))
             if created:
                 fresh.append(s)
-            elif expired and all(s is not f for f in fresh) and not isinstance(window, A.RowsWindow):
+            elif expired and all(s is not f for f in fresh):
                 h = s.horizon()
-                w = window.start_ms if isinstance(window, A.TimeWindow) else int(window)
-                if h is not None and w > h:
+                if isinstance(window, A.RowsWindow):
+                    # a ROWS window reads the key's last n events however old: a structure
+                    # that time windows alone kept (and expired) lost them
+                    longer = h is not None and h > 0
+                else:
+                    w = window.start_ms if isinstance(window, A.TimeWindow) else int(window)
+                    longer = h is not None and w > h
+                if longer:
                     # the structure was expired to a shorter horizon: rebuild it from history
                     s.obj = st.new_obj(s.kind, s.attr, s.raw)
                     fresh.append(s)

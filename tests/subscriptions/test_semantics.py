@@ -310,3 +310,18 @@ def test_rule_over_the_key_domain_added_after_index_driven_rules() -> None:
     ev.add_rule("domain", compile_rule(domain))
     assert ev.evaluate_now("domain", 9000) == {"B", "C"}
     assert ev.lookup(10_500)["domain"] == {"B", "C"}  # A's event left (500, 10500]
+
+
+@pytest.mark.parametrize("strategy", ["shared", "naive"])
+def test_rows_rule_added_late_reads_events_a_time_window_had_expired(strategy: str) -> None:
+    """A ROWS window reads the key's last n events however old. A rule added late that shares a
+    structure kept (and expired) for a 1 s window alone gets it rebuilt from history (found by
+    Hypothesis in ``test_eval_panes``: the raw path said COUNT = 0 where brute force says 1)."""
+    ev = Evaluator(strategy, history_ms=10**9)
+    ev.add_rule("time", compile_rule(HEAD + "COUNT(*) OVER LAST 1 SECONDS > 0"))
+    ev.apply("trades", ev_batch([("A", 0, 1, 1, "BID")]))
+    for now in (0, 500, 1000):
+        ev.step(now)  # the 1 s horizon expires A's event from the shared structure
+    ev.add_rule("rows", compile_rule(HEAD + "COUNT(*) OVER LAST 1 ROWS BETWEEN 1 AND 3"))
+    assert ev.values("rows", ["A"], 1500)["A"] == {"COUNT(*) OVER LAST 1 ROWS": 1}
+    assert ev.step(1500).rows() == [(1500, "rows", "A", "ENTER")]
