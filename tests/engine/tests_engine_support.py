@@ -162,12 +162,16 @@ def read_topic(
             "auto.offset.reset": "earliest",
         }
     )
-    md = c.list_topics(topic, timeout=10).topics[topic]
-    tps = [TopicPartition(topic, p) for p in md.partitions]
+    # end offsets from a read_uncommitted client: with read_committed, ListOffsets answers the
+    # last stable offset, which stays at a transaction's first record until the coordinator has
+    # written its commit markers -- asynchronously, after commit_transaction returned
+    hw = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    md = hw.list_topics(topic, timeout=10).topics[topic]
     ends = {}
-    for tp in tps:
-        lo, hi = c.get_watermark_offsets(tp, timeout=10)
-        ends[tp.partition] = hi
+    for p in md.partitions:
+        lo, hi = hw.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        ends[p] = hi
+    hw.close()
     c.assign([TopicPartition(topic, p, 0) for p in ends])
     out: list[Any] = []
     done = {p for p, hi in ends.items() if hi == 0}
