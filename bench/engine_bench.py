@@ -145,6 +145,8 @@ def run_tidewatch(
     produce(bootstrap, settings.topic_trades, cols)
     batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
     del batches[:]
+    me = psutil.Process()
+    cpu_start = sum(me.cpu_times()[:2])  # this process: every engine thread, librdkafka's too
     t0 = time.perf_counter()
     q = app.start(spark, trigger_seconds=0.05, max_offsets_per_trigger=max_offsets)
     try:
@@ -157,6 +159,7 @@ def run_tidewatch(
             time.sleep(0.05)
         wall = time.perf_counter() - t0
         done = int(seen())
+        cpu_s = sum(me.cpu_times()[:2]) - cpu_start
     finally:
         q.stop()
         app.close()
@@ -179,6 +182,7 @@ def run_tidewatch(
         "batch_seconds": per_batch,
         "state_bytes": app.core.state_nbytes(),
         "driver_rss_bytes": rss,
+        "cpu_s": cpu_s,  # the engine process's CPU while it drained the backlog (start-up included)
     }
 
 
@@ -695,7 +699,8 @@ def main() -> None:
             f"tidewatch: {tw['events']:,} events in {tw['seconds']:.1f} s = {tw['events_per_s']:,.0f} events/s "
             f"(query start included; steady {steady or 0:,.0f} events/s) "
             f"({tw['batches']} batches, {tw['alerts']:,} alerts, {tw['dead_letters']:,} dead letters, state {tw['state_bytes'] / 1e6:.1f} MB, "
-            f"driver RSS {tw['driver_rss_bytes'] / 1e9:.2f} GB)",
+            f"driver RSS {tw['driver_rss_bytes'] / 1e9:.2f} GB, CPU {tw['cpu_s']:.1f} s = "
+            f"{tw['cpu_s'] / max(tw['events'], 1) * 1e6:.2f} us/event)",
             flush=True,
         )
         for shape in [s for s in a.shapes.split(",") if s]:

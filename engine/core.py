@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.dead_letter import DeadLetters
-from engine.decode import STREAMS, Decoded, decode_records, empty
+from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -348,23 +348,22 @@ class EngineCore:
     def process(
         self,
         batch_id: int,
-        records: dict[str, pa.Table],
+        records: dict[str, pa.Table | Predecoded],
         changes: list[SubscriptionChange] | None = None,
     ) -> BatchOutput:
-        """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode)."""
+        """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode), or
+        the records already through :func:`engine.decode.predecode` (the reading thread's part)."""
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
         delivered: set[tuple[str, int]] = set()
         for stream, tbl in records.items():
-            d = decode_records(
-                stream,
-                tbl,
-                late_until=self.applied_until,
-                max_future_ms=self.max_future_ms,
-                dead=out.dead,
-                watermark=self.watermark,
+            pre = (
+                tbl
+                if isinstance(tbl, Predecoded)
+                else predecode(stream, tbl, max_future_ms=self.max_future_ms)
             )
+            d = finish(pre, late_until=self.applied_until, dead=out.dead, watermark=self.watermark)
             out.events[stream] = len(d)
             if len(d):
                 self._note_partitions(stream, d, delivered)

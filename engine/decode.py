@@ -108,6 +108,9 @@ def column_numpy(col: pa.Array) -> np.ndarray:
     and each distinct value becomes one Python ``str`` that the array refers to: a Python object
     per record cost more than the whole Avro decode, and shared ``str`` objects keep their hash
     for the evaluator's key interning."""
+    if pa.types.is_dictionary(col.type) and col.null_count == 0:  # encoded by the decode kernel
+        values = col.dictionary.to_numpy(zero_copy_only=False)
+        return values[col.indices.to_numpy(zero_copy_only=False)]
     if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and col.null_count == 0:
         enc = pc.dictionary_encode(col)
         values = enc.dictionary.to_numpy(zero_copy_only=False)
@@ -115,10 +118,162 @@ def column_numpy(col: pa.Array) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _empty_strings(col: pa.Array) -> np.ndarray:
+    """Which values of a string column (plain or dictionary-encoded) are ``""``."""
+    if pa.types.is_dictionary(col.type):
+        empty = np.flatnonzero(pc.equal(col.dictionary, "").to_numpy(zero_copy_only=False))
+        codes = col.indices.to_numpy(zero_copy_only=False)
+        return codes == empty[0] if len(empty) else np.zeros(len(col), np.bool_)
+    return np.asarray(pc.equal(col, "").to_numpy(zero_copy_only=False), np.bool_)
+
+
+def arrival_order(part: np.ndarray, offs: np.ndarray) -> np.ndarray | None:
+    """The permutation that puts records in (partition, offset) order (None: they are).  A
+    source hands each partition's records over in offset order, interleaved: one stable sort
+    by partition (radix, on int32) then orders them, checked, else a full lexsort."""
+    if len(part) < 2:
+        return None
+    if np.all(part[1:] >= part[:-1]):
+        same = part[1:] == part[:-1]
+        if np.all(offs[1:][same] > offs[:-1][same]):
+            return None
+    order = np.argsort(part, kind="stable")
+    p, o = part[order], offs[order]
+    same = p[1:] == p[:-1]
+    if not np.all(o[1:][same] > o[:-1][same]):
+        order = np.lexsort((offs, part))
+    return order
+
+
 def _binary_list(col: pa.Array | pa.ChunkedArray, idx: np.ndarray) -> list[bytes | None]:
     if len(idx) == 0:
         return []
     return col.take(pa.array(idx, pa.int64())).to_pylist()
+
+
+@dataclass
+class Predecoded:
+    """One stream's records of a batch, decoded and checked for everything that does not depend
+    on the engine's state (undecodable, invalid, future) -- work the reading thread does while
+    the previous batch is evaluated.  :func:`finish` adds the ``late`` check when the batch is
+    processed; the dead letters found here get the watermark of that moment."""
+
+    decoded: Decoded  # the records that passed, arrival order
+    dead: DeadLetters  # their watermark is set by finish
+    records: pa.Table  # the Kafka records, for the raw bytes of late ones
+    rows: np.ndarray | None  # row of ``records`` of each decoded event (None: the same row)
+    topic: str
+
+
+def predecode(stream: str, records: pa.Table, *, max_future_ms: int | None) -> Predecoded:
+    """Decode one stream's Kafka records and check the invariants that depend on the records
+    alone; see :func:`decode_records`."""
+    spec = STREAMS[stream]
+    dead = DeadLetters()
+    if records.num_rows == 0:
+        return Predecoded(empty(stream), dead, records, None, stream)
+    topic = str(records.column("topic")[0]) if "topic" in records.column_names else stream
+    part = np.asarray(records.column("partition").to_numpy(zero_copy_only=False), np.int32)
+    offs = np.asarray(records.column("offset").to_numpy(zero_copy_only=False), np.int64)
+    order = arrival_order(part, offs)
+    if order is not None:  # the payloads are read in this order, not copied into it
+        part, offs = part[order], offs[order]
+    values = records.column("value")
+
+    def bad(idx: np.ndarray, reason: str, details: list[str] | str, ts: np.ndarray | None = None) -> None:
+        _dead_add(dead, records, topic, idx if order is None else order[idx], reason, details, ts, None)
+
+    rb, ok = decode_batch(stream, values, order, dictionary=True)
+    bad(np.flatnonzero(~ok), "undecodable", f"not a framed {stream} record (schema id / Avro body)")
+    good = np.flatnonzero(ok)
+    cols = {n: column_numpy(rb.column(n)) for n in rb.schema.names}
+    ts = np.asarray(cols["ts"], np.int64)
+    cols["ts"] = ts
+
+    # invariants: one reason per record, the first that fails
+    reason = np.zeros(len(good), np.int8)  # 0 ok, 1 invalid, 2 future
+    detail = np.full(len(good), "", dtype=object)
+
+    def mark(mask: np.ndarray, code: int, text: str) -> None:
+        m = mask & (reason == 0)
+        reason[m] = code
+        detail[m] = text
+
+    for f in spec.key_fields:
+        mark(_empty_strings(rb.column(f)), 1, f"empty {f}")
+    for f in spec.nonneg_fields:
+        mark(cols[f] < 0, 1, f"negative {f}")
+    for f in spec.finite_fields:
+        mark(~np.isfinite(cols[f]), 1, f"{f} is NaN or infinite")
+    for f in (*spec.nonneg_fields, *spec.finite_fields):  # exact window sums (fixed128)
+        mark(np.abs(cols[f]) > MAX_NUMERIC, 1, f"{f} above 2**53 in magnitude")
+    if "timestamp" in records.column_names and max_future_ms is not None:
+        kts = kafka_ts_ms(records.column("timestamp"))
+        kts = (kts if order is None else kts[order])[good]
+        mark(ts > kts + max_future_ms, 2, f"ts more than {max_future_ms} ms after the Kafka timestamp")
+    for code, name in ((1, "invalid"), (2, "future")):
+        sel = np.flatnonzero(reason == code)
+        if len(sel):
+            bad(good[sel], name, detail[sel].tolist(), ts[sel])
+    keep = np.flatnonzero(reason == 0)
+    if len(keep) == len(part):  # every record good: no copy
+        return Predecoded(Decoded(stream, cols, part, offs), dead, records, order, topic)
+    kept = good[keep]
+    return Predecoded(
+        Decoded(stream, {k: v[keep] for k, v in cols.items()}, part[kept], offs[kept]),
+        dead,
+        records,
+        kept if order is None else order[kept],
+        topic,
+    )
+
+
+def finish(pre: Predecoded, *, late_until: int | None, dead: DeadLetters, watermark: int | None) -> Decoded:
+    """The events of ``pre`` not late (``ts <= late_until``, the engine's last applied lookup
+    time; None before the first lookup); its dead letters, then the late ones, go to ``dead``
+    with ``watermark``."""
+    pre.dead.watermark[:] = [watermark] * len(pre.dead)
+    dead.extend(pre.dead)
+    d = pre.decoded
+    if late_until is None or not len(d):
+        return d
+    late = d.ts <= late_until
+    if not late.any():
+        return d
+    idx = np.flatnonzero(late)
+    rows = idx if pre.rows is None else pre.rows[idx]
+    text = f"ts <= {late_until}, the engine already looked up past it"
+    _dead_add(dead, pre.records, pre.topic, rows, "late", [text] * len(idx), d.ts[idx], watermark)
+    return d.take(np.flatnonzero(~late))
+
+
+def _dead_add(
+    dead: DeadLetters,
+    records: pa.Table,
+    topic: str,
+    rows: np.ndarray,
+    reason: str,
+    details: list[str] | str,
+    ts: np.ndarray | None,
+    watermark: int | None,
+) -> None:
+    """Dead letters of the rows ``rows`` of ``records`` (their position and raw bytes)."""
+    if not len(rows):
+        return
+    keys = records.column("key") if "key" in records.column_names else None
+    dead.add(
+        topic,
+        np.asarray(
+            records.column("partition").take(pa.array(rows, pa.int64())).to_numpy(zero_copy_only=False)
+        ),
+        np.asarray(records.column("offset").take(pa.array(rows, pa.int64())).to_numpy(zero_copy_only=False)),
+        _binary_list(keys, rows) if keys is not None else [None] * len(rows),
+        _binary_list(records.column("value"), rows),
+        reason,
+        details,
+        None if ts is None else ts.tolist(),
+        watermark,
+    )
 
 
 def decode_records(
@@ -133,78 +288,9 @@ def decode_records(
     """Decode and validate one stream's Kafka records; bad ones are appended to ``dead``.
 
     ``records`` needs columns ``partition``, ``offset``, ``value`` and optionally ``topic``
-    (named in dead letters; default: the stream name), ``timestamp`` (Kafka's; without it no ``future`` check) and ``key``.  ``late_until``
-    is the engine's last applied lookup time (None before the first lookup).
+    (named in dead letters; default: the stream name), ``timestamp`` (Kafka's; without it no
+    ``future`` check) and ``key``.  ``late_until`` is the engine's last applied lookup time
+    (None before the first lookup).  :func:`predecode`, then :func:`finish`.
     """
-    spec = STREAMS[stream]
-    if records.num_rows == 0:
-        return empty(stream)
-    topic = str(records.column("topic")[0]) if "topic" in records.column_names else stream
-    order = np.lexsort(
-        (
-            records.column("offset").to_numpy(zero_copy_only=False),
-            records.column("partition").to_numpy(zero_copy_only=False),
-        )
-    )
-    if not np.array_equal(order, np.arange(len(order))):
-        records = records.take(pa.array(order, pa.int64()))
-    part = np.asarray(records.column("partition").to_numpy(zero_copy_only=False), np.int32)
-    offs = np.asarray(records.column("offset").to_numpy(zero_copy_only=False), np.int64)
-    values = records.column("value")
-    keys = records.column("key") if "key" in records.column_names else None
-
-    def bad(idx: np.ndarray, reason: str, details: list[str] | str, ts: np.ndarray | None = None) -> None:
-        dead.add(
-            topic,
-            part[idx],
-            offs[idx],
-            _binary_list(keys, idx) if keys is not None else [None] * len(idx),
-            _binary_list(values, idx),
-            reason,
-            details,
-            None if ts is None else ts.tolist(),
-            watermark,
-        )
-
-    rb, ok = decode_batch(stream, values)
-    bad(np.flatnonzero(~ok), "undecodable", f"not a framed {stream} record (schema id / Avro body)")
-    good = np.flatnonzero(ok)
-    cols = {n: column_numpy(rb.column(n)) for n in rb.schema.names}
-    ts = np.asarray(cols["ts"], np.int64)
-    cols["ts"] = ts
-
-    # invariants: one reason per record, the first that fails
-    reason = np.zeros(len(good), np.int8)  # 0 ok, 1 invalid, 2 future, 3 late
-    detail = np.full(len(good), "", dtype=object)
-
-    def mark(mask: np.ndarray, code: int, text: str) -> None:
-        m = mask & (reason == 0)
-        reason[m] = code
-        detail[m] = text
-
-    for f in spec.key_fields:
-        mark(pc.equal(rb.column(f), "").to_numpy(zero_copy_only=False), 1, f"empty {f}")
-    for f in spec.nonneg_fields:
-        mark(cols[f] < 0, 1, f"negative {f}")
-    for f in spec.finite_fields:
-        mark(~np.isfinite(cols[f]), 1, f"{f} is NaN or infinite")
-    for f in (*spec.nonneg_fields, *spec.finite_fields):  # exact window sums (fixed128)
-        mark(np.abs(cols[f]) > MAX_NUMERIC, 1, f"{f} above 2**53 in magnitude")
-    if "timestamp" in records.column_names and max_future_ms is not None:
-        kts = kafka_ts_ms(records.column("timestamp"))[good]
-        mark(ts > kts + max_future_ms, 2, f"ts more than {max_future_ms} ms after the Kafka timestamp")
-    if late_until is not None:
-        mark(ts <= late_until, 3, f"ts <= {late_until}, the engine already looked up past it")
-    for code, name in ((1, "invalid"), (2, "future"), (3, "late")):
-        sel = np.flatnonzero(reason == code)
-        if len(sel):
-            bad(good[sel], name, detail[sel].tolist(), ts[sel])
-    keep = np.flatnonzero(reason == 0)
-    if len(keep) == len(part):  # every record good: no copy
-        return Decoded(stream, cols, part, offs)
-    return Decoded(
-        stream,
-        {k: v[keep] for k, v in cols.items()},
-        part[good[keep]],
-        offs[good[keep]],
-    )
+    pre = predecode(stream, records, max_future_ms=max_future_ms)
+    return finish(pre, late_until=late_until, dead=dead, watermark=watermark)

@@ -459,6 +459,24 @@ def _utf8_ok(data, p, e):  # type: ignore[no-untyped-def]  # pragma: no cover - 
     return True
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def zigzag_varint(data, p, e):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """The zigzag varint at ``data[p]`` (Avro's int/long, the v2 Kafka record's fields), not
+    reading at or past ``e``: ``(value, next position)``, position -1 when it is malformed."""
+    z = np.uint64(0)
+    shift = np.uint64(0)
+    while True:
+        if p >= e or shift > np.uint64(63):
+            return np.int64(0), -1
+        b = data[p]
+        p += 1
+        z |= np.uint64(b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += np.uint64(7)
+    return np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1)), p
+
+
 @nb.njit(cache=True, nogil=True)
 def _decode_kernel(  # pragma: no cover - compiled
     data, starts, ends, sid, kinds, slots, n_str, ints, fbits, str_start, str_len, ok
@@ -483,21 +501,10 @@ def _decode_kernel(  # pragma: no cover - compiled
             k = kinds[f]
             s = slots[f]
             if k == 0 or k == 1:
-                z = np.uint64(0)
-                shift = np.uint64(0)
-                while True:
-                    if p >= e or shift > np.uint64(63):
-                        good = False
-                        break
-                    b = data[p]
-                    p += 1
-                    z |= np.uint64(b & 0x7F) << shift
-                    if b < 0x80:
-                        break
-                    shift += np.uint64(7)
-                if not good:
+                v, p = zigzag_varint(data, p, e)
+                if p < 0:
+                    good = False
                     break
-                v = np.int64(z >> np.uint64(1)) ^ -np.int64(z & np.uint64(1))
                 if k == 1:
                     ints[s, i] = v
                 else:
@@ -547,8 +554,101 @@ def _gather_strings(data, start, length, ok):  # pragma: no cover - compiled
     return out, offs
 
 
-def decode_batch(name: str, payloads: Sequence[bytes | None] | pa.Array) -> tuple[pa.RecordBatch, np.ndarray]:
-    """Decode many framed records of the flat schema ``name`` column-wise.
+@nb.njit(cache=True, nogil=True)
+def _dictionary_run(data, start, length, i, codes, slots, hashes, uoff, ubytes, nu):  # pragma: no cover
+    """Code rows ``i..`` of :func:`dictionary_codes`; stops at the first new value that does
+    not fit its tables and returns ``(row, distinct values)`` (the caller grows them)."""
+    n = start.shape[0]
+    cap = slots.shape[0]
+    while i < n:
+        a = start[i]
+        m = length[i]
+        h = np.uint64(14695981039346656037)
+        for j in range(m):
+            h = (h ^ np.uint64(data[a + j])) * np.uint64(1099511628211)
+        h ^= h >> np.uint64(33)  # FNV's low bits cluster: mix the high ones in (murmur3 fmix)
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        k = np.int64(h & np.uint64(cap - 1))
+        code = -1
+        while slots[k] >= 0:
+            c = slots[k]
+            b = uoff[c]
+            if hashes[c] == h and uoff[c + 1] - b == m:
+                same = True
+                for j in range(m):
+                    if data[a + j] != ubytes[b + j]:
+                        same = False
+                        break
+                if same:
+                    code = c
+                    break
+            k = (k + 1) & (cap - 1)
+        if code < 0:
+            b = uoff[nu]
+            if nu + 1 >= hashes.shape[0] or b + m > ubytes.shape[0] or 2 * (nu + 1) > cap:
+                return i, nu
+            for j in range(m):
+                ubytes[b + j] = data[a + j]
+            uoff[nu + 1] = b + m
+            hashes[nu] = h
+            slots[k] = nu
+            code = nu
+            nu += 1
+        codes[i] = code
+        i += 1
+    return n, nu
+
+
+@nb.njit(cache=True, nogil=True)
+def _dictionary_slots(hashes, nu, cap):  # pragma: no cover - compiled
+    slots = np.full(cap, -1, np.int64)
+    for c in range(nu):
+        k = np.int64(hashes[c] & np.uint64(cap - 1))
+        while slots[k] >= 0:
+            k = (k + 1) & (cap - 1)
+        slots[k] = c
+    return slots
+
+
+def dictionary_codes(data: np.ndarray, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, pa.Array]:
+    """Dictionary-encode the strings ``data[start:start + length]``: their int32 codes and the
+    distinct values (first-seen order) as an Arrow string array.  Open addressing on FNV-1a,
+    a hit confirmed byte for byte against a compact copy of the distinct values, which stays
+    in cache where their rows in ``data`` would not; the tables grow outside the hot loop."""
+    n = start.shape[0]
+    codes = np.empty(n, np.int32)
+    slots = np.full(1024, -1, np.int64)
+    hashes = np.empty(256, np.uint64)
+    uoff = np.zeros(257, np.int64)  # distinct value c is ubytes[uoff[c]:uoff[c + 1]]
+    ubytes = np.empty(4096, np.uint8)
+    i = nu = 0
+    while True:
+        i, nu = _dictionary_run(data, start, length, i, codes, slots, hashes, uoff, ubytes, nu)
+        if i >= n:
+            break
+        if nu + 1 >= hashes.shape[0]:
+            hashes = np.concatenate((hashes, np.empty(hashes.shape[0], np.uint64)))
+            uoff = np.concatenate((uoff, np.zeros(hashes.shape[0] + 1 - uoff.shape[0], np.int64)))
+        if uoff[nu] + length[i] > ubytes.shape[0]:
+            ubytes = np.concatenate((ubytes, np.empty(max(ubytes.shape[0], int(length[i])), np.uint8)))
+        if 2 * (nu + 1) > slots.shape[0]:
+            slots = _dictionary_slots(hashes, nu, 2 * slots.shape[0])
+    offs = uoff[: nu + 1].astype(np.int32)
+    values = pa.StringArray.from_buffers(nu, pa.py_buffer(offs), pa.py_buffer(ubytes[: int(offs[-1])].copy()))
+    return codes, values
+
+
+def decode_batch(
+    name: str,
+    payloads: Sequence[bytes | None] | pa.Array,
+    order: np.ndarray | None = None,
+    *,
+    dictionary: bool = False,
+) -> tuple[pa.RecordBatch, np.ndarray]:
+    """Decode many framed records of the flat schema ``name`` column-wise (``order``: the
+    records in that order, ``payloads[order]`` without copying them; ``dictionary``: string
+    columns dictionary-encoded in the kernel, ``dictionary<int32, string>``).
 
     Returns ``(batch, ok)``: a :class:`pyarrow.RecordBatch` with one column per
     field (strings as ``string``, int/long as ``int64``, double/float as
@@ -576,6 +676,9 @@ def decode_batch(name: str, payloads: Sequence[bytes | None] | pa.Array) -> tupl
         ends = np.cumsum(lens)
         starts = ends - lens
         data = np.frombuffer(b"".join(p for p in payloads if p is not None), np.uint8)
+    if order is not None:
+        starts, ends = starts[order], ends[order]
+        n = len(starts)
     ns, ni, nfl = len(lay.strings), len(lay.ints), len(lay.floats)
     ints = np.zeros((max(ni, 1), n), np.int64)
     fbits = np.zeros((max(nfl, 1), n), np.uint64)
@@ -586,7 +689,10 @@ def decode_batch(name: str, payloads: Sequence[bytes | None] | pa.Array) -> tupl
     keep = np.flatnonzero(ok)
     arrays = []
     for k, s in zip(lay.kinds, lay.slots, strict=True):
-        if k == K_STRING:
+        if k == K_STRING and dictionary:
+            codes, values = dictionary_codes(data, sst[s][keep], sln[s][keep])
+            arrays.append(pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values))
+        elif k == K_STRING:
             sdata, soffs = _gather_strings(data, sst[s][keep], sln[s][keep], np.ones(len(keep), np.bool_))
             arrays.append(pa.StringArray.from_buffers(len(keep), pa.py_buffer(soffs), pa.py_buffer(sdata)))
         elif k == K_LONG:

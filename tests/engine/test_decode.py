@@ -130,3 +130,34 @@ def test_packets_invariants() -> None:
     )
     assert len(out) == 1 and out.columns["src_ip"][0] == "10.0.0.1"
     assert dead.counts()["invalid"] == 3
+
+
+def test_interleaved_partitions_are_decoded_in_arrival_order_with_their_own_keys_and_times() -> None:
+    """Chunks of two partitions interleaved, as the direct source hands them over: decoded in
+    (partition, offset) order without copying the payloads, and a bad record's key, bytes and
+    Kafka timestamp are its own."""
+    cols = _trades(40)
+    vals = encode_batch("trades", cols).messages()
+    part = np.array([0] * 10 + [1] * 10 + [0] * 10 + [1] * 10, np.int32)
+    offs = np.array([*range(10), *range(10), *range(10, 20), *range(10, 20)], np.int64)
+    kts = np.full(40, 1_000_000, np.int64)
+    kts[25] = 0  # a Kafka timestamp long before the event's ts: "future"
+    tbl = pa.table(
+        {
+            "partition": pa.array(part),
+            "offset": pa.array(offs),
+            "timestamp": pa.array(kts, pa.timestamp("ms")),
+            "key": pa.array([f"k{i}".encode() for i in range(40)], pa.binary()),
+            "value": pa.array(vals, pa.binary()),
+        }
+    )
+    dead = DeadLetters()
+    out = decode_records("trades", tbl, late_until=None, max_future_ms=60_000, dead=dead)
+    want = np.lexsort((offs, part))
+    want = want[want != 25]
+    np.testing.assert_array_equal(out.partition, part[want])
+    np.testing.assert_array_equal(out.offset, offs[want])
+    np.testing.assert_array_equal(out.ts, cols["ts"][want])
+    assert dead.counts()["future"] == 1 and len(dead) == 1
+    assert (dead.source_partition[0], dead.source_offset[0]) == (0, 15)
+    assert dead.key == [b"k25"] and dead.value == [vals[25]]

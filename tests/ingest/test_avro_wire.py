@@ -205,3 +205,33 @@ def test_added_field_with_default_is_a_compatible_evolution() -> None:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, p2, {**TRADE, "conditions": "@ T"})
     assert fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), p2, p1) == TRADE
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.sampled_from(["", "A", "AB", "BA", "é", "x" * 40]) | st.text(max_size=6), max_size=300),
+    st.integers(0, 3000),
+    st.booleans(),
+)
+def test_dictionary_strings_decode_to_the_same_values(picks: list[str], n_many: int, shuffle: bool) -> None:
+    """``dictionary=True`` (the kernel's hash coding, grown past its first 1,024 slots by
+    ``n_many`` distinct values) decodes to the plain columns, codes in first-seen order."""
+    import pyarrow as pa
+
+    syms = picks + [f"S{i}" for i in range(n_many)] + picks
+    n = len(syms)
+    cols = {k: [v] * n for k, v in TRADE.items()}
+    cols["symbol"] = syms
+    cols["exchange"] = syms[::-1]
+    msgs = pa.array(encode_batch("trades", cols).messages(), pa.binary())
+    order = np.random.default_rng(n).permutation(n) if shuffle else None
+    plain, ok_p = decode_batch("trades", msgs, order)
+    coded, ok_c = decode_batch("trades", msgs, order, dictionary=True)
+    assert ok_p.all() and ok_c.all()
+    for f in ("symbol", "exchange", "side"):
+        col = coded.column(f)
+        assert pa.types.is_dictionary(col.type)
+        assert col.to_pylist() == plain.column(f).to_pylist()
+        assert col.dictionary.to_pylist() == list(dict.fromkeys(plain.column(f).to_pylist()))
+    want = np.asarray(syms, object) if order is None else np.asarray(syms, object)[order]
+    assert coded.column("symbol").to_pylist() == want.tolist()
