@@ -8,8 +8,11 @@ The ceiling of the engine's direct source (``engine/kafka_source.py``): one topi
   ``Message`` object per record);
 * ``arrow``: the same, then the Arrow table the engine is handed
   (:func:`engine.app.records_table`);
-* ``native``: the direct source's consumer (:class:`engine.native_consumer.NativeConsumer`,
-  its settings), which fills the same Arrow table in Numba kernels, no Python object per record.
+* ``native``: the direct source's librdkafka consumer
+  (:class:`engine.native_consumer.NativeConsumer`, its settings), which fills the same Arrow
+  table in Numba kernels, no Python object per record;
+* ``fetch``: the direct source's default consumer (:class:`engine.fetch_consumer.FetchConsumer`):
+  Kafka's Fetch API on its own socket, record batches parsed into the same table by Numba.
 
 records/s = records / wall time of the round.  Needs Kafka (``tidewatch up --services-only``)::
 
@@ -29,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import make_trades, produce  # noqa: E402
 
 
-def native_round(bootstrap: str, topic: str, n: int) -> float:
+def native_round(bootstrap: str, topic: str, n: int, fetch: bool = False) -> float:
     import pyarrow as pa
 
+    from engine.fetch_consumer import FetchConsumer
     from engine.native_consumer import NativeConsumer
 
-    c = NativeConsumer(
+    c = (FetchConsumer if fetch else NativeConsumer)(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"probe-{uuid.uuid4().hex[:8]}",
@@ -65,8 +69,8 @@ def one_round(bootstrap: str, topic: str, n: int, variant: str) -> float:
 
     from engine.app import records_table
 
-    if variant == "native":
-        return native_round(bootstrap, topic, n)
+    if variant in ("native", "fetch"):
+        return native_round(bootstrap, topic, n, fetch=variant == "fetch")
 
     c = Consumer(
         {
@@ -106,16 +110,24 @@ def main() -> None:
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
     produced_s = produce(a.bootstrap, topic, make_trades(a.events, 5000, 50_000))
     print(f"produced {a.events:,} trades to {topic} in {produced_s:.1f} s", flush=True)
-    rates: dict[str, list[float]] = {"messages": [], "arrow": [], "native": []}
+    rates: dict[str, list[float]] = {"messages": [], "arrow": [], "native": [], "fetch": []}
     for _ in range(a.rounds):
         for variant in rates:
+            cpu0 = time.process_time()  # every thread of this process, librdkafka's included
             rates[variant].append(one_round(a.bootstrap, topic, a.events, variant))
-            print(f"  {variant}: {rates[variant][-1]:,.0f} records/s", flush=True)
+            cpu_us = (time.process_time() - cpu0) / a.events * 1e6
+            print(
+                f"  {variant}: {rates[variant][-1]:,.0f} records/s, {cpu_us:.2f} CPU-us per record",
+                flush=True,
+            )
     for variant, r in rates.items():
         print(f"{variant}: {min(r):,.0f}-{max(r):,.0f} records/s over {len(r)} rounds")
     best = {v: max(r) for v, r in rates.items()}
     print(
         f"native / arrow (the engine's table both ways): {best['native'] / best['arrow']:.1f}x (best rounds)"
+    )
+    print(
+        f"fetch / native (the direct source's two consumers): {best['fetch'] / best['native']:.1f}x (best rounds)"
     )
     admin.delete_topics([topic])
     print("command:", " ".join(sys.argv))

@@ -12,10 +12,13 @@ p99 alert latency was 2.05-2.68 s with this source, 2.37-5.82 s with Spark's (do
 This source gives the engine the same batches -- an Arrow table of
 :data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
 :meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
-The records are read by :class:`engine.native_consumer.NativeConsumer`, which fills the Arrow
-buffers in Numba kernels with no Python object per record (confluent-kafka's ``Message``
-objects had capped this source at about 300,000 records/s); metadata and end offsets go
-through a confluent-kafka client of their own.
+The records are read by :class:`engine.fetch_consumer.FetchConsumer`, which speaks Kafka's
+Fetch API itself and parses the record batches into the Arrow buffers in a Numba kernel (no
+allocation per record), or -- with a security protocol, or ``engine_kafka_client='librdkafka'``
+-- by :class:`engine.native_consumer.NativeConsumer`, which drives librdkafka and copies its
+messages out in Numba kernels (confluent-kafka's ``Message`` objects had capped this source at
+about 300,000 records/s); metadata and end offsets go through a confluent-kafka client of their
+own.
 
 Exactly once without Spark's checkpoint: before a batch is handed over, the Kafka positions
 after it (next offset of every assigned partition) are written to
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from engine.fetch_consumer import FetchConsumer
 from engine.native_consumer import ERR_FATAL, ERR_PARTITION_EOF, OFFSET_BEGINNING, Chunk, NativeConsumer
 
 if TYPE_CHECKING:
@@ -143,29 +147,37 @@ class DirectSource:
         return not self._thread.is_alive()
 
     # ------------------------------------------------------------------ reading
-    def _consumer(self) -> NativeConsumer:
+    def _consumer(self) -> NativeConsumer | FetchConsumer:
+        """The Fetch-API consumer (``engine_kafka_client`` 'fetch', plaintext listeners), else
+        the librdkafka one."""
         from engine.app import engine_consumer_config
 
+        conf = engine_consumer_config(
+            self.app.bootstrap,
+            self.app.settings,
+            f"tidewatch-engine-{self.app.engine_id}",
+            **{
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
+                # a fetch the broker holds for new data delays a seek (below) by as long
+                "fetch.wait.max.ms": 50,
+                "fetch.max.bytes": 64 << 20,
+                "max.partition.fetch.bytes": 16 << 20,
+            },
+        )
+        plaintext = str(conf.get("security.protocol", "plaintext")).lower() == "plaintext"
+        if self.app.settings.engine_kafka_client == "fetch" and plaintext:
+            return FetchConsumer(conf)
         return NativeConsumer(
-            engine_consumer_config(
-                self.app.bootstrap,
-                self.app.settings,
-                f"tidewatch-engine-{self.app.engine_id}",
-                **{
-                    "auto.offset.reset": "earliest",
-                    "enable.partition.eof": True,  # tells a partition that is at its end from a slow one
-                    # a fetch the broker holds for new data delays a seek (below) by as long
-                    "fetch.wait.max.ms": 50,
-                    "fetch.max.bytes": 64 << 20,
-                    "max.partition.fetch.bytes": 16 << 20,
-                    "queued.max.messages.kbytes": 64 << 10,
-                    # prefetch up to a whole batch per partition (the default, 100,000 records,
-                    # halved the read rate of a backlog: bench/kafka_consume_probe.py), and when
-                    # the queue is full, fetch again soon rather than after librdkafka's 1 s
-                    "queued.min.messages": 1_000_000,
-                    "fetch.queue.backoff.ms": 20,
-                },
-            )
+            {
+                **conf,
+                "queued.max.messages.kbytes": 64 << 10,
+                # prefetch up to a whole batch per partition (the default, 100,000 records,
+                # halved the read rate of a backlog: bench/kafka_consume_probe.py), and when
+                # the queue is full, fetch again soon rather than after librdkafka's 1 s
+                "queued.min.messages": 1_000_000,
+                "fetch.queue.backoff.ms": 20,
+            }
         )
 
     def _partitions(self) -> list[tuple[str, int]]:
@@ -200,7 +212,7 @@ class DirectSource:
     def _run(self) -> None:
         from engine.app import engine_consumer, offset_ranges
 
-        c: NativeConsumer | None = None
+        c: NativeConsumer | FetchConsumer | None = None
         try:
             # metadata and end offsets, through a client of its own (see _end_offset)
             self._meta = engine_consumer(
@@ -246,7 +258,7 @@ class DirectSource:
                 self._meta.close()
 
     def _read_batch(
-        self, c: NativeConsumer, t_cut: float, end: dict[tuple[str, int], int] | None
+        self, c: NativeConsumer | FetchConsumer, t_cut: float, end: dict[tuple[str, int], int] | None
     ) -> tuple[list[pa.Table], float]:
         """The records of the next batch (Arrow tables, arrival order), and the seconds spent
         reading them.

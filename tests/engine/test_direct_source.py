@@ -25,11 +25,13 @@ pytestmark = pytest.mark.integration
 class Recorder:
     """What :class:`DirectSource` needs of an ``EngineApp``; keeps every batch it is handed."""
 
-    def __init__(self, bootstrap: str, topics: dict[str, str], state_dir: Path) -> None:
+    def __init__(
+        self, bootstrap: str, topics: dict[str, str], state_dir: Path, client: str = "fetch"
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.state_dir = state_dir
-        self.settings = SimpleNamespace(kafka_security="plaintext")
+        self.settings = SimpleNamespace(kafka_security="plaintext", engine_kafka_client=client)
         self.engine_id = uuid.uuid4().hex[:6]
         self.batches: list[tuple[int, pa.Table]] = []
 
@@ -92,13 +94,14 @@ def check_exactly_once(rec: Recorder, total: int) -> None:
     assert ids == list(range(len(ids)))
 
 
+@pytest.mark.parametrize("client", ["fetch", "librdkafka"])
 def test_small_batches_hand_over_every_record_once_across_a_resume(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, client: str
 ) -> None:
     topics = make_topics(kafka_bootstrap)
     produce(kafka_bootstrap, topics, 6000)
     first = 6000 + 12  # with the subscriptions (one every 500)
-    rec = Recorder(kafka_bootstrap, topics, tmp_path / "tidewatch")
+    rec = Recorder(kafka_bootstrap, topics, tmp_path / "tidewatch", client)
     run_until(DirectSource(rec, trigger_s=0.05, max_records=400), rec, first)
     assert (
         max(t.num_rows for _, t in rec.batches) <= 400 + 6

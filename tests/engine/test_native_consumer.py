@@ -1,7 +1,9 @@
-"""The native consumer (``engine.native_consumer``) against a real Kafka broker: the records it
-hands over as Arrow columns equal what confluent-kafka's ``Consumer`` reads of the same
-partitions, read_committed drops aborted transactions, partition EOF comes with its offset,
-seek re-reads, and a bad setting is refused by name."""
+"""The direct source's two consumers -- librdkafka driven natively (``engine.native_consumer``)
+and the engine's own Fetch-API reader (``engine.fetch_consumer``) -- against a real Kafka
+broker: the records they hand over as Arrow columns equal what confluent-kafka's ``Consumer``
+reads of the same partitions (nulls, empties, every codec the producers here use),
+read_committed drops aborted transactions (also interleaved with another producer's committed
+ones), partition EOF comes with its offset, seek re-reads, and a bad setting is refused by name."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 from engine.app import records_table
+from engine.fetch_consumer import FetchConsumer
 from engine.native_consumer import (
     ERR_PARTITION_EOF,
     OFFSET_BEGINNING,
@@ -28,17 +31,22 @@ def new_topic(bootstrap: str, partitions: int = 2) -> str:
     return name
 
 
-def produce(bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
+def produce(
+    bootstrap: str, topic: str, records: list[tuple[int, bytes | None, bytes | None]], codec: str = "none"
+) -> None:
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "compression.type": codec})
     for part, key, value in records:
         p.produce(topic, value=value, key=key, partition=part)
     assert p.flush(30) == 0
 
 
-def consumer(bootstrap: str, **extra: Any) -> NativeConsumer:
-    return NativeConsumer(
+CLIENTS = pytest.mark.parametrize("cls", [NativeConsumer, FetchConsumer], ids=["librdkafka", "fetch"])
+
+
+def consumer(bootstrap: str, cls: Any = NativeConsumer, **extra: Any) -> Any:
+    return cls(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"native-{uuid.uuid4().hex[:6]}",
@@ -50,7 +58,7 @@ def consumer(bootstrap: str, **extra: Any) -> NativeConsumer:
     )
 
 
-def read_all(c: NativeConsumer, partitions: int) -> tuple[list[dict[str, Any]], dict[int, int]]:
+def read_all(c: Any, partitions: int) -> tuple[list[dict[str, Any]], dict[int, int]]:
     """Rows (as dicts) and the EOF offset of each partition, until every partition's EOF."""
     rows: list[dict[str, Any]] = []
     eof: dict[int, int] = {}
@@ -63,6 +71,20 @@ def read_all(c: NativeConsumer, partitions: int) -> tuple[list[dict[str, Any]], 
         if len(eof) == partitions and not len(ch):
             return rows, eof
     raise AssertionError(f"no EOF of every partition: {eof}")
+
+
+def read_partition_0(
+    bootstrap: str, cls: Any, topic: str
+) -> tuple[list[dict[str, Any]], dict[int, int], int]:
+    """Rows and EOF offsets of partition 0 read from the start, and its end offset."""
+    c = consumer(bootstrap, cls)
+    try:
+        c.assign([(topic, 0, OFFSET_BEGINNING)])
+        rows, eof = read_all(c, 1)
+        _, hi = c.watermarks(topic, 0, 10)
+    finally:
+        c.close()
+    return rows, eof, hi
 
 
 def confluent_rows(bootstrap: str, topic: str, partitions: int, n: int) -> list[dict[str, Any]]:
@@ -93,15 +115,19 @@ def by_position(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.integration
-def test_records_equal_confluent_kafka_reads_nulls_and_empties_included(kafka_bootstrap: str) -> None:
+@CLIENTS
+@pytest.mark.parametrize("codec", ["none", "lz4", "gzip"])
+def test_records_equal_confluent_kafka_reads_nulls_and_empties_included(
+    kafka_bootstrap: str, cls: Any, codec: str
+) -> None:
     topic = new_topic(kafka_bootstrap)
     records: list[tuple[int, bytes | None, bytes | None]] = []
     for i in range(3000):
         key = None if i % 7 == 0 else (b"" if i % 11 == 0 else f"k{i % 50}".encode())
         value = None if i % 13 == 0 else (b"" if i % 17 == 0 else bytes(range(i % 256)) * (1 + i % 3))
         records.append((i % 2, key, value))
-    produce(kafka_bootstrap, topic, records)
-    c = consumer(kafka_bootstrap)
+    produce(kafka_bootstrap, topic, records, codec)
+    c = consumer(kafka_bootstrap, cls)
     try:
         c.assign([(topic, 0, OFFSET_BEGINNING), (topic, 1, OFFSET_BEGINNING)])
         rows, eof = read_all(c, 2)
@@ -117,7 +143,8 @@ def test_records_equal_confluent_kafka_reads_nulls_and_empties_included(kafka_bo
 
 
 @pytest.mark.integration
-def test_read_committed_skips_an_aborted_transaction(kafka_bootstrap: str) -> None:
+@CLIENTS
+def test_read_committed_skips_an_aborted_transaction(kafka_bootstrap: str, cls: Any) -> None:
     from confluent_kafka import Producer
 
     topic = new_topic(kafka_bootstrap, 1)
@@ -128,22 +155,17 @@ def test_read_committed_skips_an_aborted_transaction(kafka_bootstrap: str) -> No
         for i in range(10):
             p.produce(topic, value=f"{committed}-{i}".encode(), partition=0)
         (p.commit_transaction if committed else p.abort_transaction)(30)
-    c = consumer(kafka_bootstrap)
-    try:
-        c.assign([(topic, 0, OFFSET_BEGINNING)])
-        rows, eof = read_all(c, 1)
-        _, hi = c.watermarks(topic, 0, 10)
-    finally:
-        c.close()
+    rows, eof, hi = read_partition_0(kafka_bootstrap, cls, topic)
     assert [r["value"] for r in rows] == [f"True-{i}".encode() for i in range(10)] * 2
     assert eof[0] == hi  # past the last commit marker: no record there to hand over
 
 
 @pytest.mark.integration
-def test_seek_back_reads_again_from_the_offset(kafka_bootstrap: str) -> None:
+@CLIENTS
+def test_seek_back_reads_again_from_the_offset(kafka_bootstrap: str, cls: Any) -> None:
     topic = new_topic(kafka_bootstrap, 1)
     produce(kafka_bootstrap, topic, [(0, None, f"v{i}".encode()) for i in range(100)])
-    c = consumer(kafka_bootstrap)
+    c = consumer(kafka_bootstrap, cls)
     try:
         c.assign([(topic, 0, 40)])
         first, _ = read_all(c, 1)
@@ -155,8 +177,65 @@ def test_seek_back_reads_again_from_the_offset(kafka_bootstrap: str) -> None:
     assert [r["value"] for r in again] == [f"v{i}".encode() for i in range(90, 100)]
 
 
-def test_a_bad_setting_is_refused_by_name() -> None:
+@pytest.mark.parametrize("cls", [NativeConsumer, FetchConsumer], ids=["librdkafka", "fetch"])
+def test_a_bad_setting_is_refused_by_name(cls: Any) -> None:
     with pytest.raises(NativeConsumerError, match="fetch.wait.max.ms"):
-        NativeConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "fetch.wait.max.ms": "soon"})
+        cls({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "fetch.wait.max.ms": "soon"})
+
+
+def test_the_fetch_consumer_refuses_a_security_protocol() -> None:
+    with pytest.raises(NativeConsumerError, match="plaintext"):
+        FetchConsumer({"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_PLAINTEXT"})
+
+
+@pytest.mark.integration
+@CLIENTS
+def test_aborted_and_committed_transactions_interleaved(kafka_bootstrap: str, cls: Any) -> None:
+    """Two transactional producers write the partition at once; one aborts, one commits, and
+    a plain producer writes between: read_committed keeps exactly the committed and plain
+    records, in offset order (the aborted producer's batches are skipped from the first offset
+    the broker lists up to its ABORT marker, Kafka's CompletedFetch rule)."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(kafka_bootstrap, 1)
+    a = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"a-{uuid.uuid4().hex[:6]}",
+            "linger.ms": 0,
+        }
+    )
+    b = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"b-{uuid.uuid4().hex[:6]}",
+            "linger.ms": 0,
+        }
+    )
+    plain = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    for p in (a, b):
+        p.init_transactions(30)
+    want = []
+    for rnd in range(3):
+        a.begin_transaction()
+        b.begin_transaction()
+        for i in range(20):
+            a.produce(topic, value=f"a{rnd}-{i}".encode(), partition=0)
+            b.produce(topic, value=f"b{rnd}-{i}".encode(), partition=0)
+            a.flush(10)
+            b.flush(10)
+            if i % 5 == 0:
+                plain.produce(topic, value=f"p{rnd}-{i}".encode(), partition=0)
+                plain.flush(10)
+                want.append(f"p{rnd}-{i}".encode())
+        a.abort_transaction(30)
+        b.commit_transaction(30)
+        want.extend(f"b{rnd}-{i}".encode() for i in range(20))
+    rows, eof, hi = read_partition_0(kafka_bootstrap, cls, topic)
+    got = [r["value"] for r in rows]
+    assert sorted(got) == sorted(want)
+    assert [r["offset"] for r in rows] == sorted(r["offset"] for r in rows)
+    assert not any(v.startswith(b"a") for v in got)
+    assert eof[0] == hi
     with pytest.raises(NativeConsumerError, match="no.such.setting"):
         NativeConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "no.such.setting": 1})
