@@ -196,11 +196,21 @@ class DirectSource:
         stable offset).  Asked through a client of its own: on the consumer's connection the
         request would queue behind fetch responses of up to ``fetch.max.bytes`` (measured:
         100-480 ms once per batch while a backlog was read)."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
-        return int(
-            self._meta.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s, cached=False)[1]
-        )
+        give_up = time.monotonic() + float(getattr(self.app.settings, "engine_kafka_retry_s", 300.0))
+        while True:  # a broker restart: ask again until engine_kafka_retry_s has passed
+            try:
+                return int(
+                    self._meta.get_watermark_offsets(
+                        TopicPartition(topic, part), timeout=timeout_s, cached=False
+                    )[1]
+                )
+            except KafkaException as exc:
+                if time.monotonic() >= give_up or self._stop.is_set():
+                    raise
+                log.warning("end offset of %s[%d]: %s; asking again in 1 s", topic, part, exc)
+                time.sleep(1.0)
 
     def _next(self, topic: str, part: int) -> int:
         return self.positions.get(topic, {}).get(str(part), 0)

@@ -497,6 +497,7 @@ def _decode_kernel(  # pragma: no cover - compiled
             good = got == sid
         p += 5
         f = 0
+        high = np.uint8(0)  # the OR of every string byte of the record
         while good and f < nf:
             k = kinds[f]
             s = slots[f]
@@ -508,9 +509,11 @@ def _decode_kernel(  # pragma: no cover - compiled
                 if k == 1:
                     ints[s, i] = v
                 else:
-                    if v < 0 or p + v > e or not _utf8_ok(data, p, p + v):
+                    if v < 0 or p + v > e:
                         good = False
                         break
+                    for j in range(p, p + v):  # UTF-8 is checked after the loop, where not ASCII
+                        high |= data[j]
                     str_start[s, i] = p
                     str_len[s, i] = v
                     p += v
@@ -532,6 +535,12 @@ def _decode_kernel(  # pragma: no cover - compiled
                 p += 1
             f += 1
         ok[i] = good and p == e
+        if ok[i] and high >= 0x80:
+            for s in range(n_str):  # the record's strings, in its string slots
+                a = str_start[s, i]
+                if not _utf8_ok(data, a, a + str_len[s, i]):
+                    ok[i] = False
+                    break
     return 0
 
 

@@ -109,3 +109,17 @@ def test_a_fetch_is_handed_over_in_slices_with_its_events_in_place() -> None:
     assert third.offset.tolist() == [8, 9] and third.value.to_pylist() == [bytes([8]), bytes([9])]
     assert c._pending is None
     assert len(_slice(chunk(3, [eof(3)]), 0, 3).errors) == 1 and len(_empty(["t"])) == 0
+
+
+def test_keys_and_values_become_a_large_binary_column() -> None:
+    """Views into the fetched bytes (inline up to 12 bytes, else prefix + offset), then one copy
+    by Arrow: nulls, empties, short and long values come out as they were."""
+    from engine.fetch_consumer import _large_binary
+
+    data = np.frombuffer(bytes(range(256)) * 4, np.uint8)
+    start = np.array([0, 5, 7, 100, 300, 1000], np.int64)
+    length = np.array([-1, 0, 12, 13, 200, 24], np.int64)
+    col = _large_binary(data, start, length)
+    assert str(col.type) == "large_binary"
+    want = [None if n < 0 else bytes(data[a : a + n]) for a, n in zip(start, length, strict=True)]
+    assert col.to_pylist() == want
