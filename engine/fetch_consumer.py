@@ -497,8 +497,8 @@ class FetchConsumer:
             last = base + last_delta
             body = buf[p + BATCH_HEADER : p + total]
             p += total
-            if last < pos:
-                continue
+            # the aborted-transaction bookkeeping sees every batch, also one wholly before the
+            # fetch offset: an ABORT marker there still ends its producer's aborted run
             if self.read_committed and pid >= 0:
                 while ai < len(aborted) and aborted[ai][1] <= last:
                     aborted_pids.add(aborted[ai][0])
@@ -507,10 +507,10 @@ class FetchConsumer:
                     if _control_type(body, attrs) == 0:  # ABORT marker: the producer's aborted run ends
                         aborted_pids.discard(pid)
                 elif attrs & ATTR_TRANSACTIONAL and pid in aborted_pids:
-                    pos = last + 1
+                    pos = max(pos, last + 1)
                     continue
-            if attrs & ATTR_CONTROL:
-                pos = last + 1
+            if attrs & ATTR_CONTROL or last < pos:
+                pos = max(pos, last + 1)
                 continue
             codec = attrs & ATTR_CODEC
             data = _decompress(codec, body) if codec else body

@@ -166,7 +166,7 @@ class DirectSource:
             },
         )
         plaintext = str(conf.get("security.protocol", "plaintext")).lower() == "plaintext"
-        if self.app.settings.engine_kafka_client == "fetch" and plaintext:
+        if getattr(self.app.settings, "engine_kafka_client", "fetch") == "fetch" and plaintext:
             return FetchConsumer(conf)
         return NativeConsumer(
             {
