@@ -105,8 +105,24 @@ def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
 def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
     """Trades (bad records mixed in) and packets, keyed by their key field, sent merged in
     event-time order as live feeds would send them: the engine's watermark is shared by the
-    streams, so sending one whole stream before the other would make the second one late."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    streams, so sending one whole stream before the other would make the second one late.
+
+    One transaction: the engine reads ``read_committed``, so every partition's records appear
+    at once.  Sent plainly, the producer's per-partition batches reached the broker one
+    partition at a time, and a fast engine (the direct source) could read a whole batch of
+    packets before any trade existed in Kafka: partitions it has never seen do not hold the
+    watermark back, so the trades sent after were late (a race of the test, found by the
+    SIGKILL test in a clean-clone run)."""
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "transactional.id": f"scenario-{uuid.uuid4().hex[:8]}",
+        }
+    )
+    p.init_transactions(30)
+    p.begin_transaction()
     tv = encode_batch("trades", sc.trades).messages()
     pv = encode_batch("packets", sc.packets).messages()
     rows = [(int(t), 0, i) for i, t in enumerate(sc.trades["ts"])]
@@ -123,7 +139,7 @@ def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
             p.produce(topics["packets"], key=str(sc.packets["src_ip"][i]).encode(), value=pv[i])
         if n % 1000 == 0:
             p.poll(0)
-    p.flush()
+    p.commit_transaction(60)
 
 
 def add_rule(sc: Scenario, bootstrap: str, topic: str, name: str, text: str) -> str:
