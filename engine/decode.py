@@ -107,14 +107,13 @@ def column_numpy(col: pa.Array) -> np.ndarray:
     distinct values (symbols, sides, exchanges), so they are dictionary-encoded in Arrow first
     and each distinct value becomes one Python ``str`` that the array refers to: a Python object
     per record cost more than the whole Avro decode, and shared ``str`` objects keep their hash
-    for the evaluator's key interning."""
-    if pa.types.is_dictionary(col.type) and col.null_count == 0:  # encoded by the decode kernel
+    for the evaluator's key interning.  The decode kernel encodes them already
+    (``decode_batch(..., dictionary=True)``); a plain string column is encoded here."""
+    if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and col.null_count == 0:
+        col = pc.dictionary_encode(col)
+    if pa.types.is_dictionary(col.type) and col.null_count == 0:
         values = col.dictionary.to_numpy(zero_copy_only=False)
         return values[col.indices.to_numpy(zero_copy_only=False)]
-    if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and col.null_count == 0:
-        enc = pc.dictionary_encode(col)
-        values = enc.dictionary.to_numpy(zero_copy_only=False)
-        return values[enc.indices.to_numpy(zero_copy_only=False)]
     return col.to_numpy(zero_copy_only=False)
 
 
