@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ingest.avro import Coded, field_names
-from subscriptions.schema import MAX_NUMERIC
+from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC
 
 TRADE_SIDES = ("BID", "ASK", "UNKNOWN")
 _INT_RE = r"^[+-]?[0-9]{1,18}$"
@@ -226,6 +226,20 @@ def _line_stats(buf: bytes, n_lines: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return commas, quoted, blank
 
 
+def _not_utf8(block: list[bytes]) -> np.ndarray:
+    """Which lines of ``block`` are not UTF-8 text (one decode of the whole block when all are)."""
+    bad = np.zeros(len(block), bool)
+    try:
+        b"".join(block).decode("utf-8")
+    except UnicodeDecodeError:
+        for i, line in enumerate(block):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                bad[i] = True
+    return bad
+
+
 def _parse_block(
     stream: str,
     head: bytes,
@@ -244,13 +258,18 @@ def _parse_block(
     # a row is one line: an odd number of quotes means a quoted field spans lines or never
     # closes -- the line is reported, the parser never sees it (it would swallow the lines after)
     unbalanced = quotes % 2 == 1
+    # a line that is not UTF-8 is reported, not read with replacement characters (its values
+    # would change silently; the backtest reader reports it too)
+    not_utf8 = _not_utf8(block)
     # field-count check on unquoted lines (quoted ones are left to the parser)
     commas = np.where(quotes > 0, nsep, commas)
-    wrong = ((commas != nsep) & ~blank) | unbalanced
+    wrong = ((commas != nsep) & ~blank) | unbalanced | not_utf8
     pre_bad = [
         BadLine(
             int(numbers[i]),
-            "unbalanced quote (a quoted field must close on its own line)"
+            CSV_NOT_UTF8
+            if not_utf8[i]
+            else CSV_UNBALANCED_QUOTE
             if unbalanced[i]
             else f"expected {nsep + 1} fields, saw {int(commas[i]) + 1}",
         )

@@ -9,6 +9,7 @@ output line per change of a rule's result set.
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ import pyarrow.csv as pacsv
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
 from subscriptions.evaluator import Evaluator
-from subscriptions.schema import MAX_NUMERIC, STREAMS
+from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC, STREAMS
 
 
 class BacktestInputError(Exception):
@@ -109,11 +110,19 @@ def load_events(stream: str, path: str | Path) -> EventFile:
         )
         return "skip"
 
+    # One row is one line, as in the feed reader (``ingest.csv_io``): a line that is not UTF-8,
+    # or has an odd number of quotes (a quoted field that spans lines or never closes), is
+    # emptied before Arrow parses the file and reported by its line number.  Arrow would
+    # otherwise swallow every line after an open quote, and hands a row with the wrong field
+    # count to ``on_invalid`` as text, which fails inside Arrow for bytes that are not UTF-8.
     source: Any = path
-    blanked: set[int] = set()  # lines emptied before parsing (unbalanced quotes)
+    blanked: dict[int, str] = {}  # line number -> why it was emptied
+    utf8, quoted = _scan(path)
+    if not utf8 or quoted:
+        source, blanked = _blank_broken_lines(path.read_bytes(), check_utf8=not utf8)
 
-    def read(typed: bool, binary: bool = False) -> pa.Table:
-        types = {h: pa.binary() if binary else pa.string() for h in header}
+    def read(typed: bool) -> pa.Table:
+        types = {h: pa.string() for h in header}
         if typed:
             for name, f in spec.fields.items():
                 # strings dictionary-encoded: one Python str per distinct value, not per row
@@ -136,36 +145,15 @@ def load_events(stream: str, path: str | Path) -> EventFile:
             ),
         )
 
-    undecodable = None
     try:  # fast path: every value parses with its type
         table, typed = read(True), True
     except pa.ArrowInvalid:
         bad_rows.clear()
-        try:
-            table, typed = read(False), False
-        except pa.ArrowInvalid:  # bytes that are not UTF-8: read raw bytes, decode value by value
-            bad_rows.clear()
-            try:
-                table = read(False, binary=True)
-            except pa.ArrowInvalid:  # an unbalanced quote swallows the following lines: blank them
-                bad_rows.clear()
-                physical = path.read_bytes().split(b"\n")
-                for i in range(1, len(physical)):
-                    if physical[i].count(b'"') % 2:
-                        physical[i] = b""
-                        blanked.add(i + 1)
-                source = b"\n".join(physical)
-                table = read(False, binary=True)
-                bad_rows.extend((line, "unbalanced quote") for line in sorted(blanked))
-            table, undecodable = _decode_table(table)
-            typed = False
+        table, typed = read(False), False
+    bad_rows.extend(blanked.items())
     n = table.num_rows
     ok = np.ones(n, bool)
     reasons: dict[int, str] = {}
-    if undecodable is not None:
-        for i in np.flatnonzero(undecodable)[:100_000]:
-            reasons[int(i)] = "not UTF-8 text"
-        ok &= ~undecodable
     cols: dict[str, np.ndarray] = {}
     facts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name, f in spec.fields.items():
@@ -212,7 +200,7 @@ def load_events(stream: str, path: str | Path) -> EventFile:
                 ok &= good
             cols[name] = raw
     if reasons:
-        lines = _row_lines(path, n, {b for b, _ in bad_rows} | blanked)
+        lines = _row_lines(path, n, {b for b, _ in bad_rows} | set(blanked))
         bad_rows.extend((lines[i], r) for i, r in reasons.items())
     bad_rows.sort()
     if not ok.all():
@@ -223,24 +211,6 @@ def load_events(stream: str, path: str | Path) -> EventFile:
         cols = {k: v[order] for k, v in cols.items()}
         facts = {k: (c[order], u) for k, (c, u) in facts.items()}
     return EventFile(stream, cols, bad_rows, facts)
-
-
-def _decode_table(table: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """A table of binary columns as UTF-8 strings, and the mask of rows with a value that is not
-    UTF-8 (its values become empty strings; the row is reported malformed)."""
-    bad = np.zeros(table.num_rows, bool)
-    out = {}
-    for name in table.column_names:
-        values = table.column(name).to_pylist()
-        texts = []
-        for i, v in enumerate(values):
-            try:
-                texts.append(v.decode("utf-8"))
-            except UnicodeDecodeError:
-                bad[i] = True
-                texts.append("")
-        out[name] = pa.array(texts, pa.string())
-    return pa.table(out), bad
 
 
 def _strings(
@@ -266,6 +236,48 @@ def _strings(
     if allowed is not None:
         good = np.asarray(pd.Index(uniques).isin(list(allowed)), dtype=bool)[codes]
     return raw, good, (codes, uniques)
+
+
+def _scan(path: Path, chunk: int = 1 << 24) -> tuple[bool, bool]:
+    """Whether the whole file is UTF-8 text, and whether it holds a quote character (one pass in
+    chunks: a large file is never held twice)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    utf8, quoted = True, False
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            quoted = quoted or b'"' in block
+            if utf8:
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError:
+                    utf8 = False
+        if utf8:
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                utf8 = False
+    return utf8, quoted
+
+
+def _blank_broken_lines(data: bytes, check_utf8: bool) -> tuple[bytes, dict[int, str]]:
+    """``data`` with every line after the header emptied that is not UTF-8 (when ``check_utf8``)
+    or has an odd number of quote characters; and why, by line number (header is line 1).
+    Line numbers do not change: an emptied line is still a line, and Arrow skips it."""
+    buf = np.frombuffer(data, np.uint8)
+    newlines = np.flatnonzero(buf == 10)
+    quote_lines = np.searchsorted(newlines, np.flatnonzero(buf == 34))
+    odd = np.flatnonzero(np.bincount(quote_lines, minlength=newlines.shape[0] + 1) % 2)
+    why = {int(i) + 1: CSV_UNBALANCED_QUOTE for i in odd if i > 0}
+    lines = data.split(b"\n")
+    if check_utf8:
+        for i in range(1, len(lines)):
+            try:
+                lines[i].decode("utf-8")
+            except UnicodeDecodeError:
+                why[i + 1] = CSV_NOT_UTF8
+    for line in why:
+        lines[line - 1] = b""
+    return b"\n".join(lines), dict(sorted(why.items()))
 
 
 def _row_lines(path: Path, n: int, skipped: set[int]) -> list[int]:

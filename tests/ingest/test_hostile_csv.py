@@ -22,6 +22,7 @@ import pytest
 
 from ingest.csv_io import CsvError, CsvReport, read_csv_chunks
 from subscriptions.backtest import BacktestInputError, load_events
+from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE
 
 HEADER = b"symbol,ts,price,size,side,exchange\n"
 
@@ -127,19 +128,41 @@ BREAKERS = {
     "unbalanced-quote": [GOOD, b'"AAPL,1001,10.5,5,BID,NASDAQ', GOOD, GOOD],
     "all-256-bytes": [GOOD, bytes(b for b in range(256) if b not in (10, 13)), GOOD],
     "not-utf8": [GOOD, b"\xff\xfeAAPL,1001,10.5,5,BID,NASDAQ", GOOD],
+    # not UTF-8 *and* the wrong field count: Arrow's bad-row handler gets the row as text
+    "not-utf8-too-few-fields": [GOOD, b"\xff\xfe,1", GOOD],
+    "not-utf8-too-many-fields": [GOOD, b"AAPL,1001,10.5,5,BID,NAS\xffDAQ,x", GOOD],
+}
+#: the lines each breaker must be reported at (header is line 1), every other row read
+BREAKER_LINES = {
+    "quoted-line-break": [3, 4],
+    "unbalanced-quote": [3],
+    "all-256-bytes": [3],
+    "not-utf8": [3],
+    "not-utf8-too-few-fields": [3],
+    "not-utf8-too-many-fields": [3],
 }
 
 
 @pytest.mark.parametrize("name", list(BREAKERS))
 def test_feed_reader_survives_lines_that_break_csv_parsers(name: str) -> None:
+    """Each breaker is reported at its own line(s); every good row comes through, none swallowed."""
     rows = BREAKERS[name]
     df, rep = _feed(_file(rows))
-    assert rep.rows + rep.bad >= 2 and rep.rows >= 2  # the good rows around it come through
-    assert 1000 in df.ts.tolist()
-    if name in ("quoted-line-break", "unbalanced-quote"):  # each broken line reported, none swallowed
-        assert rep.rows == len(rows) - 1  # the good rows, all of them
-        assert rep.bad == (2 if name == "quoted-line-break" else 1)  # both halves of a split row
-        assert all("unbalanced quote" in b.reason for b in rep.bad_lines)
+    assert [b.line for b in rep.bad_lines] == BREAKER_LINES[name]
+    assert df.ts.tolist() == [1000] * sum(r == GOOD for r in rows)
+    if "quote" in name:  # both halves of a split row
+        assert all(b.reason == CSV_UNBALANCED_QUOTE for b in rep.bad_lines)
+    if name.startswith("not-utf8"):  # reported, never read with replacement characters
+        assert [b.reason for b in rep.bad_lines] == [CSV_NOT_UTF8]
+
+
+@pytest.mark.parametrize("name", list(BREAKERS))
+def test_both_readers_give_a_breaker_the_same_lines_and_reasons(tmp_path: Path, name: str) -> None:
+    data = _file(BREAKERS[name])
+    _, rep = _feed(data)
+    p = tmp_path / "hostile.csv"
+    p.write_bytes(data)
+    assert load_events("trades", p).malformed == [(b.line, b.reason) for b in rep.bad_lines]
 
 
 def test_feed_reader_reports_a_bare_carriage_return_line_and_keeps_the_rest() -> None:
@@ -149,10 +172,15 @@ def test_feed_reader_reports_a_bare_carriage_return_line_and_keeps_the_rest() ->
     assert rep.bad == 1 and rep.bad_lines[0].line == 3  # header is line 1
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("name", list(BREAKERS))
 def test_backtest_reader_survives_lines_that_break_csv_parsers(tmp_path: Path, name: str) -> None:
+    """Each breaker is reported at its own line(s), every good row comes through, and no
+    exception escapes into Arrow's callback (it would print a traceback to the user)."""
+    rows = BREAKERS[name]
     try:
-        df, bad = _backtest(tmp_path, _file(BREAKERS[name]))
+        df, bad = _backtest(tmp_path, _file(rows))
     except BacktestInputError as exc:  # a clear refusal of the file is not a crash
         pytest.fail(f"whole file refused: {exc}")
-    assert 1000 in df.ts.tolist()
+    assert bad == BREAKER_LINES[name]
+    assert df.ts.tolist() == [1000] * sum(r == GOOD for r in rows)
