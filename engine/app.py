@@ -16,7 +16,8 @@ Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
   (:mod:`engine.publish`).
 * Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
   before the commit, and the whole driver state is snapshotted every
-  ``snapshot_every_batches`` batches (after the commit).  On start the newest snapshot at or
+  ``snapshot_every_batches`` batches (written by a forked child while the batches go on:
+  :mod:`engine.snapshot_writer`).  On start the newest snapshot at or
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,22 +44,13 @@ from engine.decode import STREAMS, predecode
 from engine.gc_tuning import freeze_state, tune_gc
 from engine.publish import Publisher, ensure_topics
 from engine.retry import retry_transient
+from engine.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.store import Store
 from tidewatch.services.kafka import client_config, spark_options
 
 log = logging.getLogger("tidewatch.engine")
 
 RECORD_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:
@@ -176,6 +167,7 @@ class EngineApp:
         self._inflight: Any = None  # the batch being evaluated
         self._delivering: Any = None  # the output being delivered
         self._evaluated = 0  # batches evaluated since start (snapshot cadence)
+        self.snapshots = SnapshotWriter(in_child=getattr(settings, "engine_snapshot_in_child", True))
         #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
@@ -191,6 +183,8 @@ class EngineApp:
     def recover(self) -> None:
         """Bring the state to the last committed batch and finish its Kafka publication."""
         last = self.store.last_committed()
+        for tmp in remove_stale_temporaries(self.state_dir / "snapshots"):
+            log.info("removed %s, a snapshot left half-written by a stopped engine", tmp.name)
         snaps = sorted((self.state_dir / "snapshots").glob("*.bin")) if self.state_dir.exists() else []
         snaps = [s for s in snaps if int(s.stem) <= last]
         self.core = self._core_factory()
@@ -291,7 +285,7 @@ class EngineApp:
             batch: pa.Table | dict[str, Any] = self._prepare(tbl)  # overlaps the batch in flight
             self.read_s = read_s = read_s + time.perf_counter() - t0
             self.drain()
-        _atomic_write(self._batch_log(int(batch_id)), json.dumps(ranges or offset_ranges(tbl)).encode())
+        atomic_write(self._batch_log(int(batch_id)), json.dumps(ranges or offset_ranges(tbl)).encode())
         if not pipelined:
             self.handle(tbl, int(batch_id))
             return
@@ -356,6 +350,7 @@ class EngineApp:
             "state_bytes": self.core.state_nbytes(),
         }
         self._evaluated += 1
+        self.snapshots.poll()
         if self._evaluated % max(1, self.settings.snapshot_every_batches) == 0:
             self.snapshot()
         return _Evaluated(
@@ -400,13 +395,14 @@ class EngineApp:
             (t_done - t_kafka) * 1000,
         )  # fmt: skip
 
-    def snapshot(self) -> Path:
-        """Write the state snapshot of the last processed batch (keeps the newest three)."""
+    def snapshot(self, wait: bool = False) -> Path:
+        """Snapshot the state of the last processed batch (keeps the newest three).  Written by a
+        forked child while the batches go on (:mod:`engine.snapshot_writer`); ``wait`` waits
+        for it."""
         path = self._snapshot_path(self.core.last_batch)
-        _atomic_write(path, self.core.to_bytes())
-        for old in sorted(path.parent.glob("*.bin"))[:-3]:
-            old.unlink(missing_ok=True)
-        log.info("state snapshot of batch %d written (%d bytes)", self.core.last_batch, path.stat().st_size)
+        self.snapshots.write(self.core.last_batch, path, self.core.to_bytes)
+        if wait:
+            self.snapshots.wait()
         return path
 
     # ------------------------------------------------------------------ Spark
@@ -458,6 +454,7 @@ class EngineApp:
 
     def close(self) -> None:
         self.drain(output=True)
+        self.snapshots.wait()
         if self._worker is not None:
             self._worker.shutdown()
             self._out_worker.shutdown()

@@ -392,10 +392,10 @@ class DirectSource:
         return out
 
     def _hand_over(self, tbl: pa.Table, ranges: dict[str, dict[str, list[int]]], read_s: float) -> None:
-        from engine.app import _atomic_write
+        from engine.snapshot_writer import atomic_write
 
         b = self.batch_id
-        _atomic_write(positions_dir(self.app) / f"{b:012d}.json", json.dumps(self.positions).encode())
+        atomic_write(positions_dir(self.app) / f"{b:012d}.json", json.dumps(self.positions).encode())
         self.app.accept(tbl, b, read_s, ranges)
         self.batch_id = b + 1
         for old in sorted(positions_dir(self.app).glob("*.json"))[:-3]:  # the newest three are enough

@@ -107,6 +107,11 @@ class Settings(BaseSettings):
     max_future_ms: int = 60_000
     checkpoint_dir: Path | None = None
     snapshot_every_batches: int = 50
+    engine_snapshot_in_child: bool = Field(
+        True,
+        description="write the state snapshot from a forked child (copy-on-write, like Redis' BGSAVE) "
+        "while the batches go on; false writes it in the evaluation thread, which waits for it",
+    )
     engine_history_ms: int | None = Field(
         None,
         description="raw history the engine keeps so a new rule sees old data (PSoup); None: longest window in use",

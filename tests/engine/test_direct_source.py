@@ -16,8 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from engine.app import _atomic_write, offset_ranges
+from engine.app import offset_ranges
 from engine.kafka_source import DirectSource
+from engine.snapshot_writer import atomic_write
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ class Recorder:
         return False
 
     def accept(self, tbl: pa.Table, batch_id: int, read_s: float, ranges: Any = None) -> None:
-        _atomic_write(self.state_dir / "batches" / f"{batch_id:012d}.json", json.dumps(ranges).encode())
+        atomic_write(self.state_dir / "batches" / f"{batch_id:012d}.json", json.dumps(ranges).encode())
         assert ranges == offset_ranges(tbl)
         self.batches.append((batch_id, tbl))
 
