@@ -57,6 +57,9 @@ def register(app: typer.Typer) -> None:
         from tidewatch.settings import get_settings
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # py4j logs every call from the JVM at INFO ("Received command c on object id p0"): one
+        # line per micro-batch that says nothing to an operator
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         update = {
             k: v
             for k, v in {
