@@ -9,9 +9,14 @@ wait for it.
 On a system with ``fork`` the snapshot is written the way Redis writes its ``BGSAVE``: the
 engine forks; the child holds a copy-on-write image of the state exactly as it was at the end of
 the batch, serializes it, writes it to a temporary file, ``fsync``s and renames it, and exits;
-the parent goes on with the next batch at once and reaps the child later.  The child runs no
-finalizer and no garbage collection (``os._exit``; the collector is off), so it never closes a
-connection it shares with the parent, and it touches nothing but the state and its own file.
+the parent goes on with the next batch at once and reaps the child later.  The child shares
+every socket with the parent, so it must not end a connection: it leaves with ``os._exit`` (no
+finalizer, no ``atexit``), its collector is off, and no socket can be shut down in it.  That
+last guard is needed: at the fork CPython clears the thread states of the threads that do not
+exist in the child, and the finalizers this runs close what those threads held alone -- Spark's
+py4j drops a thread's connection to the JVM that way, and ``socket.shutdown`` on it would end
+the connection for the parent too (seen: "Connection reset by peer" in the engine at every
+snapshot until the guard).
 A snapshot whose child fails is logged and skipped: a snapshot only shortens a restart's
 replay, the state is never lost for want of one.  Without ``fork`` (or with
 ``engine_snapshot_in_child = false``) the snapshot is written in the calling thread, as before.
@@ -28,6 +33,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +78,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: True in a snapshot child (and in the parent for the instant of the fork)
+_in_child = False
+
+
+def _install_shutdown_guard() -> None:
+    """Make ``socket.shutdown`` a no-op in a snapshot child (see the module's docstring)."""
+    original = socket.socket.shutdown
+    if getattr(original, "_tidewatch_guard", False):
+        return
+
+    def shutdown(self: socket.socket, how: int) -> None:
+        if _in_child:  # the parent's connection, shared: closing the child's descriptor is enough
+            return
+        original(self, how)
+
+    shutdown._tidewatch_guard = True  # type: ignore[attr-defined]
+    socket.socket.shutdown = shutdown  # type: ignore[method-assign]
+
+
 @dataclass
 class _Child:
     pid: int
@@ -85,6 +110,8 @@ class SnapshotWriter:
 
     def __init__(self, in_child: bool = True, keep: int = 3, timeout_s: float = 600.0) -> None:
         self.in_child = bool(in_child) and hasattr(os, "fork")
+        if self.in_child:
+            _install_shutdown_guard()
         self.keep = keep
         self.timeout_s = timeout_s
         self._child: _Child | None = None
@@ -114,8 +141,19 @@ class SnapshotWriter:
             atomic_write(path, serialize())
             self._done(batch_id, path, time.perf_counter() - t0)
             return True
-        pid = os.fork()
-        if pid == 0:  # the child: serialize the copy-on-write image, write, leave without cleanup
+        global _in_child
+        _in_child = True  # set before the fork: the finalizers it runs in the child must see it
+        try:
+            pid = os.fork()
+        except OSError as exc:  # e.g. no memory for the page tables: write it here, as before
+            _in_child = False
+            log.warning("could not fork the snapshot writer (%s): writing it in this thread", exc)
+            atomic_write(path, serialize())
+            self._done(batch_id, path, time.perf_counter() - t0)
+            return True
+        if pid != 0:
+            _in_child = False
+        else:  # the child: serialize the copy-on-write image, write, leave without cleanup
             code = 1
             try:
                 gc.disable()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -101,3 +104,46 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
 def test_atomic_write_leaves_no_temporary(tmp_path: Path) -> None:
     atomic_write(tmp_path / "sub" / "a.json", b"{}")
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["a.json"]
+
+
+class _ClosesItsSocket:
+    """Like py4j's connection to the JVM: shuts its socket down when it is freed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_the_child_leaves_the_parents_connections_open(tmp_path: Path) -> None:
+    """At the fork CPython clears the thread states of the threads the child lacks; what they
+    held alone (here, as in py4j, in a thread-local) is freed and its finalizer shuts the
+    socket down -- which would end the connection for the parent too."""
+    ours, theirs = socket.socketpair()
+    local = threading.local()
+    ready, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        local.conn = _ClosesItsSocket(ours)  # only this thread's thread-local holds it
+        ready.set()
+        done.wait(30)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    ready.wait(10)
+    try:
+        w = SnapshotWriter()
+        w.write(1, tmp_path / "000000000001.bin", lambda: b"state")
+        w.wait()
+        assert (tmp_path / "000000000001.bin").read_bytes() == b"state"
+        ours.sendall(b"still open")  # the parent's connection works in both directions
+        assert theirs.recv(100) == b"still open"
+        theirs.sendall(b"both ways")
+        assert ours.recv(100) == b"both ways"
+    finally:
+        done.set()
+        t.join()
+        ours.close()
+        theirs.close()
