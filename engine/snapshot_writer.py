@@ -94,7 +94,7 @@ def _install_shutdown_guard() -> None:
         original(self, how)
 
     shutdown._tidewatch_guard = True  # type: ignore[attr-defined]
-    socket.socket.shutdown = shutdown  # type: ignore[method-assign]
+    socket.socket.shutdown = shutdown  # type: ignore[method-assign,assignment]
 
 
 @dataclass
