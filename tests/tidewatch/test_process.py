@@ -59,3 +59,35 @@ def test_wait_until_stops_at_startup_failure():
     except process.StartupFailed:
         pass
     assert time.monotonic() - t0 < 2
+
+
+# a parent that stops its own child when asked, and reports whether the child was still there
+# to stop: the engine stops its Spark JVM itself (``spark.stop()``) on SIGTERM
+_ORDERLY = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+def stop(*_):
+    time.sleep(0.3)
+    alive = child.poll() is None
+    open(sys.argv[1], 'w').write('child alive' if alive else 'child already gone')
+    child.terminate(); child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1] + '.ready', 'w').close()
+time.sleep(60)
+"""
+
+
+def test_stop_lets_the_parent_stop_its_own_children_first(tmp_path):
+    said = tmp_path / "said.txt"
+    rec = process.spawn(
+        tmp_path, "orderly", [sys.executable, "-c", _ORDERLY, str(said)], log=tmp_path / "orderly.log"
+    )
+    parent = psutil.Process(rec.pid)
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "said.txt.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child started and the handler is installed
+    child = parent.children()[0]
+    assert process.stop(tmp_path, "orderly", timeout=10) is True
+    assert said.read_text() == "child alive"  # the child was not signalled behind its parent's back
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE

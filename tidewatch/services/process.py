@@ -146,24 +146,32 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
 
 
 def terminate_tree(proc: psutil.Process, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    """Send ``sig`` to ``proc`` and all its descendants; SIGKILL whatever is left after ``timeout``."""
-    procs = _tree(proc)
+    """Stop ``proc`` and all its descendants: ``sig`` to ``proc`` alone first, so it can stop its
+    own children in order (the engine stops its Spark JVM with ``spark.stop()`` and waits for a
+    snapshot being written); after it is gone, or after ``timeout``, ``sig`` to every descendant
+    still there, and SIGKILL to whatever is left 5 s later."""
+    procs = _tree(proc)  # the descendants now: an orphan is no longer a child once ``proc`` is gone
+    try:
+        proc.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+    psutil.wait_procs([proc], timeout=timeout)
+    left = []
     for p in procs:
+        left.extend(_tree(p))  # descendants may have spawned more children meanwhile
+    left = [p for p in {*left} if p.is_running()]
+    for p in left:
         try:
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    # descendants may have spawned more children meanwhile
-    extra = []
+    _gone, alive = psutil.wait_procs(left, timeout=5)
     for p in alive:
-        extra.extend(_tree(p))
-    for p in {*alive, *extra}:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(list({*alive, *extra}), timeout=5)
+    psutil.wait_procs(alive, timeout=5)
 
 
 def stop(run_dir: Path, name: str, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
