@@ -366,6 +366,28 @@ def _generated_feed(
     )
 
 
+def _history_not_in_topic(
+    stream: str, start_ms: int, history_ms: int, topic: str | None, bootstrap: str | None
+) -> int:
+    """The demo's history backfill, shortened to start after the newest event already in the
+    topic: on a restart (``tidewatch down`` / ``up``) a full backfill would be all late for an
+    engine that has read the first one, and every event of it a dead letter."""
+    from ingest.producer import newest_event_ms
+
+    s = get_settings()
+    name = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    newest = newest_event_ms(bootstrap or s.kafka_bootstrap, name, stream)
+    if newest is None or newest < start_ms - history_ms:
+        return history_ms
+    kept = max(0, start_ms - newest - 1)
+    err.print(
+        f"{name} already holds events up to {datetime.fromtimestamp(newest / 1000):%H:%M:%S}: "
+        f"history backfill shortened to {kept / 60_000:.1f} min",
+        highlight=False,
+    )
+    return kept
+
+
 def _trade_generator(
     seed: int,
     symbols: int,
@@ -439,6 +461,8 @@ def feed_trades(
         hist = (
             parse_duration_ms(history) if history else (int(s.demo_history_minutes * 60_000) if demo else 0)
         )
+        if demo and hist > 0:
+            hist = _history_not_in_topic("trades", start_ms, hist, topic, bootstrap)
         inject = episodes if episodes is not None else demo
         gen = _trade_generator(
             seed,

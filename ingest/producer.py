@@ -155,6 +155,60 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int | None = None, time
     return True
 
 
+def newest_event_ms(bootstrap: str, topic: str, stream: str, timeout: float = 10.0) -> int | None:
+    """The largest event time (``ts``) among the last record of each partition of ``topic``;
+    None if the topic is empty, missing or cannot be read (e.g. a principal without read
+    rights).  A restarted demo feed starts its history backfill after it: events older than
+    what the engine has already seen would all be late (dead letters)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from ingest.avro import decode
+
+    s = get_settings()
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            **client_config(s, "feed"),
+            "group.id": "tidewatch-feed-newest",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
+    newest: int | None = None
+    try:
+        meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None
+        last = []
+        for part in meta.partitions:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout)
+            if hi > lo:
+                last.append(TopicPartition(topic, part, hi - 1))
+        if not last:
+            return None
+        c.assign(last)
+        left = {(tp.partition, tp.offset) for tp in last}
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            for m in c.consume(len(left), 0.5):
+                if m.error() or (m.partition(), m.offset()) not in left:
+                    continue
+                left.discard((m.partition(), m.offset()))
+                value = m.value()
+                if value is None:
+                    continue
+                try:
+                    ts = int(decode(value, stream)["ts"])
+                except Exception:  # noqa: BLE001 - not our record (a transaction marker is skipped by the client)
+                    continue
+                newest = ts if newest is None else max(newest, ts)
+    except KafkaException:
+        return None
+    finally:
+        c.close()
+    return newest
+
+
 def key_table(column: Any) -> tuple[list[bytes], list[int]]:
     """``(distinct keys as UTF-8 bytes, code of each row)`` of a key column."""
     c = Coded.of(column)

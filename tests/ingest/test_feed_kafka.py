@@ -173,3 +173,35 @@ def test_cli_feeds_a_pcap(kafka_bootstrap: str, tmp_path: Path) -> None:
     assert ok.all() and batch.num_rows == 200
     assert set(batch.column("tcp_flags").to_pylist()) == {"S"}
     assert sorted(batch.column("src_port").to_pylist()) == list(range(40000, 40200))
+
+
+def test_a_restarted_demo_feed_backfills_only_what_the_topic_lacks(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tidewatch down`` / ``up`` restarts the demo feed: its 31 min of history would all be
+    older than what the engine has seen (every event a dead letter), so the backfill starts
+    after the newest event already in the topic."""
+    from ingest import cli
+    from ingest.producer import newest_event_ms
+
+    monkeypatch.setenv("TIDEWATCH_KAFKA_BOOTSTRAP", kafka_bootstrap)
+    topic = f"it-newest-{uuid.uuid4().hex[:8]}"
+    assert newest_event_ms(kafka_bootstrap, topic, "trades", timeout=5) is None  # no such topic
+    ensure_topic(kafka_bootstrap, topic, 3)
+    assert newest_event_ms(kafka_bootstrap, topic, "trades", timeout=5) is None  # empty
+    gen = TradeGenerator(TradeConfig(rate=2_000, n_symbols=50), seed=3)
+    chunks = list(gen.chunks(1_700_000_000_000, 1_700_000_010_000, 1000))
+    feed = KafkaFeed("trades", topic=topic, bootstrap=kafka_bootstrap)
+    for c in chunks:
+        feed.send(c)
+    assert feed.close(timeout=60).failed == 0
+    newest = max(int(np.max(c["ts"])) for c in chunks)
+    assert newest_event_ms(kafka_bootstrap, topic, "trades") == newest
+    # history that reaches back past it is cut at it; history that ends before it is kept
+    start = newest + 60_000
+    assert (
+        cli._history_not_in_topic("trades", start, 31 * 60_000, topic, kafka_bootstrap) == start - newest - 1
+    )
+    assert cli._history_not_in_topic(
+        "trades", newest + 120 * 60_000, 31 * 60_000, topic, kafka_bootstrap
+    ) == (31 * 60_000)
