@@ -166,13 +166,13 @@ class SnapshotWriter:
         self._child = _Child(pid, batch_id, path, t0)
         return True
 
-    def poll(self, block: bool = False) -> None:
-        """Reap the child if it has finished (or wait for it with ``block``)."""
+    def poll(self) -> None:
+        """Reap the child if it has finished; kill it if it has run past ``timeout_s``."""
         c = self._child
         if c is None:
             return
         try:
-            pid, status = os.waitpid(c.pid, 0 if block else os.WNOHANG)
+            pid, status = os.waitpid(c.pid, os.WNOHANG)
         except ChildProcessError:  # reaped elsewhere: judge by the file
             pid, status = c.pid, 0 if c.path.exists() else 1
         if pid == 0:
@@ -193,8 +193,9 @@ class SnapshotWriter:
             )
 
     def wait(self) -> None:
-        """Wait for a snapshot being written (on stop)."""
-        self.poll(block=True)
+        """Wait for a snapshot being written (on stop; a stuck child is killed at ``timeout_s``)."""
+        while self.busy:
+            time.sleep(0.05)
 
     def _done(self, batch_id: int, path: Path, seconds: float) -> None:
         size = path.stat().st_size
