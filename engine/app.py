@@ -395,14 +395,11 @@ class EngineApp:
             (t_done - t_kafka) * 1000,
         )  # fmt: skip
 
-    def snapshot(self, wait: bool = False) -> Path:
-        """Snapshot the state of the last processed batch (keeps the newest three).  Written by a
-        forked child while the batches go on (:mod:`engine.snapshot_writer`); ``wait`` waits
-        for it."""
+    def snapshot(self) -> Path:
+        """Snapshot the state of the last processed batch (keeps the newest three), written by a
+        forked child while the batches go on (:mod:`engine.snapshot_writer`)."""
         path = self._snapshot_path(self.core.last_batch)
         self.snapshots.write(self.core.last_batch, path, self.core.to_bytes)
-        if wait:
-            self.snapshots.wait()
         return path
 
     # ------------------------------------------------------------------ Spark

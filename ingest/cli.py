@@ -219,7 +219,7 @@ def _resumable_feed(
     from ingest.producer import FeedProgress, ProgressMismatch, TransactionalFeed, file_identity
 
     s = get_settings()
-    t = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    t = topic or s.stream_topic(stream)
     file, path = resume
     try:
         progress = FeedProgress.open(path, file_identity(file), t)
@@ -313,7 +313,7 @@ def _progress_file(stream: str, file: Path, progress_file: Path | None, topic: s
     from ingest.producer import default_progress_path
 
     s = get_settings()
-    t = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    t = topic or s.stream_topic(stream)
     return progress_file or default_progress_path(stream, t, file)
 
 
@@ -375,7 +375,7 @@ def _history_not_in_topic(
     from ingest.producer import newest_event_ms
 
     s = get_settings()
-    name = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+    name = topic or s.stream_topic(stream)
     newest = newest_event_ms(bootstrap or s.kafka_bootstrap, name, stream)
     if newest is None or newest < start_ms - history_ms:
         return history_ms

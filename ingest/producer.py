@@ -233,7 +233,7 @@ class KafkaFeed:
     ) -> None:
         s = get_settings()
         self.stream = stream
-        self.topic = topic or {"trades": s.topic_trades, "packets": s.topic_packets}[stream]
+        self.topic = topic or s.stream_topic(stream)
         self.key_field = key_field or ("symbol" if stream == "trades" else s.packets_key)
         self.stats = FeedStats()
         self.on_progress = on_progress

@@ -314,6 +314,10 @@ class Settings(BaseSettings):
             self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
         return self
 
+    def stream_topic(self, stream: str) -> str:
+        """The Kafka topic of an event stream (``trades`` or ``packets``)."""
+        return {"trades": self.topic_trades, "packets": self.topic_packets}[stream]
+
     @property
     def sqlalchemy_url(self) -> str:
         if self.database_url:
