@@ -219,14 +219,14 @@ def _line_stats_kernel(a, n_lines):  # pragma: no cover - compiled
     return commas, quoted, blank
 
 
-def _line_stats(buf: bytes, n_lines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def line_stats(buf: bytes, n_lines: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per line of ``buf`` (each ending in a newline): commas, quote characters, is blank (one Numba pass)."""
     a = np.frombuffer(buf, np.uint8)
     commas, quoted, blank = _line_stats_kernel(a, n_lines)
     return commas, quoted, blank
 
 
-def _not_utf8(block: list[bytes]) -> np.ndarray:
+def lines_not_utf8(block: list[bytes]) -> np.ndarray:
     """Which lines of ``block`` are not UTF-8 text (one decode of the whole block when all are)."""
     bad = np.zeros(len(block), bool)
     try:
@@ -254,13 +254,13 @@ def _parse_block(
     if numbers is None:
         numbers = np.arange(line0, line0 + len(block))
     nsep = len(head.decode("utf-8-sig").split(",")) - 1
-    commas, quotes, blank = _line_stats(b"".join(block), len(block))
+    commas, quotes, blank = line_stats(b"".join(block), len(block))
     # a row is one line: an odd number of quotes means a quoted field spans lines or never
     # closes -- the line is reported, the parser never sees it (it would swallow the lines after)
     unbalanced = quotes % 2 == 1
     # a line that is not UTF-8 is reported, not read with replacement characters (its values
     # would change silently; the backtest reader reports it too)
-    not_utf8 = _not_utf8(block)
+    not_utf8 = lines_not_utf8(block)
     # field-count check on unquoted lines (quoted ones are left to the parser)
     commas = np.where(quotes > 0, nsep, commas)
     wrong = ((commas != nsep) & ~blank) | unbalanced | not_utf8

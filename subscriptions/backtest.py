@@ -261,23 +261,21 @@ def _scan(path: Path, chunk: int = 1 << 24) -> tuple[bool, bool]:
 
 def _blank_broken_lines(data: bytes, check_utf8: bool) -> tuple[bytes, dict[int, str]]:
     """``data`` with every line after the header emptied that is not UTF-8 (when ``check_utf8``)
-    or has an odd number of quote characters; and why, by line number (header is line 1).
-    Line numbers do not change: an emptied line is still a line, and Arrow skips it."""
-    buf = np.frombuffer(data, np.uint8)
-    newlines = np.flatnonzero(buf == 10)
-    quote_lines = np.searchsorted(newlines, np.flatnonzero(buf == 34))
-    odd = np.flatnonzero(np.bincount(quote_lines, minlength=newlines.shape[0] + 1) % 2)
-    why = {int(i) + 1: CSV_UNBALANCED_QUOTE for i in odd if i > 0}
+    or has an odd number of quote characters -- the feed reader's own checks
+    (:func:`ingest.csv_io.line_stats`, :func:`ingest.csv_io.lines_not_utf8`); and why, by line
+    number (header is line 1).  Line numbers do not change: an emptied line is still a line,
+    and Arrow skips it."""
+    from ingest.csv_io import line_stats, lines_not_utf8
+
     lines = data.split(b"\n")
-    if check_utf8:
-        for i in range(1, len(lines)):
-            try:
-                lines[i].decode("utf-8")
-            except UnicodeDecodeError:
-                why[i + 1] = CSV_NOT_UTF8
-    for line in why:
-        lines[line - 1] = b""
-    return b"\n".join(lines), dict(sorted(why.items()))
+    _, quotes, _ = line_stats(data + b"\n", len(lines))
+    not_utf8 = lines_not_utf8(lines) if check_utf8 else np.zeros(len(lines), bool)
+    why = {}
+    for i in np.flatnonzero((quotes % 2 == 1) | not_utf8):
+        if i > 0:
+            why[int(i) + 1] = CSV_NOT_UTF8 if not_utf8[i] else CSV_UNBALANCED_QUOTE
+            lines[i] = b""
+    return b"\n".join(lines), why
 
 
 def _row_lines(path: Path, n: int, skipped: set[int]) -> list[int]:
