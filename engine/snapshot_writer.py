@@ -138,9 +138,7 @@ class SnapshotWriter:
             return False
         t0 = time.perf_counter()
         if not self.in_child:
-            atomic_write(path, serialize())
-            self._done(batch_id, path, time.perf_counter() - t0)
-            return True
+            return self._write_here(batch_id, path, serialize, t0)
         global _in_child
         _in_child = True  # set before the fork: the finalizers it runs in the child must see it
         try:
@@ -148,9 +146,7 @@ class SnapshotWriter:
         except OSError as exc:  # e.g. no memory for the page tables: write it here, as before
             _in_child = False
             log.warning("could not fork the snapshot writer (%s): writing it in this thread", exc)
-            atomic_write(path, serialize())
-            self._done(batch_id, path, time.perf_counter() - t0)
-            return True
+            return self._write_here(batch_id, path, serialize, t0)
         if pid != 0:
             _in_child = False
         else:  # the child: serialize the copy-on-write image, write, leave without cleanup
@@ -164,6 +160,12 @@ class SnapshotWriter:
             finally:
                 os._exit(code)
         self._child = _Child(pid, batch_id, path, t0)
+        return True
+
+    def _write_here(self, batch_id: int, path: Path, serialize: Callable[[], bytes], t0: float) -> bool:
+        """Write the snapshot in the calling thread (no fork)."""
+        atomic_write(path, serialize())
+        self._done(batch_id, path, time.perf_counter() - t0)
         return True
 
     def poll(self) -> None:
