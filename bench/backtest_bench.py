@@ -7,7 +7,7 @@ Two workloads, each 1,000,000 events and 1,000 COUNT / SUM threshold rules, look
 * ``packets`` -- 100,000 source IPs (Zipf-skewed), rules on COUNT(*) / SUM(length) by src_ip.
 
 For each workload the events are written to a CSV in a temporary directory and the real
-backtest (:func:`subscriptions.backtest.run_backtest`: CSV load, rule compilation, evaluation,
+backtest (:func:`engine.evaluation.backtest.run_backtest`: CSV load, rule compilation, evaluation,
 alert file) runs with ``--strategy shared`` end to end (the evaluator fed one row per (key, 1-s
 pane), as the backtest and the engine run it).  The naive strategy evaluates every rule
 on every key of its domain; it is run in the same process over the same input, for at most
@@ -36,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from subscriptions.backtest import load_events, load_rules, run_backtest  # noqa: E402
-from subscriptions.evaluator import Evaluator  # noqa: E402
+from engine.evaluation.backtest import load_events, load_rules, run_backtest  # noqa: E402
+from engine.evaluation.evaluator import Evaluator  # noqa: E402
 
 
 # ---------------------------------------------------------------- workloads

@@ -1,18 +1,18 @@
 """The engine's alert delivery, old and new side by side in one process: µs per alert.
 
-One batch's output goes to PostgreSQL (:meth:`engine.store.Store.commit`: alert log, current
+One batch's output goes to PostgreSQL (:meth:`engine.sinks.store.Store.commit`: alert log, current
 results, batch id, metrics in one transaction) and then to Kafka
-(:meth:`engine.publish.Publisher.publish`: Avro alerts, results, progress marker in one
+(:meth:`engine.sinks.publish.Publisher.publish`: Avro alerts, results, progress marker in one
 transaction), as ``EngineApp._deliver`` does.  Each side is timed on the same synthetic batches:
 
-* **old**: every column bound as an array (``unnest``) -- :func:`engine.store._write_unnest` --
-  and a dict plus two fastavro encodings per alert -- :func:`engine.publish._produce_alerts_per_record`;
-* **new**: ``COPY`` into a staging table -- :func:`engine.store.write_copy` -- and the batch
-  encoded by one Numba kernel -- :func:`engine.publish.produce_alerts`.
+* **old**: every column bound as an array (``unnest``) -- :func:`engine.sinks.store._write_unnest` --
+  and a dict plus two fastavro encodings per alert -- :func:`engine.sinks.publish._produce_alerts_per_record`;
+* **new**: ``COPY`` into a staging table -- :func:`engine.sinks.store.write_copy` -- and the batch
+  encoded by one Numba kernel -- :func:`engine.sinks.publish.produce_alerts`.
 
 Each side writes to a database of its own (the same alerts, so the tables grow alike); the two
 sides alternate, and the median of ``--repeat`` batches per size is printed.  Real services:
-an embedded PostgreSQL and Kafka broker started here (:mod:`tidewatch.services`, free ports,
+an embedded PostgreSQL and Kafka broker started here (:mod:`tidewatch.stack.embedded`, free ports,
 temporary run dir, stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
 
     flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
@@ -80,8 +80,9 @@ def _free_port() -> int:
 def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
     """``(PostgreSQL URL, Kafka bootstrap, settings)``: the given ones, or an embedded server and
     broker of this run (stopped by PID and their run dir removed at the end)."""
-    from tidewatch.services import kafka, postgres
     from tidewatch.settings import Settings, get_settings
+    from tidewatch.stack import kafka_broker as kafka
+    from tidewatch.stack import postgres_server as postgres
 
     if a.database_url and a.bootstrap:
         s = get_settings().model_copy(update={"kafka_bootstrap": a.bootstrap})
@@ -118,9 +119,9 @@ class Side:
     """One delivery path: its Store (own database) and its Publisher (own transactional id)."""
 
     def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Any) -> None:
-        from engine import publish, store
-        from engine.publish import Publisher
-        from engine.store import Store
+        from engine.sinks import publish, store
+        from engine.sinks.publish import Publisher
+        from engine.sinks.store import Store
         from tidewatch.db.session import make_engine
 
         self.name = name
@@ -158,7 +159,7 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=None, help="Kafka (with --database-url)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args()
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     sizes = [int(x) for x in a.sizes.split(",") if x]
     started = datetime.now(UTC)

@@ -70,7 +70,7 @@ def run_settings(base: Any, prefix: str, run: str, **more: Any) -> Any:
 def produce(bootstrap: str, topic: str, cols: dict[str, np.ndarray]) -> float:
     from confluent_kafka import Producer
 
-    from ingest.avro import encode_batch
+    from tidewatch.wire.avro import encode_batch
 
     t0 = time.perf_counter()
     p = Producer(
@@ -276,7 +276,7 @@ def live_producer(
     process); writes ``{"t_first", "t_last", "n"}`` (epoch s) to ``stop_file + ".json"``."""
     from confluent_kafka import Producer
 
-    from ingest.avro import encode_batch
+    from tidewatch.wire.avro import encode_batch
 
     p = Producer(
         {
@@ -347,10 +347,10 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer, Producer
 
     from engine.app import EngineApp
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
     from engine.spark_session import build_spark
-    from ingest.avro import decode
     from tidewatch.settings import get_settings
+    from tidewatch.wire.avro import decode
 
     logging.getLogger("tidewatch.engine").setLevel(logging.INFO if a.verbose else logging.WARNING)
     base = get_settings()
@@ -542,8 +542,8 @@ def _core_replay(a: argparse.Namespace, settings: Any, gc_threshold: int) -> dic
     import pyarrow as pa
 
     from engine.core import EngineCore, SubscriptionChange, make_evaluator
-    from engine.gc_tuning import tune_gc
-    from ingest.avro import encode_batch
+    from engine.runtime.gc_tuning import tune_gc
+    from tidewatch.wire.avro import encode_batch
 
     stream = a.stream
     cols = make_events(stream, a.events, a.keys, a.rate, int(time.time() * 1000) - 60_000, seed=3)
@@ -697,7 +697,7 @@ def main() -> None:
     bootstrap = a.bootstrap or base.kafka_bootstrap
     run = uuid.uuid4().hex[:8]
     settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms, engine_source=a.source)
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     ensure_topics(bootstrap, settings)
     cols = make_trades(a.events, a.symbols, a.rate)

@@ -8,7 +8,7 @@ after ``--warmup`` untimed rounds, the variants interleaved per repetition:
   (one row out: ``count`` and ``sum(length(value))``);
 * ``a``  -- today's engine path: the raw records (``engine.app.RECORD_COLUMNS``) ``toArrow()``;
   the driver's decode (:func:`engine.decode.decode_records`) + pre-aggregation
-  (:func:`engine.panes.aggregate`) of the same table is timed after it (``a+driver``);
+  (:func:`engine.evaluation.panes.aggregate`) of the same table is timed after it (``a+driver``);
 * ``b``  -- ``from_avro`` in the JVM (spark-avro, after checking the 5-byte frame) + the
   engine's validity checks + ``groupBy(symbol, pane = ceil(ts/1000)*1000)`` with COUNT,
   SUM(size), the exact SUM(price) as ``sum(cast(price * 2^60 as decimal(38,0)))``, MIN/MAX(price)
@@ -55,7 +55,7 @@ from bench.engine_bench import make_trades, produce, run_settings  # noqa: E402
 from engine.app import RECORD_COLUMNS  # noqa: E402
 from engine.dead_letter import DeadLetters  # noqa: E402
 from engine.decode import decode_records  # noqa: E402
-from engine.panes import ColumnSet, PaneSpec, aggregate  # noqa: E402
+from engine.evaluation.panes import ColumnSet, PaneSpec, aggregate  # noqa: E402
 
 SCALE = 2**60
 WORD = 2**32
@@ -111,7 +111,7 @@ def topic_records(bootstrap: str, topic: str) -> int:
 def ensure_trades(base: Any, bootstrap: str, run: str, n: int, symbols: int) -> tuple[Any, int]:
     """Settings with the probe's topics (created like the engine bench's) and the trades topic
     holding at least ``n`` records (produced with the engine bench's producer when fewer)."""
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     settings = run_settings(base, "probe", run)
     shutil.rmtree(settings.checkpoint_dir, ignore_errors=True)  # a probe has no engine checkpoint
@@ -150,7 +150,7 @@ def jvm_panes(raw: Any, max_future_ms: int, words: bool, firstlast: bool, once: 
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    from ingest.avro import header, load_schema_json, schema_id
+    from tidewatch.wire.avro import header, load_schema_json, schema_id
 
     frame_ok = F.expr("substring(value, 1, 5)") == F.lit(header(schema_id("trades")))
     rec = from_avro(F.expr("substring(value, 6)"), load_schema_json("trades"), {"mode": "PERMISSIVE"})
@@ -267,7 +267,7 @@ def exact_sums(d: Any, pane_ms: int) -> dict[tuple[str, int], int]:
     """``sum(round(price * 2^60))`` per (symbol, pane) in Python integers (the reference)."""
     import pandas as pd
 
-    from engine.panes import pane_of
+    from engine.evaluation.panes import pane_of
 
     x = np.rint(np.asarray(d.columns["price"], np.float64) * float(SCALE))
     hi = np.floor(x / WORD)

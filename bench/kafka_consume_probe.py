@@ -1,6 +1,6 @@
 """How fast can a librdkafka consumer in a Python driver hand Kafka records over?
 
-The ceiling of the engine's direct source (``engine/kafka_source.py``): one topic of trades
+The ceiling of the engine's direct source (``engine/sources/direct.py``): one topic of trades
 (the engine bench's producer, 5,000 symbols, 2 partitions), read from the start by a
 ``read_committed`` consumer, rounds interleaved:
 
@@ -9,9 +9,9 @@ The ceiling of the engine's direct source (``engine/kafka_source.py``): one topi
 * ``arrow``: the same, then the Arrow table the engine is handed
   (:func:`engine.app.records_table`);
 * ``native``: the direct source's librdkafka consumer
-  (:class:`engine.native_consumer.NativeConsumer`, its settings), which fills the same Arrow
+  (:class:`engine.sources.native_consumer.NativeConsumer`, its settings), which fills the same Arrow
   table in Numba kernels, no Python object per record;
-* ``fetch``: the direct source's default consumer (:class:`engine.fetch_consumer.FetchConsumer`):
+* ``fetch``: the direct source's default consumer (:class:`engine.sources.fetch_consumer.FetchConsumer`):
   Kafka's Fetch API on its own socket, record batches parsed into the same table by Numba.
 
 records/s = records / wall time of the round.  Needs Kafka (``tidewatch up --services-only``)::
@@ -35,8 +35,8 @@ from bench.engine_bench import make_trades, produce  # noqa: E402
 def native_round(bootstrap: str, topic: str, n: int, fetch: bool = False) -> float:
     import pyarrow as pa
 
-    from engine.fetch_consumer import FetchConsumer
-    from engine.native_consumer import NativeConsumer
+    from engine.sources.fetch_consumer import FetchConsumer
+    from engine.sources.native_consumer import NativeConsumer
 
     c = (FetchConsumer if fetch else NativeConsumer)(
         {

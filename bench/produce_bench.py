@@ -4,7 +4,7 @@ Two ways side by side in the same process, on the same synthetic trades:
 
 * **baseline**: fastavro ``schemaless_writer`` per record + ``Producer.produce``
   per record (the obvious implementation);
-* **tidewatch**: :func:`ingest.avro.encode_batch` (one Numba pass per chunk)
+* **tidewatch**: :func:`tidewatch.wire.avro.encode_batch` (one Numba pass per chunk)
   + :class:`ingest.producer.KafkaFeed` (idempotent producer, lz4, large batches).
 
 Each run ends with ``flush()``: a record counts only once the broker has
@@ -30,11 +30,11 @@ from typing import Any
 import fastavro
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ingest.avro import encode_batch, header, parsed_schema, schema_id
-from ingest.csv_io import columns_to_frame
 from ingest.producer import KafkaFeed, ensure_topic, key_table, producer_config
 from ingest.trades_gen import TradeConfig, TradeGenerator
 from tidewatch.settings import get_settings
+from tidewatch.wire.avro import encode_batch, header, parsed_schema, schema_id
+from tidewatch.wire.csv_io import columns_to_frame
 
 
 def make_chunks(n: int, chunk: int, seed: int) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ Issue 7 ("Load"): a live feed at 50 % of the engine's measured maximum (≈ 50,0
   process), its Spark JVM, the feed process, and Kafka and PostgreSQL when they run here
   (embedded, started by this script, or found listening on the given ports); start / end / max;
 * **zero alerts lost**: the engine's alert log in PostgreSQL equals the backtest
-  (:func:`subscriptions.backtest.iter_alerts`, the engine's own evaluation code; RULES.md
+  (:func:`engine.evaluation.backtest.iter_alerts`, the engine's own evaluation code; RULES.md
   backtest contract, lookups every ``engine_lookup_every_ms`` = the pane) of exactly the events
   the engine used: every record of the feed topic read back from Kafka, minus those it
   dead-lettered, up to the engine's last lookup time (missing / extra must be 0 / 0).
@@ -24,7 +24,7 @@ The pane-fed engine and the raw-event backtest share the evaluator's structures 
 contract (docs/engine.md).
 
 Without ``--bootstrap`` / ``--database-url`` the script starts its own Kafka broker and
-PostgreSQL server (the embedded stack's code, ``tidewatch.services``) in a temporary run
+PostgreSQL server (the embedded stack's code, ``tidewatch.stack.embedded``) in a temporary run
 directory on free ports, and stops them (by PID) at the end.
 
     .venv/bin/python bench/soak.py --minutes 20 --rate 25000 --rules 10000
@@ -78,7 +78,8 @@ class Stack:
     def stop(self) -> None:
         if self.settings is None:
             return
-        from tidewatch.services import kafka, postgres
+        from tidewatch.stack import kafka_broker as kafka
+        from tidewatch.stack import postgres_server as postgres
 
         for name, stop in (("kafka", kafka.stop), ("postgres", postgres.stop)):
             try:
@@ -122,7 +123,8 @@ def start_stack(a: argparse.Namespace) -> Stack:
             if pid is not None:
                 st.pids[name] = pid
         return st
-    from tidewatch.services import kafka, postgres
+    from tidewatch.stack import kafka_broker as kafka
+    from tidewatch.stack import postgres_server as postgres
 
     run_dir = Path(tempfile.mkdtemp(prefix="tw-soak-run-"))
     run_dir.chmod(0o755)  # the postgres server user (when root runs this) must reach it
@@ -247,7 +249,7 @@ def read_partitions(bootstrap: str, topic: str, chunk: int = 500_000) -> Iterato
 
 def dead_lettered(bootstrap: str, topic: str, source_topic: str) -> set[tuple[int, int]]:
     """(partition, offset) of the records of ``source_topic`` the engine dead-lettered."""
-    from ingest.avro import decode
+    from tidewatch.wire.avro import decode
 
     got = set()
     for _p, _o, v in (r for ch in read_partitions(bootstrap, topic) for r in ch):
@@ -267,8 +269,8 @@ def events_from_topic(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ingest.avro import decode_batch
-    from subscriptions.backtest import EventFile
+    from engine.evaluation.backtest import EventFile
+    from tidewatch.wire.avro import decode_batch
 
     n_read = 0
     batches = []
@@ -306,8 +308,8 @@ def backtest_alerts(
     subs: dict[str, str], ev_file: Any, every: int, until: int
 ) -> list[tuple[str, str, str, int]]:
     """(subscription id, key, kind, as_of) of the backtest of ``subs`` over ``ev_file``, as_of <= until."""
-    from engine.gc_tuning import tune_gc
-    from subscriptions.backtest import iter_alerts
+    from engine.evaluation.backtest import iter_alerts
+    from engine.runtime.gc_tuning import tune_gc
     from subscriptions.compiler import compile_rule
     from tidewatch.settings import get_settings
 
@@ -335,9 +337,9 @@ def run(a: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
     from engine.app import EngineApp
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
+    from engine.sinks.store import Store
     from engine.spark_session import build_spark
-    from engine.store import Store
 
     logging.getLogger("tidewatch.engine").setLevel(logging.INFO if a.verbose else logging.WARNING)
     t_begin = time.time()

@@ -89,7 +89,7 @@ def _events(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    from ingest.avro import load_schema_json
+    from tidewatch.wire.avro import load_schema_json
 
     raw = (
         spark.readStream.format("kafka")

@@ -26,7 +26,7 @@ panel was rendered, and only forward (``GREATEST``), to the ``upto`` of what was
 
 This relies on ``seq`` order being commit order, which holds because the engine driver
 is the only writer of ``alerts`` and commits one micro-batch at a time
-(:mod:`engine.store`).
+(:mod:`engine.sinks.store`).
 """
 
 from __future__ import annotations

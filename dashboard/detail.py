@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from subscriptions import ast as A
+from engine.evaluation.evaluator import BatchView
+from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
-from subscriptions.evaluator import BatchView
-from tidewatch.services.kafka import client_config
+from tidewatch.kafka.client import client_config
 from tidewatch.settings import Settings, get_settings
 
 
@@ -229,7 +229,7 @@ def detail_frames(
 def preview_keys(plan: Plan, cols: dict[str, np.ndarray], pane_ms: int) -> tuple[list[str], int | None]:
     """Keys satisfying ``plan`` at the last pane boundary of ``cols`` (all keys' recent events),
     evaluated by the backtest evaluator -- the engine's own code -- over those events."""
-    from subscriptions.evaluator import Evaluator
+    from engine.evaluation.evaluator import Evaluator
 
     if not cols or len(cols.get("ts", [])) == 0:
         return [], None

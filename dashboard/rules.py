@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from subscriptions import ast as A
+from subscriptions import rule_ast as A
 from subscriptions.compiler import Plan, compile_rule, const_value, explain
 from subscriptions.errors import RuleError
 from tidewatch.settings import get_settings

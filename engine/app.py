@@ -5,19 +5,19 @@ Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
 * Spark reads ``trades``, ``packets`` and ``subscriptions`` with its Kafka source; every
   micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).  On one machine,
   ``engine_source = "direct"`` reads them with a consumer in the driver instead
-  (:mod:`engine.kafka_source`) and hands the same batches to :meth:`EngineApp.accept`.
+  (:mod:`engine.sources.direct`) and hands the same batches to :meth:`EngineApp.accept`.
 * The batch's records reach the driver as Arrow (``DataFrame.toArrow``); they are decoded
   column-wise by the Numba kernel (:mod:`engine.decode`), bad records become dead letters,
   and :class:`engine.core.EngineCore` applies subscription changes first (PSoup), feeds the
   evaluator and looks up every rule at every pane boundary up to *now*.
 * Output, idempotent per batch id: the alert log, current results, batch id and metrics in
-  ONE PostgreSQL transaction (:mod:`engine.store`; a committed batch id is skipped), then
+  ONE PostgreSQL transaction (:mod:`engine.sinks.store`; a committed batch id is skipped), then
   alerts / results / dead letters in ONE Kafka transaction with a progress marker
-  (:mod:`engine.publish`).
+  (:mod:`engine.sinks.publish`).
 * Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
   before the commit, and the whole driver state is snapshotted every
   ``snapshot_every_batches`` batches (written by a forked child while the batches go on:
-  :mod:`engine.snapshot_writer`).  On start the newest snapshot at or
+  :mod:`engine.runtime.snapshot_writer`).  On start the newest snapshot at or
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
@@ -41,12 +41,12 @@ import pyarrow.compute as pc
 
 from engine.core import BatchOutput, EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
 from engine.decode import STREAMS, predecode
-from engine.gc_tuning import freeze_state, tune_gc
-from engine.publish import Publisher, ensure_topics
-from engine.retry import retry_transient
-from engine.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
-from engine.store import Store
-from tidewatch.services.kafka import client_config, spark_options
+from engine.runtime.gc_tuning import freeze_state, tune_gc
+from engine.runtime.retry import retry_transient
+from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
+from engine.sinks.publish import Publisher, ensure_topics
+from engine.sinks.store import Store
+from tidewatch.kafka.client import client_config, spark_options
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -277,7 +277,7 @@ class EngineApp:
         to reach the driver: log its offset ranges durably (``ranges``: :func:`offset_ranges`
         of ``tbl`` when the caller has them), then handle it here, or (pipelined) hand it to the
         evaluation thread.  Called by :meth:`on_batch` (Spark's Kafka source) and by
-        :class:`engine.kafka_source.DirectSource`."""
+        :class:`engine.sources.direct.DirectSource`."""
         self.read_s = read_s
         pipelined = getattr(self.settings, "engine_pipeline", False)
         if pipelined:
@@ -397,7 +397,7 @@ class EngineApp:
 
     def snapshot(self) -> Path:
         """Snapshot the state of the last processed batch (keeps the newest three), written by a
-        forked child while the batches go on (:mod:`engine.snapshot_writer`)."""
+        forked child while the batches go on (:mod:`engine.runtime.snapshot_writer`)."""
         path = self._snapshot_path(self.core.last_batch)
         self.snapshots.write(self.core.last_batch, path, self.core.to_bytes)
         return path
@@ -411,7 +411,7 @@ class EngineApp:
         available_now: bool = False,
     ) -> Any:
         """Recover, then start the streaming query; returns the ``StreamingQuery`` (with
-        ``engine_source = "direct"``: a :class:`engine.kafka_source.DirectSource` that looks like
+        ``engine_source = "direct"``: a :class:`engine.sources.direct.DirectSource` that looks like
         one, and ``spark`` is not used).
 
         ``available_now``: process what is in Kafka now (in batches of at most
@@ -423,7 +423,7 @@ class EngineApp:
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
         if getattr(self.settings, "engine_source", "spark") == "direct":
-            from engine.kafka_source import DirectSource
+            from engine.sources.direct import DirectSource
 
             return DirectSource(self, trig, max_offsets_per_trigger, available_now).start()
         reader = (

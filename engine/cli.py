@@ -1,4 +1,4 @@
-"""``tidewatch engine …``: run the Spark engine."""
+"""``tidewatch engine …``: run the Spark engine; ``tidewatch backtest``: its evaluation code over files (RULES.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,85 @@ from typing import Annotated
 import typer
 
 
+def _err(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def backtest_cmd(
+    rules: Annotated[Path, typer.Option("--rules", exists=True, dir_okay=False, help="RULES.jsonl")],
+    events: Annotated[list[str], typer.Option("--events", help="STREAM=FILE.csv (repeatable)")],
+    every: Annotated[int, typer.Option("--every", help="lookup period in ms")],
+    out: Annotated[Path, typer.Option("--out", help="ALERTS.jsonl to write")],
+    strategy: Annotated[
+        str, typer.Option("--strategy", help="shared (collective indexes) or naive")
+    ] = "shared",
+    strict: Annotated[bool, typer.Option("--strict", help="exit 1 on any malformed CSV row")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
+) -> None:
+    """Run rules over event files with the engine's evaluation code (RULES.md backtest contract)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from engine.evaluation.backtest import BacktestInputError, RuleFileError, run_backtest
+    from engine.runtime.gc_tuning import tune_gc
+    from tidewatch.settings import get_settings
+
+    tune_gc(
+        get_settings().engine_gc_threshold
+    )  # one alert allocates a few objects: see engine.runtime.gc_tuning
+    if strategy not in ("shared", "naive"):
+        _err("--strategy must be 'shared' or 'naive'")
+        raise typer.Exit(2)
+    pairs: list[tuple[str, str | Path]] = []
+    for spec in events:
+        stream, sep, path = spec.partition("=")
+        if not sep or not path:
+            _err(f"--events expects STREAM=FILE, got {spec!r}")
+            raise typer.Exit(2)
+        if not Path(path).is_file():
+            _err(f"--events {spec}: no such file")
+            raise typer.Exit(2)
+        pairs.append((stream.strip(), path))
+
+    console = Console(stderr=True)
+    shown = {"n": 0}
+
+    def on_malformed(path: str, line: int, reason: str) -> None:
+        shown["n"] += 1
+        if shown["n"] <= 100:
+            console.print(f"[yellow]{path}:{line}: malformed row skipped: {reason}[/yellow]", highlight=False)
+        elif shown["n"] == 101:
+            console.print("[yellow]... further malformed rows not shown[/yellow]")
+
+    progress = Progress(
+        TextColumn("backtest"), BarColumn(), MofNCompleteColumn(), TextColumn("lookups"), TimeElapsedColumn(),
+        console=console, disable=quiet or not console.is_terminal, transient=False,
+    )  # fmt: skip
+    task = progress.add_task("lookups", total=None)
+
+    def on_progress(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    try:
+        with progress, out.open("w") as fh:
+            result = run_backtest(
+                rules, pairs, every, fh, strategy=strategy, on_malformed=on_malformed, strict=strict,
+                progress=on_progress,
+            )  # fmt: skip
+    except RuleFileError as exc:
+        _err(str(exc))
+        raise typer.Exit(2) from None
+    except BacktestInputError as exc:
+        _err(f"backtest: {exc}")
+        raise typer.Exit(1 if strict and "malformed" in str(exc) else 2) from None
+    if result.malformed:
+        console.print(f"{result.malformed} malformed row(s) skipped", highlight=False)
+    console.print(result.summary(), highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the ``engine`` command group to the root CLI."""
+    """Add the ``engine`` command group and ``backtest`` to the root CLI."""
+    app.command("backtest")(backtest_cmd)
     engine = typer.Typer(
         help="The Spark engine: Kafka in, shared indexes, exact alerts out.", no_args_is_help=True
     )

@@ -43,7 +43,7 @@ log = logging.getLogger("tidewatch.engine")
 
 
 class Evaluator(Protocol):
-    """What the engine needs from ``subscriptions.evaluator.Evaluator``."""
+    """What the engine needs from ``engine.evaluation.evaluator.Evaluator``."""
 
     def add_rule(self, name: str, plan: Any) -> None: ...
     def remove_rule(self, name: str) -> None: ...
@@ -149,7 +149,7 @@ def make_evaluator(settings: Any) -> Evaluator:
     looks up at pane boundaries only, so pane rows give the same answers as raw events."""
     import inspect
 
-    from subscriptions.evaluator import Evaluator as SubEvaluator
+    from engine.evaluation.evaluator import Evaluator as SubEvaluator
 
     kw: dict[str, Any] = {
         "strategy": "shared",

@@ -6,7 +6,7 @@ carries an event time too far ahead of the time Kafka got it (``future``), or co
 after the engine has already looked up past its event time (``late``, DESIGN.md
 "Time": later than the allowed lateness behind the watermark).  Each dead letter
 keeps the source topic, partition and offset and the raw key/value bytes, and is
-published as an Avro ``DeadLetter`` (``ingest/schemas/dead_letter.avsc``) keyed by
+published as an Avro ``DeadLetter`` (``tidewatch/wire/schemas/dead_letter.avsc``) keyed by
 the source topic name.
 """
 
@@ -108,7 +108,7 @@ def publish(producer: Any, topic: str, letters: DeadLetters, logged_at: int) -> 
     ``producer`` is a ``confluent_kafka.Producer`` (the caller flushes or commits).
     Dead letters are rare, so this encodes record by record with fastavro.
     """
-    from ingest.avro import encode
+    from tidewatch.wire.avro import encode
 
     recs = letters.records(logged_at)
     for rec in recs:

@@ -3,8 +3,8 @@
 Input is one micro-batch of Kafka records of one stream as Arrow columns
 ``partition, offset, timestamp (Kafka's, epoch ms), key, value`` -- what Spark's Kafka
 source gives, collected with ``DataFrame.toArrow()`` or seen in ``mapInArrow``.  The
-values are framed Avro (``ingest.avro``); they are decoded column-wise by the Numba
-kernel of :func:`ingest.avro.decode_batch` (no per-record Python) and checked
+values are framed Avro (``tidewatch.wire.avro``); they are decoded column-wise by the Numba
+kernel of :func:`tidewatch.wire.avro.decode_batch` (no per-record Python) and checked
 against the invariants of the stream:
 
 * ``undecodable`` -- not a framed record of the stream's current schema;
@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.dead_letter import DeadLetters
-from ingest.avro import decode_batch
-from subscriptions.schema import MAX_NUMERIC
+from tidewatch.schema import MAX_NUMERIC
+from tidewatch.wire.avro import decode_batch
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ What it sets, and why:
 
 * the Kafka source/sink ``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13`` -- the pyspark
   wheel ships neither.  When ``.cache/spark-jars`` holds them (resolved with Maven by
-  ``python -m tidewatch.services.kafka_dist spark``), they are passed with ``spark.jars``: no
+  ``python -m tidewatch.jars spark``), they are passed with ``spark.jars``: no
   network, no Ivy, and the exact versions known to run on pyspark 4.3 (Maven Central has no
-  4.3.0 connector; see :mod:`tidewatch.services.kafka_dist`).  Otherwise the same coordinates go
+  4.3.0 connector; see :mod:`tidewatch.jars`).  Otherwise the same coordinates go
   to ``spark.jars.packages`` with the Ivy cache in ``.cache/ivy``, and if Ivy cannot resolve
   them the same coordinates are resolved with Maven into the cache and the session is built
   again with ``spark.jars``.  Measured here: Ivy fails on
@@ -25,7 +25,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from tidewatch.services import kafka_dist
+from tidewatch import jars as kafka_dist
 from tidewatch.settings import Settings, get_settings
 
 if TYPE_CHECKING:

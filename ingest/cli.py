@@ -326,8 +326,8 @@ def _file_feed(
 ) -> tuple[Iterator[tuple[dict[str, Any], Any]], Any]:
     """A file replay: ``open_chunks(report)`` yields column chunks; a file that cannot be
     opened or whose header is wrong stops the command with exit status 2."""
-    from ingest.csv_io import CsvError, CsvReport
     from ingest.pcap import PcapError
+    from tidewatch.wire.csv_io import CsvError, CsvReport
 
     report = CsvReport(str(path))
     try:
@@ -451,7 +451,7 @@ def feed_trades(
     target = _resume_target("trades", csv, resume, progress_file, topic)
     report = None
     if csv is not None:
-        from ingest.csv_io import read_csv_chunks
+        from tidewatch.wire.csv_io import read_csv_chunks
 
         source, report = _file_feed(
             csv, lambda r: read_csv_chunks(csv, "trades", report=r), speed, asap, rate
@@ -528,8 +528,8 @@ def feed_packets(
     target = _resume_target("packets", pcap or csv, resume, progress_file, topic)
     report = None
     if pcap is not None or csv is not None:
-        from ingest.csv_io import read_csv_chunks
         from ingest.pcap import read_pcap_chunks
+        from tidewatch.wire.csv_io import read_csv_chunks
 
         if pcap is not None:
             source, report = _file_feed(pcap, lambda r: read_pcap_chunks(pcap, report=r), speed, asap, rate)
@@ -590,7 +590,7 @@ def export(
     episode_every: Annotated[str, typer.Option(help="time between episodes / attacks")] = "3m",
 ) -> None:
     """Write a synthetic stream to CSV (seeded: the same options give the same file)."""
-    from ingest.csv_io import write_csv
+    from tidewatch.wire.csv_io import write_csv
 
     start_ms = parse_time_ms(start)
     end_ms = start_ms + parse_duration_ms(duration)

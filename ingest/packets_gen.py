@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ingest.avro import Coded
+from tidewatch.wire.avro import Coded
 
 PROTOCOLS = ("TCP", "UDP", "ICMP")
 TCP, UDP, ICMP = 0, 1, 2

@@ -35,9 +35,9 @@ import dpkt
 import numba as nb
 import numpy as np
 
-from ingest.avro import Coded
-from ingest.csv_io import BadLine, CsvReport
 from ingest.packets_gen import ip_str
+from tidewatch.wire.avro import Coded
+from tidewatch.wire.csv_io import BadLine, CsvReport
 
 _FLAG_BITS = [
     (dpkt.tcp.TH_FIN, "F"),

@@ -1,6 +1,6 @@
 """Produce column chunks of trades / packets to Kafka: encoded in batches, paced, accounted for.
 
-* **Encoding** is done a chunk at a time by :func:`ingest.avro.encode_batch`
+* **Encoding** is done a chunk at a time by :func:`tidewatch.wire.avro.encode_batch`
   (one Numba pass); the per-message work left in Python is the
   ``Producer.produce`` call itself.
 * **Delivery** is checked: the producer is idempotent (``enable.idempotence``:
@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ingest.avro import Coded, encode_batch
-from tidewatch.services.kafka import client_config, librdkafka_config
+from tidewatch.kafka.client import client_config, librdkafka_config
 from tidewatch.settings import get_settings
+from tidewatch.wire.avro import Coded, encode_batch
 
 
 class ProducerLike(Protocol):
@@ -162,7 +162,7 @@ def newest_event_ms(bootstrap: str, topic: str, stream: str, timeout: float = 10
     what the engine has already seen would all be late (dead letters)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from ingest.avro import decode
+    from tidewatch.wire.avro import decode
 
     s = get_settings()
     c = Consumer(
@@ -425,7 +425,7 @@ class TransactionalFeed(KafkaFeed):
     transaction also commits the progress -- the number of records of the file sent so far --
     as the offset of a private consumer group (``tidewatch-feed-<feed id>-<run>``, partition 0 of
     the topic) with ``send_offsets_to_transaction``, so records and progress commit or abort
-    together (the engine's progress marker, engine/publish.py, works the same way).  The
+    together (the engine's progress marker, engine/sinks/publish.py, works the same way).  The
     ``transactional.id`` is fixed per file and topic: a restarted feed's
     ``init_transactions()`` fences a zombie and aborts its open transaction, whose records
     read_committed consumers never see.  On start the feed skips the records the group says

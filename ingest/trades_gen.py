@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ingest.avro import Coded
+from tidewatch.wire.avro import Coded
 
 SESSION_MS = int(6.5 * 3600 * 1000)
 EXCHANGES = ("NASDAQ", "NYSE", "ARCA", "BATS", "EDGX", "IEX", "AMEX")

@@ -191,9 +191,9 @@ stage_kafka_libs() {
     if [ ! -f "$src/.complete" ]; then
         if [ -x "$ROOT/.venv/bin/python" ]; then
             log "kafka jars: resolving $version from Maven Central"
-            (cd "$ROOT" && .venv/bin/python -m tidewatch.services.kafka_dist kafka >&2)
+            (cd "$ROOT" && .venv/bin/python -m tidewatch.jars kafka >&2)
         fi
-        [ -f "$src/.complete" ] || die "no Kafka jars in $src: run scripts/setup.sh (or python -m tidewatch.services.kafka_dist kafka)"
+        [ -f "$src/.complete" ] || die "no Kafka jars in $src: run scripts/setup.sh (or python -m tidewatch.jars kafka)"
     fi
     if [ -f "$dst/.source" ] && [ "$(cat "$dst/.source")" = "$src" ] &&
         diff -q <(cd "$src" && ls -- *.jar) <(cd "$dst" && ls -- *.jar) >/dev/null 2>&1; then

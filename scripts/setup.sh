@@ -5,7 +5,7 @@
 #   2. the virtualenv .venv with `pip install -e '.[dev]'` (redone only when pyproject.toml
 #      changes: stamp .venv/.tidewatch-installed holds its hash);
 #   3. Apache Kafka's jars and the Spark connector jars from Maven Central into .cache/
-#      (python -m tidewatch.services.kafka_dist; no-op when cached);
+#      (python -m tidewatch.jars; no-op when cached);
 #   4. with --with-containers: scripts/containers_setup.sh (Podman + images for the
 #      integration tests), when that script is present.
 # Quiet and fast when everything is in place.  Usage: scripts/setup.sh [--with-containers]
@@ -78,7 +78,7 @@ fi
 
 # --- 3. Kafka and Spark connector jars ------------------------------------------------------
 # Kafka is required; the Spark connector jars only warn (Spark may still resolve them with Ivy)
-.venv/bin/python -m tidewatch.services.kafka_dist kafka 'spark?' >/dev/null \
+.venv/bin/python -m tidewatch.jars kafka 'spark?' >/dev/null \
     || die "could not fetch the Kafka jars (see above)"
 
 # --- 4. containers for the integration tests ------------------------------------------------

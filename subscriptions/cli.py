@@ -1,12 +1,12 @@
-"""``tidewatch rules explain | check`` and ``tidewatch backtest`` (RULES.md).
+"""``tidewatch rules explain | check`` (RULES.md).
 
 The subscription commands backed by Postgres (``subscribe``, ``subscriptions ...``) live in
-:mod:`subscriptions.store_cli` and are registered from here when present.
+:mod:`subscriptions.store_cli` and are registered from here.  ``tidewatch backtest`` runs the
+engine's evaluation code and is registered by :mod:`engine.cli`.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from subscriptions import store_cli
 from subscriptions.errors import RuleError
 
 rules_app = typer.Typer(help="Check rules and show how they are evaluated.", no_args_is_help=True)
@@ -99,89 +100,10 @@ def check_cmd(
         raise typer.Exit(2)
 
 
-def backtest_cmd(
-    rules: Annotated[Path, typer.Option("--rules", exists=True, dir_okay=False, help="RULES.jsonl")],
-    events: Annotated[list[str], typer.Option("--events", help="STREAM=FILE.csv (repeatable)")],
-    every: Annotated[int, typer.Option("--every", help="lookup period in ms")],
-    out: Annotated[Path, typer.Option("--out", help="ALERTS.jsonl to write")],
-    strategy: Annotated[
-        str, typer.Option("--strategy", help="shared (collective indexes) or naive")
-    ] = "shared",
-    strict: Annotated[bool, typer.Option("--strict", help="exit 1 on any malformed CSV row")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")] = False,
-) -> None:
-    """Run rules over event files with the engine's evaluation code (RULES.md backtest contract)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from engine.gc_tuning import tune_gc
-    from subscriptions.backtest import BacktestInputError, RuleFileError, run_backtest
-    from tidewatch.settings import get_settings
-
-    tune_gc(get_settings().engine_gc_threshold)  # one alert allocates a few objects: see engine.gc_tuning
-    if strategy not in ("shared", "naive"):
-        _err("--strategy must be 'shared' or 'naive'")
-        raise typer.Exit(2)
-    pairs: list[tuple[str, str | Path]] = []
-    for spec in events:
-        stream, sep, path = spec.partition("=")
-        if not sep or not path:
-            _err(f"--events expects STREAM=FILE, got {spec!r}")
-            raise typer.Exit(2)
-        if not Path(path).is_file():
-            _err(f"--events {spec}: no such file")
-            raise typer.Exit(2)
-        pairs.append((stream.strip(), path))
-
-    console = Console(stderr=True)
-    shown = {"n": 0}
-
-    def on_malformed(path: str, line: int, reason: str) -> None:
-        shown["n"] += 1
-        if shown["n"] <= 100:
-            console.print(f"[yellow]{path}:{line}: malformed row skipped: {reason}[/yellow]", highlight=False)
-        elif shown["n"] == 101:
-            console.print("[yellow]... further malformed rows not shown[/yellow]")
-
-    progress = Progress(
-        TextColumn("backtest"), BarColumn(), MofNCompleteColumn(), TextColumn("lookups"), TimeElapsedColumn(),
-        console=console, disable=quiet or not console.is_terminal, transient=False,
-    )  # fmt: skip
-    task = progress.add_task("lookups", total=None)
-
-    def on_progress(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
-
-    try:
-        with progress, out.open("w") as fh:
-            result = run_backtest(
-                rules, pairs, every, fh, strategy=strategy, on_malformed=on_malformed, strict=strict,
-                progress=on_progress,
-            )  # fmt: skip
-    except RuleFileError as exc:
-        _err(str(exc))
-        raise typer.Exit(2) from None
-    except BacktestInputError as exc:
-        _err(f"backtest: {exc}")
-        raise typer.Exit(1 if strict and "malformed" in str(exc) else 2) from None
-    if result.malformed:
-        console.print(f"{result.malformed} malformed row(s) skipped", highlight=False)
-    console.print(result.summary(), highlight=False, soft_wrap=True)
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``rules`` and ``backtest`` (and the storage commands when present) to the root CLI."""
+    """Add ``rules`` and the storage commands (``subscribe``, ``subscriptions …``) to the root CLI."""
     app.add_typer(rules_app, name="rules")
-    app.command("backtest")(backtest_cmd)
-    try:
-        store_cli = importlib.import_module("subscriptions.store_cli")
-    except ModuleNotFoundError as exc:
-        if exc.name == "subscriptions.store_cli":
-            return
-        raise
-    reg = getattr(store_cli, "register", None)
-    if reg is not None:
-        reg(app)
+    store_cli.register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

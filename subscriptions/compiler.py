@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from subscriptions import ast as A
+from subscriptions import rule_ast as A
 from subscriptions.rule_parser import parse_rule
-from subscriptions.schema import STREAMS
+from tidewatch.schema import STREAMS
 
 PLAN_VERSION = 1
 

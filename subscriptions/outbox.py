@@ -58,8 +58,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tidewatch.db.models import Outbox
 from tidewatch.db.session import make_engine
+from tidewatch.kafka.client import client_config
 from tidewatch.kafka.txn import KafkaStalled, bounded, retrying
-from tidewatch.services.kafka import client_config
 from tidewatch.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class OutboxRelay:
     transactional_id: str = DEFAULT_TRANSACTIONAL_ID
     batch_size: int = 500
     hooks: Hooks = field(default_factory=Hooks)
-    #: the ``relay`` principal's credentials (:func:`tidewatch.services.kafka.client_config`)
+    #: the ``relay`` principal's credentials (:func:`tidewatch.kafka.client.client_config`)
     kafka_conf: dict[str, str] = field(default_factory=dict)
     #: a Kafka transaction not done after this long is given up (``relay_kafka_stall_s``)
     stall_s: float = field(default_factory=lambda: get_settings().relay_kafka_stall_s)

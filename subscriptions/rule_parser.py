@@ -1,6 +1,6 @@
 """Parser of the rule language (RULES.md core grammar) with lark's LALR(1) parser.
 
-:func:`parse_rule` turns rule text into the typed AST of :mod:`subscriptions.ast` and runs
+:func:`parse_rule` turns rule text into the typed AST of :mod:`subscriptions.rule_ast` and runs
 the type checker (:mod:`subscriptions.typecheck`); every failure is a
 :class:`~subscriptions.errors.RuleError` naming line, column and what was expected.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
-from subscriptions import ast as A
+from subscriptions import rule_ast as A
 from subscriptions.errors import RuleError
 
 if TYPE_CHECKING:

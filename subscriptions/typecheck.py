@@ -9,9 +9,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from subscriptions import ast as A
+from subscriptions import rule_ast as A
 from subscriptions.errors import RuleError
-from subscriptions.schema import STREAMS, FieldSpec, StreamSpec
+from tidewatch.schema import STREAMS, FieldSpec, StreamSpec
 
 #: aggregate functions that need a numeric field
 _NUMERIC_FUNCS = {"SUM", "AVG", "MIN", "MAX", "FIRST", "LAST"}

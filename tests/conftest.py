@@ -363,9 +363,9 @@ def _free_port() -> int:
 
 @contextmanager
 def _own_service(service: Any, s: Settings) -> Iterator[Settings]:
-    """``service`` (:mod:`tidewatch.services.kafka` or ``.postgres``) started with ``s``; stopped by
+    """``service`` (:mod:`tidewatch.stack.kafka_broker` or ``.postgres``) started with ``s``; stopped by
     PID at the end and its temporary run dir's parent removed."""
-    from tidewatch.services import process
+    from tidewatch.stack import processes as process
 
     try:
         service.start(s)
@@ -378,11 +378,11 @@ def _own_service(service: Any, s: Settings) -> Iterator[Settings]:
 
 @pytest.fixture(scope="session")
 def restartable_kafka() -> Iterator[Settings]:
-    """Settings of an embedded broker of its own (:mod:`tidewatch.services.kafka`, PLAINTEXT) on
+    """Settings of an embedded broker of its own (:mod:`tidewatch.stack.kafka_broker`, PLAINTEXT) on
     free ports in a temporary run dir: a test may stop it (``kafka.stop(s)``, by PID) and start it
     again on the same ports and data (restarting a container would change its mapped port).
     ``s.kafka_bootstrap`` is its address; it is left running between tests."""
-    from tidewatch.services import kafka
+    from tidewatch.stack import kafka_broker as kafka
 
     port = _free_port()
     s = Settings(
@@ -399,11 +399,11 @@ def restartable_kafka() -> Iterator[Settings]:
 
 @pytest.fixture(scope="session")
 def restartable_pg() -> Iterator[Settings]:
-    """Settings of an embedded PostgreSQL of its own (:mod:`tidewatch.services.postgres`) on a free
+    """Settings of an embedded PostgreSQL of its own (:mod:`tidewatch.stack.postgres_server`) on a free
     port in a temporary run dir, that a test may stop (``postgres.stop(s)``, by PID) and start
     again on the same port and data dir.  ``s.sqlalchemy_url`` is its application role, which may
     create databases here (``fresh_database`` of the engine tests)."""
-    from tidewatch.services import postgres
+    from tidewatch.stack import postgres_server as postgres
 
     root = Path(tempfile.mkdtemp(prefix="tidewatch-restart-pg-"))
     root.chmod(0o755)  # the server runs as the postgres user when the tests run as root

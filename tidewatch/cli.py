@@ -1,20 +1,24 @@
 """The ``tidewatch`` command line.
 
-Each area registers its own sub-commands from its own package, so the CLI is a
-thin shell over the library:
+Each area registers its own sub-commands from its own package (imported explicitly below),
+so the CLI is a thin shell over the library:
 
-* ``tidewatch up | down | status``          -- the embedded stack (:mod:`tidewatch.stack`)
+* ``tidewatch up | down | status``          -- the embedded stack (:mod:`tidewatch.stack.embedded`)
 * ``tidewatch rules …``, ``backtest``,
-  ``subscribe``, ``subscriptions …``        -- rules and subscriptions (:mod:`subscriptions.cli`)
+  ``subscribe``, ``subscriptions …``        -- rules and subscriptions (:mod:`subscriptions.cli`, :mod:`engine.cli`)
 * ``tidewatch feed …``, ``export``          -- feeds (:mod:`ingest.cli`)
 * ``tidewatch engine …``                    -- the Spark engine (:mod:`engine.cli`)
 """
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from dashboard import cli as dashboard_cli
+from engine import cli as engine_cli
+from ingest import cli as ingest_cli
+from subscriptions import cli as subscriptions_cli
+from tidewatch.stack import embedded as stack
 
 app = typer.Typer(
     name="tidewatch",
@@ -24,29 +28,6 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
 )
-
-# (module, attribute) pairs; each module exposes ``register(app: typer.Typer) -> None``.
-_AREAS = [
-    "tidewatch.stack",
-    "subscriptions.cli",
-    "subscriptions.store_cli",
-    "ingest.cli",
-    "engine.cli",
-    "dashboard.cli",
-]
-
-
-def _register_areas() -> None:
-    for name in _AREAS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # an area not built yet
-            if exc.name == name:
-                continue
-            raise
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(app)
 
 
 @app.callback()
@@ -67,7 +48,9 @@ def version() -> None:
     typer.echo(f"Apache Kafka {settings.kafka_version} (embedded)")
 
 
-_register_areas()
+# Each area adds its own commands; the order is the order of ``tidewatch --help``.
+for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli):
+    _area.register(app)
 
 
 def main() -> None:

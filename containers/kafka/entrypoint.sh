@@ -12,7 +12,7 @@
 #                               SASL/SCRAM-SHA-512, ACLs are enforced (nothing allowed without
 #                               one), super user "admin" with KAFKA_ADMIN_PASSWORD (required);
 #                               the principals and ACLs are created by the stack's init
-#                               (tidewatch.services.kafka.ensure_principals)
+#                               (tidewatch.kafka.client.ensure_principals)
 set -euo pipefail
 
 KAFKA_HOME="${KAFKA_HOME:-/opt/kafka}"

@@ -75,7 +75,7 @@ def produce_trades(bootstrap: str, topic: str, symbols: list[str], ts: list[int]
     import numpy as np
     from confluent_kafka import Producer
 
-    from ingest.avro import encode_batch
+    from tidewatch.wire.avro import encode_batch
 
     n = len(symbols)
     msgs = encode_batch(

@@ -18,8 +18,8 @@ from dash_helpers import produce_trades
 
 from dashboard.detail import KafkaUnavailable, preview_keys, recent_events
 from subscriptions.compiler import compile_rule
-from tidewatch.services import kafka
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

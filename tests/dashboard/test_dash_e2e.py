@@ -141,7 +141,7 @@ class Pipeline:
     """A fresh database, per-run topics, and the relay, engine and dashboard processes."""
 
     def __init__(self, pg_url: str, bootstrap: str, tmp: Path) -> None:
-        from engine.publish import ensure_topics
+        from engine.sinks.publish import ensure_topics
         from tidewatch.db.migrate import upgrade
 
         self.run = uuid.uuid4().hex[:8]

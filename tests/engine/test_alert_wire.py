@@ -1,5 +1,5 @@
 """The batch encoder of the engine's Kafka output gives, byte for byte, the records the per-alert
-fastavro path produced (:func:`engine.publish._produce_alerts_per_record`), for alerts and for
+fastavro path produced (:func:`engine.sinks.publish._produce_alerts_per_record`), for alerts and for
 alert rows read back from PostgreSQL."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from engine.alert_wire import encode_alerts
 from engine.core import Alert
-from engine.publish import _alert_record
-from ingest.avro import decode, encode
+from engine.sinks.alert_wire import encode_alerts
+from engine.sinks.publish import _alert_record
+from tidewatch.wire.avro import decode, encode
 
 
 def _reference(alerts: list[Any], batch_id: int, now: int) -> list[list[Any]]:

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.core import EngineCore, SubscriptionChange, parse_subscription_change
-from ingest.avro import encode_batch
+from tidewatch.wire.avro import encode_batch
 
 G = 1000
 

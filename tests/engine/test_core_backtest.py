@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from engine.core import EngineCore, SubscriptionChange
-from ingest.avro import encode_batch
+from tidewatch.wire.avro import encode_batch
 
-pytest.importorskip("subscriptions.evaluator")
-from subscriptions.backtest import EventFile, iter_alerts  # noqa: E402
+pytest.importorskip("engine.evaluation.evaluator")
+from engine.evaluation.backtest import EventFile, iter_alerts  # noqa: E402
 from subscriptions.compiler import compile_rule  # noqa: E402
 
 G = 1000
@@ -60,7 +60,7 @@ def _compile(text: str, plan: object) -> tuple[object, str]:
 def _evaluator(panes: bool, **kw: object) -> object:
     import inspect
 
-    from subscriptions.evaluator import Evaluator
+    from engine.evaluation.evaluator import Evaluator
 
     if panes:
         if "pane_ms" not in inspect.signature(Evaluator).parameters:
@@ -123,7 +123,7 @@ def test_engine_core_equals_backtest(seed: int, panes: bool) -> None:
 
 
 def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
-    from subscriptions.evaluator import Evaluator
+    from engine.evaluation.evaluator import Evaluator
 
     cols = trades(3000, 3)
     # the evaluator keeps 60 s of raw history, so a new 20 s rule sees all it needs (PSoup)
@@ -166,7 +166,7 @@ def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
 
 def test_snapshot_of_every_structure_kind() -> None:
     """COUNT DISTINCT, MIN/MAX, CI indexes: the snapshot round-trips and continuing is exact."""
-    from subscriptions.evaluator import Evaluator
+    from engine.evaluation.evaluator import Evaluator
 
     rules = {
         **RULES,

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from engine.dead_letter import DeadLetters
 from engine.decode import decode_records
-from ingest.avro import decode, encode, encode_batch
+from tidewatch.wire.avro import decode, encode, encode_batch
 
 
 def _trades(n: int, t0: int = 1_000_000) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""The direct Kafka source (``engine.kafka_source.DirectSource``) alone, against a real broker:
+"""The direct Kafka source (``engine.sources.direct.DirectSource``) alone, against a real broker:
 with a small ``max_records`` (so batches are cut full, partitions are sought back and stale
 records dropped), every record of every partition is handed over exactly once, in offset
 order, across a stop and a resume from the logged positions -- the contract the engine's
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 from engine.app import offset_ranges
-from engine.kafka_source import DirectSource
-from engine.snapshot_writer import atomic_write
+from engine.runtime.snapshot_writer import atomic_write
+from engine.sources.direct import DirectSource
 
 pytestmark = pytest.mark.integration
 

@@ -44,7 +44,7 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp_path / "ckpt", engine_source=source)
     db = fresh_database(pg_url)
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     ensure_topics(kafka_bootstrap, s)
     # about 45 micro-batches of events for every three kills (each kill waits for three batches,
@@ -71,7 +71,7 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     finally:
         kill_engine(proc, signal.SIGTERM if proc.poll() is None else signal.SIGKILL)
 
-    from engine.store import Store
+    from engine.sinks.store import Store
 
     store = Store(create_engine(db))
     got = store.alert_log()

@@ -50,11 +50,12 @@ from tests_engine_support import (
 )
 
 from dashboard import catchup
-from ingest.csv_io import write_csv
 from subscriptions.service import SubscriptionService
 from tidewatch.db.session import make_engine
-from tidewatch.services import kafka, postgres
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
+from tidewatch.stack import postgres_server as postgres
+from tidewatch.wire.csv_io import write_csv
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,7 @@ def _run_through(
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp_path / "ckpt", engine_source=source)
     db = fresh_database(pg_s.sqlalchemy_url)
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     ensure_topics(bootstrap, s)
     # the dashboard's side: a user owning the subscriptions the engine gets through Kafka
@@ -172,7 +173,7 @@ def _run_through(
     assert rc == 0, engine_log[-3000:]
     assert "replaying batches" not in engine_log  # one engine process from start to end
 
-    from engine.store import Store
+    from engine.sinks.store import Store
 
     got = Store(db_engine).alert_log()
     expect = backtest(sc, RULES, final)
@@ -207,7 +208,7 @@ def test_engine_rides_out_a_kafka_broker_restart(
     restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path, source: str
 ) -> None:
     """``direct``: the direct source's fetch consumer loses its socket to the broker, reports
-    it, looks the leaders up again and reconnects (engine/fetch_consumer.py)."""
+    it, looks the leaders up again and reconnects (engine/sources/fetch_consumer.py)."""
 
     def restart() -> None:
         kafka.stop(restartable_kafka)  # controlled shutdown

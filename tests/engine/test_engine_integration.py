@@ -88,7 +88,7 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, source: str
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp / "ckpt", engine_source=source)
     db = fresh_database(pg_url)
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     ensure_topics(bootstrap, s)
     sc = make_scenario()
@@ -183,7 +183,7 @@ def test_direct_source_available_now_drains_what_is_there_and_resumes(
     start, after the events were produced, resumes from the logged positions, drains them and
     stops -- and the alert log equals the backtest."""
     from engine.app import EngineApp
-    from engine.publish import ensure_topics
+    from engine.sinks.publish import ensure_topics
 
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp_path / "ckpt", engine_source="direct")

@@ -1,4 +1,4 @@
-"""The fetch consumer's pure parts (``engine.fetch_consumer``), no broker: the record kernel reads
+"""The fetch consumer's pure parts (``engine.sources.fetch_consumer``), no broker: the record kernel reads
 v2 records written here by hand (null and empty keys and values, headers, LogAppendTime, the
 fetch offset inside a batch), refuses broken framing instead of reading past it, and a fetched
 chunk is handed over in slices that keep each partition-EOF event in its place.  The consumer
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.fetch_consumer import FetchConsumer, _control_type, _empty, _records, _slice
-from engine.native_consumer import ERR_PARTITION_EOF, Chunk, ConsumeError, _binary
+from engine.sources.fetch_consumer import FetchConsumer, _control_type, _empty, _records, _slice
+from engine.sources.native_consumer import ERR_PARTITION_EOF, Chunk, ConsumeError, _binary
 
 
 def varint(v: int) -> bytes:
@@ -114,7 +114,7 @@ def test_a_fetch_is_handed_over_in_slices_with_its_events_in_place() -> None:
 def test_keys_and_values_become_a_large_binary_column() -> None:
     """Views into the fetched bytes (inline up to 12 bytes, else prefix + offset), then one copy
     by Arrow: nulls, empties, short and long values come out as they were."""
-    from engine.fetch_consumer import _large_binary
+    from engine.sources.fetch_consumer import _large_binary
 
     data = np.frombuffer(bytes(range(256)) * 4, np.uint8)
     start = np.array([0, 5, 7, 100, 300, 1000], np.int64)

@@ -1,4 +1,4 @@
-"""Where the direct Kafka source resumes after a stop or a crash (``engine.kafka_source``).
+"""Where the direct Kafka source resumes after a stop or a crash (``engine.sources.direct``).
 
 Pure file-system logic, no services: the positions files and offset logs are written as the
 source and :class:`engine.app.EngineApp` write them, with the crash points in between."""
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from engine.kafka_source import resume_point
+from engine.sources.direct import resume_point
 
 
 def app_at(tmp_path: Path) -> SimpleNamespace:

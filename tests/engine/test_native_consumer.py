@@ -1,5 +1,5 @@
-"""The direct source's two consumers -- librdkafka driven natively (``engine.native_consumer``)
-and the engine's own Fetch-API reader (``engine.fetch_consumer``) -- against a real Kafka
+"""The direct source's two consumers -- librdkafka driven natively (``engine.sources.native_consumer``)
+and the engine's own Fetch-API reader (``engine.sources.fetch_consumer``) -- against a real Kafka
 broker: the records they hand over as Arrow columns equal what confluent-kafka's ``Consumer``
 reads of the same partitions (nulls, empties, every codec the producers here use),
 read_committed drops aborted transactions (also interleaved with another producer's committed
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from engine.app import records_table
-from engine.fetch_consumer import FetchConsumer
-from engine.native_consumer import (
+from engine.sources.fetch_consumer import FetchConsumer
+from engine.sources.native_consumer import (
     ERR_PARTITION_EOF,
     OFFSET_BEGINNING,
     NativeConsumer,

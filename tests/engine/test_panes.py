@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.panes import ColumnSet, PaneSpec, aggregate, pane_of
+from engine.evaluation.panes import ColumnSet, PaneSpec, aggregate, pane_of
 
 G = 1000
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from tests_engine_support import read_topic
 
-from engine import publish
 from engine.core import Alert
-from ingest.avro import decode
+from engine.sinks import publish
 from tidewatch.settings import Settings
+from tidewatch.wire.avro import decode
 
 pytestmark = pytest.mark.integration
 

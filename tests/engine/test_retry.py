@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy import exc as sa_exc
 
-from engine.retry import is_transient_db_error, retry_transient
+from engine.runtime.retry import is_transient_db_error, retry_transient
 
 
 def _op_error() -> sa_exc.OperationalError:
@@ -59,7 +59,7 @@ def test_commit_survives_the_server_dropping_every_connection(pg_url: str) -> No
     from test_engine_integration import fresh_database
 
     from engine.core import BatchOutput
-    from engine.store import Store
+    from engine.sinks.store import Store
 
     db = fresh_database(pg_url)
     eng = create_engine(db)

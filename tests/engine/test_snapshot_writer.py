@@ -1,4 +1,4 @@
-"""engine.snapshot_writer: the state snapshot written by a forked child while the batches go on."""
+"""engine.runtime.snapshot_writer: the state snapshot written by a forked child while the batches go on."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
+from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 

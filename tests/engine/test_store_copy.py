@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from engine.core import Alert, BatchOutput
-from engine.store import Store, _write_unnest, write_copy
+from engine.sinks.store import Store, _write_unnest, write_copy
 from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration

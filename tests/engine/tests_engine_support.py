@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy.pool import NullPool
 
-from ingest.avro import decode, encode, encode_batch
+from tidewatch.wire.avro import decode, encode, encode_batch
 
 G = 1000
 RULES = {
@@ -152,7 +152,7 @@ def add_rule(sc: Scenario, bootstrap: str, topic: str, name: str, text: str) -> 
 
 def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str, str, str, int]]:
     """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <= until."""
-    from subscriptions.backtest import EventFile, iter_alerts
+    from engine.evaluation.backtest import EventFile, iter_alerts
     from subscriptions.compiler import compile_rule
 
     plans = [(sc.sub_ids[n], t, compile_rule(t)) for n, t in rules.items()]

@@ -1,4 +1,4 @@
-"""ingest.avro: framing, the Numba batch encoder/decoder against fastavro, schema evolution."""
+"""tidewatch.wire.avro: framing, the Numba batch encoder/decoder against fastavro, schema evolution."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest import avro
-from ingest.avro import AvroDecodeError, Coded, decode, decode_batch, encode, encode_batch
+from tidewatch.wire import avro
+from tidewatch.wire.avro import AvroDecodeError, Coded, decode, decode_batch, encode, encode_batch
 
 TRADE = {
     "symbol": "AAPL",

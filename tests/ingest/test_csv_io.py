@@ -1,4 +1,4 @@
-"""ingest.csv_io: the backtest contract's CSV files -- bad lines reported by line number, never passed on."""
+"""tidewatch.wire.csv_io: the backtest contract's CSV files -- bad lines reported by line number, never passed on."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.csv_io import CsvError, CsvReport, columns_to_frame, read_csv_chunks, write_csv
 from ingest.packets_gen import PacketConfig, PacketGenerator
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tidewatch.wire.csv_io import CsvError, CsvReport, columns_to_frame, read_csv_chunks, write_csv
 
 
 def _read(path: Path, stream: str, chunk_lines: int = 200_000) -> tuple[list[dict], CsvReport]:

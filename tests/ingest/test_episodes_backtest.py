@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ingest.csv_io import write_csv
 from ingest.trades_gen import K_MOMENTUM, K_SURGE, TradeConfig, TradeGenerator, demo_episodes
+from tidewatch.wire.csv_io import write_csv
 
 MIN = 60_000
 START = 1_709_564_400_000  # 2024-03-04 15:00 UTC
@@ -110,9 +110,7 @@ def _backtest_available() -> str | None:
     names = {c.name for c in app.registered_commands}
     names |= {g.name for g in app.registered_groups}
     if "backtest" not in names:
-        return (
-            "`tidewatch backtest` is not registered yet (subscriptions.cli / subscriptions.backtest missing)"
-        )
+        return "`tidewatch backtest` is not registered yet (subscriptions.cli / engine.evaluation.backtest missing)"
     return None
 
 

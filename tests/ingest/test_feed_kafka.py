@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Consumer
 from typer.testing import CliRunner
 
-from ingest.avro import decode_batch, field_names
-from ingest.csv_io import columns_to_frame, write_csv
 from ingest.packets_gen import PacketConfig, PacketGenerator, demo_attacks
 from ingest.producer import KafkaFeed, ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator, demo_episodes
+from tidewatch.wire.avro import decode_batch, field_names
+from tidewatch.wire.csv_io import columns_to_frame, write_csv
 
 pytestmark = pytest.mark.integration
 

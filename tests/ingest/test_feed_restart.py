@@ -1,6 +1,6 @@
 """The Kafka broker restarted while a file feed runs: the feed keeps going and nothing is lost or doubled.
 
-The broker is the embedded one (:mod:`tidewatch.services.kafka`, the broker ``tidewatch up``
+The broker is the embedded one (:mod:`tidewatch.stack.kafka_broker`, the broker ``tidewatch up``
 runs) in a temporary run dir on free ports (fixture ``restartable_kafka``, tests/conftest.py), so it can be stopped and started again on the
 same ports and data (the session's container broker is shared by other tests).  The real
 ``tidewatch feed trades --csv`` runs in a subprocess, paced with ``--rate``; the broker is
@@ -31,12 +31,12 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from topic_reader import read_topic
 
-from ingest.avro import decode_batch, field_names
-from ingest.csv_io import columns_to_frame, read_csv_chunks, write_csv
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tidewatch.services import kafka
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
+from tidewatch.wire.avro import decode_batch, field_names
+from tidewatch.wire.csv_io import columns_to_frame, read_csv_chunks, write_csv
 
 pytestmark = pytest.mark.integration
 

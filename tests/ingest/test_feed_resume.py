@@ -24,10 +24,10 @@ import pyarrow as pa
 import pytest
 from topic_reader import read_topic
 
-from ingest.avro import decode_batch, field_names
-from ingest.csv_io import read_csv_chunks, write_csv
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tidewatch.wire.avro import decode_batch, field_names
+from tidewatch.wire.csv_io import read_csv_chunks, write_csv
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def _records(progress: Path) -> int:
 
 
 def _source(f: Path) -> pd.DataFrame:
-    from ingest.csv_io import columns_to_frame
+    from tidewatch.wire.csv_io import columns_to_frame
 
     return pd.concat([columns_to_frame(c, "trades") for c in read_csv_chunks(f, "trades")], ignore_index=True)
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from engine.dead_letter import DeadLetters
 from engine.decode import decode_records
-from ingest.avro import AvroDecodeError, _varint, decode, decode_batch, encode
+from tidewatch.wire.avro import AvroDecodeError, _varint, decode, decode_batch, encode
 
 KAFKA_TS = 1_000_000
 TRADE = {"symbol": "AAPL", "ts": KAFKA_TS, "price": 10.5, "size": 5, "side": "BID", "exchange": "NASDAQ"}

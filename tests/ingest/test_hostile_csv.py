@@ -1,7 +1,7 @@
 """Malformed and hostile CSV rows (issue "Reliability and security", bad input).
 
-Two readers take the backtest contract's CSV files (RULES.md): the feeds' ``ingest.csv_io``
-(``tidewatch feed trades FILE``) and the backtest's ``subscriptions.backtest.load_events``.
+Two readers take the backtest contract's CSV files (RULES.md): the feeds' ``tidewatch.wire.csv_io``
+(``tidewatch feed trades FILE``) and the backtest's ``engine.evaluation.backtest.load_events``.
 ``tests/ingest/test_csv_io.py`` covers wrong field counts, bad ts / size / side / price, an empty
 symbol, a missing header field and a blank line for the feed reader.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ingest.csv_io import CsvError, CsvReport, read_csv_chunks
-from subscriptions.backtest import BacktestInputError, load_events
-from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE
+from engine.evaluation.backtest import BacktestInputError, load_events
+from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE
+from tidewatch.wire.csv_io import CsvError, CsvReport, read_csv_chunks
 
 HEADER = b"symbol,ts,price,size,side,exchange\n"
 

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ingest.csv_io import columns_to_frame
 from ingest.packets_gen import (
     K_HEAVY_HITTER,
     K_PORT_SCAN,
@@ -16,6 +15,7 @@ from ingest.packets_gen import (
     PacketGenerator,
     demo_attacks,
 )
+from tidewatch.wire.csv_io import columns_to_frame
 
 
 def _frame(gen: PacketGenerator, t0: int, t1: int) -> pd.DataFrame:

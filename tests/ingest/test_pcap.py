@@ -13,8 +13,8 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from ingest.csv_io import CsvReport
 from ingest.pcap import PcapError, read_pcap_chunks, tcp_flag_letters
+from tidewatch.wire.csv_io import CsvReport
 
 
 def _l4(proto: str, sp: int, dp: int, flags: int = 0, payload: bytes = b"") -> tuple[int, dpkt.Packet]:
@@ -209,8 +209,8 @@ def test_live_loopback_capture_with_tcpdump(tmp_path: Path) -> None:
 
 def test_numba_scanner_and_dpkt_agree_on_generated_traffic(tmp_path: Path) -> None:
     """pcap goes through the Numba scanner, pcapng through dpkt: same frames, same columns."""
-    from ingest.csv_io import columns_to_frame
     from ingest.packets_gen import PacketConfig, PacketGenerator, demo_attacks
+    from tidewatch.wire.csv_io import columns_to_frame
 
     gen = PacketGenerator(PacketConfig(rate=2000), seed=4, attacks=demo_attacks(500, every_ms=500, count=3))
     df = columns_to_frame(gen.chunk(0, 2000), "packets").astype(object)

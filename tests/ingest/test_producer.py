@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 import ingest.producer as producer_mod
-from ingest.avro import decode
 from ingest.producer import KafkaFeed, Pacer
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tidewatch.wire.avro import decode
 
 
 class FakeProducer:

@@ -113,7 +113,7 @@ def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProje
     seconds until one comes back, as the engine's query may start after the first one."""
     from confluent_kafka import Consumer, Producer
 
-    from ingest.avro import encode
+    from tidewatch.wire.avro import encode
 
     up = compose_project.cmd("up", "-d")
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Avro trades -> real Kafka -> Spark Structured Streaming (real Kafka connector) -> PostgreSQL.
 
-Trades are framed Avro records (:mod:`ingest.avro`: magic byte, schema id, fastavro body of
-``ingest/schemas/trades.avsc``) produced to the testcontainers Kafka.  A streaming query
+Trades are framed Avro records (:mod:`tidewatch.wire.avro`: magic byte, schema id, fastavro body of
+``tidewatch/wire/schemas/trades.avsc``) produced to the testcontainers Kafka.  A streaming query
 reads them through ``spark-sql-kafka-0-10``, decodes the body with spark-avro's
 ``from_avro`` and, in ``foreachBatch``, writes one row per micro-batch into the
 testcontainers PostgreSQL (upsert on the batch id, so a replayed batch changes nothing).
@@ -55,7 +55,7 @@ def _trades(n: int, start_ms: int) -> list[dict[str, object]]:
 def _produce(bootstrap: str, topic: str, trades: list[dict[str, object]]) -> None:
     from confluent_kafka import Producer
 
-    from ingest.avro import encode
+    from tidewatch.wire.avro import encode
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for t in trades:
@@ -100,7 +100,7 @@ def test_avro_trades_flow_from_kafka_through_spark_into_postgres(
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    from ingest.avro import load_schema_json, schema_id
+    from tidewatch.wire.avro import load_schema_json, schema_id
 
     engine = sa.create_engine(pg_url)
     with engine.begin() as conn:

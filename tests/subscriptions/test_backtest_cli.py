@@ -9,8 +9,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from subscriptions.backtest import EventFile, load_events, lookup_times
-from subscriptions.cli import register
+from engine import cli as engine_cli
+from engine.evaluation.backtest import EventFile, load_events, lookup_times
+from subscriptions import cli as subscriptions_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -24,7 +25,8 @@ def app() -> typer.Typer:
     def _root() -> None:
         """test root"""
 
-    register(a)
+    subscriptions_cli.register(a)
+    engine_cli.register(a)
     return a
 
 

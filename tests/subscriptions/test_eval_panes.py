@@ -4,7 +4,7 @@ Random rules (the generators of ``test_property``: every aggregate, FILTERs, his
 millisecond windows, which panes cannot serve) x random trade and packet streams:
 
 * ``Evaluator(pane_ms=g).apply`` (pre-aggregating internally) == the brute-force reference;
-* the engine's path -- ``pane_spec`` -> :func:`engine.panes.aggregate` -> ``apply_panes`` (+ the
+* the engine's path -- ``pane_spec`` -> :func:`engine.evaluation.panes.aggregate` -> ``apply_panes`` (+ the
   raw events when ``needs_raw``) -- == raw events, lookup by lookup, also for a rule added
   half-way (PSoup backfill from the retained pane rows / raw events);
 * ``values`` returns the aggregates each rule's atoms compare.
@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_property import Reference, packet_events, reference_alerts, rules, to_file, trade_events
 
-from engine.panes import aggregate
-from subscriptions.backtest import EventFile, iter_alerts, lookup_times
+from engine.evaluation.backtest import EventFile, iter_alerts, lookup_times
+from engine.evaluation.evaluator import Evaluator
+from engine.evaluation.panes import aggregate
 from subscriptions.compiler import compile_rule
-from subscriptions.evaluator import Evaluator
 
 
 def _run_backtest(
@@ -251,7 +251,7 @@ def test_pane_spec_lists_column_sets_and_raw_needs() -> None:
 def test_batches_spanning_several_panes(
     rule_texts: list[str], trades: list[dict[str, Any]], packets: list[dict[str, Any]], panes_per_lookup: int
 ) -> None:
-    """Lookups every 2-3 panes: each batch spans several panes (engine.panes.aggregate path)."""
+    """Lookups every 2-3 panes: each batch spans several panes (engine.evaluation.panes.aggregate path)."""
     named = [(f"r{i}", t) for i, t in enumerate(rule_texts)]
     files = [to_file("trades", trades), to_file("packets", packets)]
     g = 500

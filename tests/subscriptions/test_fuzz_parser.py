@@ -35,12 +35,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subscriptions import ast as A
-from subscriptions.backtest import EventFile, iter_alerts
+from engine.evaluation.backtest import EventFile, iter_alerts
+from subscriptions import rule_ast as A
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
 from subscriptions.rule_parser import parse_rule
-from subscriptions.schema import STREAMS
+from tidewatch.schema import STREAMS
 from tidewatch.settings import PROJECT_ROOT, get_settings
 
 #: examples per strategy: four fuzzing strategies -> 4 x 1500 = 6000 inputs a run in CI;

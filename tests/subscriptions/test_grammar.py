@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from subscriptions import ast as A
+from subscriptions import rule_ast as A
 from subscriptions.compiler import Plan, compile_rule, explain
 from subscriptions.rule_parser import parse_rule
 

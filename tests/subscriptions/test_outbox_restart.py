@@ -25,8 +25,8 @@ from test_outbox import RULE, _assert_exactly_once, _read_topic, _rows
 
 from subscriptions.outbox import pending_count
 from subscriptions.service import SubscriptionService
-from tidewatch.services import kafka
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

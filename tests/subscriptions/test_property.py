@@ -14,10 +14,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from subscriptions import ast as A
-from subscriptions.backtest import EventFile, iter_alerts
+from engine.evaluation.backtest import EventFile, iter_alerts
+from engine.evaluation.evaluator import Evaluator
+from subscriptions import rule_ast as A
 from subscriptions.compiler import compile_rule
-from subscriptions.evaluator import Evaluator
 from subscriptions.rule_parser import parse_rule
 
 SYMBOLS = ["A", "B", "C", "D"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.evaluation.evaluator import Evaluator
 from subscriptions.compiler import compile_rule
-from subscriptions.evaluator import Evaluator
 
 HEAD = "SELECT symbol FROM trades GROUP BY symbol HAVING "
 ASK_HEAD = "SELECT symbol FROM trades WHERE side = 'ASK' GROUP BY symbol HAVING "

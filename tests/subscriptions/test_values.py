@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.evaluation.evaluator import Evaluator
 from subscriptions.compiler import compile_rule
-from subscriptions.evaluator import Evaluator
 
 RULES = {
     "a": "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS > 1 "

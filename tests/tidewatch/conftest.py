@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tidewatch import stack
-from tidewatch.services import kafka, postgres, process
+from tidewatch.kafka import client as kafka_client
 from tidewatch.settings import Settings, get_settings
+from tidewatch.stack import embedded as stack
+from tidewatch.stack import postgres_server as postgres
+from tidewatch.stack import processes as process
 
 
 def free_port() -> int:
@@ -25,7 +27,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def scram_stack() -> Iterator[Settings]:
     """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way
-    ``tidewatch up`` starts them (:func:`tidewatch.stack.start_services`): Kafka with SCRAM and
+    ``tidewatch up`` starts them (:func:`tidewatch.stack.embedded.start_services`): Kafka with SCRAM and
     the principals' users and ACLs, PostgreSQL migrated, the topics created as ``admin``.
     Free ports, a temporary run dir, random passwords; everything is stopped at the end."""
     base = get_settings()
@@ -41,12 +43,12 @@ def scram_stack() -> Iterator[Settings]:
         pg_port=free_port(),
         kafka_security="scram",
         kafka_admin_password=secrets.token_urlsafe(16),
-        **{f"kafka_{p}_password": secrets.token_urlsafe(16) for p in kafka.PRINCIPALS},  # type: ignore[arg-type]
+        **{f"kafka_{p}_password": secrets.token_urlsafe(16) for p in kafka_client.PRINCIPALS},  # type: ignore[arg-type]
     )
     if postgres.find_bin_dir(s) is None:
         pytest.fail("PostgreSQL binaries missing: run scripts/setup.sh")
     try:
-        stack.check_kafka_secrets(s, list(kafka.PRINCIPALS))
+        stack.check_kafka_secrets(s, list(kafka_client.PRINCIPALS))
         stack.start_services(s)
         yield s
     finally:

@@ -16,11 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tidewatch import stack
 from tidewatch.db import migrate
 from tidewatch.kafka.admin import admin_client
-from tidewatch.services import kafka, postgres, process
 from tidewatch.settings import Settings, get_settings
+from tidewatch.stack import embedded as stack
+from tidewatch.stack import kafka_broker as kafka
+from tidewatch.stack import postgres_server as postgres
+from tidewatch.stack import processes as process
 
 pytestmark = pytest.mark.integration
 

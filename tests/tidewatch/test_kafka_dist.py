@@ -1,10 +1,10 @@
-"""Maven coordinates and cache layout of tidewatch.services.kafka_dist (no network)."""
+"""Maven coordinates and cache layout of tidewatch.jars (no network)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tidewatch.services import kafka_dist
+from tidewatch import jars as kafka_dist
 from tidewatch.settings import Settings
 
 

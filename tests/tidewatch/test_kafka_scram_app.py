@@ -2,9 +2,9 @@
 
 Each test runs as one process of ``tidewatch up`` would: the environment holds
 ``TIDEWATCH_KAFKA_SECURITY=scram`` and only that process's own SCRAM password (the others blank,
-:func:`tidewatch.stack._kafka_env`), the settings are read from it, and the app's real code paths
+:func:`tidewatch.stack.embedded._kafka_env`), the settings are read from it, and the app's real code paths
 connect: the feed's :class:`~ingest.producer.KafkaFeed` / ``TransactionalFeed`` (``--resume``),
-the engine's :class:`~engine.publish.Publisher`, ``ensure_topics`` and ``read_ranges``, the
+the engine's :class:`~engine.sinks.publish.Publisher`, ``ensure_topics`` and ``read_ranges``, the
 dashboard's key-detail reader (:func:`dashboard.detail.recent_events`) and the outbox relay
 (:meth:`subscriptions.outbox.OutboxRelay.from_settings`).  Each allowed action succeeds and each
 forbidden one is refused by the broker.  The broker side alone: test_kafka_security.py.
@@ -22,12 +22,12 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from engine.app import read_ranges
-from engine.publish import Publisher, ensure_topics
+from engine.sinks.publish import Publisher, ensure_topics
 from ingest.producer import FeedProgress, KafkaFeed, TransactionalFeed, ensure_topic, file_identity
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tidewatch import stack
-from tidewatch.services import kafka
+from tidewatch.kafka import client as kafka_client
 from tidewatch.settings import Settings, get_settings
+from tidewatch.stack import embedded as stack
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def as_process(scram_stack: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 def _admin(s: Settings, **conf: Any) -> dict[str, Any]:
-    return kafka.librdkafka_config(s, kafka.ADMIN, **conf)
+    return kafka_client.librdkafka_config(s, kafka_client.ADMIN, **conf)
 
 
 def _end_offsets(s: Settings, topic: str) -> int:
@@ -90,11 +90,11 @@ def _end_offsets(s: Settings, topic: str) -> int:
 def _read_all(s: Settings, principal: str, topic: str, timeout: float = 15.0) -> list[Any]:
     """Every committed record of ``topic``, read as ``principal`` (its own group prefix)."""
     c = Consumer(
-        kafka.librdkafka_config(
+        kafka_client.librdkafka_config(
             s,
             principal,
             **{
-                "group.id": f"{kafka.ID_PREFIX[principal]}-test-{uuid.uuid4().hex[:6]}",
+                "group.id": f"{kafka_client.ID_PREFIX[principal]}-test-{uuid.uuid4().hex[:6]}",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "enable.partition.eof": True,
@@ -126,7 +126,9 @@ def _read_all(s: Settings, principal: str, topic: str, timeout: float = 15.0) ->
 
 def _produce_one(s: Settings, principal: str, topic: str, value: bytes = b"x") -> tuple[Any, int, int]:
     """Produce one record as ``principal``: ``(error or None, partition, offset)``."""
-    p = Producer(kafka.librdkafka_config(s, principal, **{"message.timeout.ms": 10_000, "log_level": 0}))
+    p = Producer(
+        kafka_client.librdkafka_config(s, principal, **{"message.timeout.ms": 10_000, "log_level": 0})
+    )
     got: list[tuple[Any, Any, Any]] = []
     p.produce(topic, value=value, on_delivery=lambda e, m: got.append((e, m.partition(), m.offset())))
     p.flush(20)
@@ -143,9 +145,9 @@ def _trades(n_ms: int = 2000) -> list[dict[str, Any]]:
 def test_each_process_gets_only_its_own_password(scram_stack: Settings, as_process: AsProcess) -> None:
     s = as_process("engine")
     assert s.kafka_security == "scram" and s.kafka_engine_password == scram_stack.kafka_engine_password
-    for other in (kafka.ADMIN, "feed", "dashboard", "relay"):
-        with pytest.raises(RuntimeError, match=kafka.password_variable(other)):
-            kafka.client_config(s, other)
+    for other in (kafka_client.ADMIN, "feed", "dashboard", "relay"):
+        with pytest.raises(RuntimeError, match=kafka_client.password_variable(other)):
+            kafka_client.client_config(s, other)
 
 
 def test_feed_writes_trades_and_is_refused_elsewhere(scram_stack: Settings, as_process: AsProcess) -> None:
@@ -193,9 +195,9 @@ def test_engine_publishes_alerts_reads_streams_and_nothing_else(
     scram_stack: Settings, as_process: AsProcess
 ) -> None:
     full = scram_stack
-    err, part, off = _produce_one(full, kafka.ADMIN, full.topic_trades)
+    err, part, off = _produce_one(full, kafka_client.ADMIN, full.topic_trades)
     assert err is None
-    derr, dpart, doff = _produce_one(full, kafka.ADMIN, full.topic_dead_letter)
+    derr, dpart, doff = _produce_one(full, kafka_client.ADMIN, full.topic_dead_letter)
     assert derr is None
 
     s = as_process("engine")
@@ -287,7 +289,7 @@ def test_no_or_wrong_credentials_are_refused(
     scram_stack: Settings, as_process: AsProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = as_process("feed")
-    monkeypatch.setenv(kafka.password_variable("feed"), "not-the-password")
+    monkeypatch.setenv(kafka_client.password_variable("feed"), "not-the-password")
     get_settings.cache_clear()
     with pytest.raises(KafkaException):
         ensure_topic(s.kafka_bootstrap, s.topic_trades, timeout=5)  # a feed's first call
@@ -317,7 +319,7 @@ def test_spark_engine_reads_trades_and_publishes_alerts_over_scram(
         relay.drain()
 
     s = as_process("engine")
-    assert set(kafka.spark_options(s)) == {
+    assert set(kafka_client.spark_options(s)) == {
         "kafka.security.protocol",
         "kafka.sasl.mechanism",
         "kafka.sasl.jaas.config",

@@ -1,8 +1,8 @@
 """Kafka SASL/SCRAM and ACLs on the embedded broker (opt-in ``TIDEWATCH_KAFKA_SECURITY=scram``).
 
-Starts the embedded broker (:mod:`tidewatch.services.kafka`) in the SCRAM mode on free ports,
+Starts the embedded broker (:mod:`tidewatch.stack.kafka_broker`) in the SCRAM mode on free ports,
 creates the topics as ``admin``, the principals and their ACLs with
-:func:`~tidewatch.services.kafka.ensure_principals`, then tries, with real librdkafka clients,
+:func:`~tidewatch.kafka.client.ensure_principals`, then tries, with real librdkafka clients,
 each allowed and each forbidden action of the issue: feeds may only write their stream topics,
 the engine reads those and writes alerts / results / dead-letter, the dashboard reads alerts /
 results; a client without credentials or with a wrong password gets nothing.
@@ -19,8 +19,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tidewatch.services import kafka
+from tidewatch.kafka import client as kafka_client
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def _produce(s: Settings, principal: str, topic: str, transactional_id: str | No
         "bootstrap.servers": s.kafka_bootstrap,
         "message.timeout.ms": 10_000,
         "log_level": 0,
-        **kafka.client_config(s, principal),
+        **kafka_client.client_config(s, principal),
     }
     if transactional_id:
         conf["transactional.id"] = transactional_id
@@ -76,11 +77,11 @@ def _consume(s: Settings, principal: str, topic: str) -> int | None:
     c = Consumer(
         {
             "bootstrap.servers": s.kafka_bootstrap,
-            # the principal's own group prefix (kafka.ID_PREFIX): groups are authorized too
-            "group.id": f"{kafka.ID_PREFIX.get(principal, 'tidewatch-' + principal)}-test-{uuid.uuid4().hex[:6]}",
+            # the principal's own group prefix (kafka_client.ID_PREFIX): groups are authorized too
+            "group.id": f"{kafka_client.ID_PREFIX.get(principal, 'tidewatch-' + principal)}-test-{uuid.uuid4().hex[:6]}",
             "enable.auto.commit": False,
             "log_level": 0,
-            **kafka.client_config(s, principal),
+            **kafka_client.client_config(s, principal),
         }
     )
     try:
@@ -107,7 +108,7 @@ def test_clients_without_or_with_wrong_credentials_get_nothing(secure_kafka: Set
     plain = AdminClient({"bootstrap.servers": s.kafka_bootstrap, "log_level": 0})
     with pytest.raises(KafkaException):
         plain.list_topics(timeout=5)
-    wrong = dict(kafka.client_config(s, "feed"), **{"sasl.password": "not-it"})
+    wrong = dict(kafka_client.client_config(s, "feed"), **{"sasl.password": "not-it"})
     bad = AdminClient({"bootstrap.servers": s.kafka_bootstrap, "log_level": 0, **wrong})
     with pytest.raises(KafkaException):
         bad.list_topics(timeout=5)
@@ -120,11 +121,11 @@ def test_feed_writes_only_its_stream_topics(secure_kafka: Settings) -> None:
     for topic in (s.topic_alerts, s.topic_results, s.topic_dead_letter, s.topic_subscriptions):
         assert _produce(s, "feed", topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
     # reading: only its stream topics, which a resumable feed's transactional progress marker
-    # needs (kafka.acls); nothing else
+    # needs (kafka_client.acls); nothing else
     assert _consume(s, "feed", s.topic_trades) is None
     for topic in (s.topic_alerts, s.topic_results, s.topic_subscriptions):
         assert _consume(s, "feed", topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
-    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap, **kafka.client_config(s, "feed")})
+    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap, **kafka_client.client_config(s, "feed")})
     with pytest.raises(KafkaException) as info:
         admin.create_topics([NewTopic("evil", 1, 1)])["evil"].result(15)
     assert info.value.args[0].code() in DENIED
@@ -137,7 +138,7 @@ def test_engine_reads_streams_and_writes_its_outputs(secure_kafka: Settings) -> 
     for topic in (s.topic_alerts, s.topic_results, s.topic_dead_letter):
         assert _produce(s, "engine", topic) is None, topic
     assert _produce(s, "engine", s.topic_alerts, transactional_id="tidewatch-engine-test") is None
-    assert _consume(s, "engine", s.topic_alerts) is None  # its progress marker (engine/publish.py)
+    assert _consume(s, "engine", s.topic_alerts) is None  # its progress marker (engine/sinks/publish.py)
     assert _produce(s, "engine", s.topic_alerts, transactional_id="tidewatch-outbox-relay-x") in DENIED
     assert _produce(s, "engine", s.topic_trades) == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert _produce(s, "engine", s.topic_subscriptions) == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -170,5 +171,5 @@ def test_relay_writes_only_subscriptions(secure_kafka: Settings) -> None:
 
 def test_plaintext_remains_the_default() -> None:
     s = Settings()
-    assert s.kafka_security == "plaintext" and kafka.client_config(s) == {}
+    assert s.kafka_security == "plaintext" and kafka_client.client_config(s) == {}
     assert "PLAINTEXT://" in kafka.server_properties(s) and "sasl" not in kafka.server_properties(s)

@@ -204,7 +204,7 @@ def test_a_wrong_password_is_refused_and_the_clear_text_is_not_stored(role_db: R
 # ---------------------------------------------------------------- what each role must be able to do
 def test_engine_role_commits_a_batch_through_the_real_store(role_db: RoleDb) -> None:
     from engine.core import Alert, BatchOutput
-    from engine.store import Store
+    from engine.sinks.store import Store
     from tidewatch.db.session import make_engine
 
     eng = make_engine(role_db.urls["engine"], poolclass=pool.NullPool)
@@ -312,9 +312,9 @@ def test_embedded_stack_creates_the_roles_and_gives_each_process_its_url() -> No
     import tempfile
     from pathlib import Path
 
-    from tidewatch import stack
-    from tidewatch.services import postgres
     from tidewatch.settings import Settings
+    from tidewatch.stack import embedded as stack
+    from tidewatch.stack import postgres_server as postgres
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""PID records and process-tree stopping (tidewatch.services.process)."""
+"""PID records and process-tree stopping (tidewatch.stack.processes)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from tidewatch.services import process
+from tidewatch.stack import processes as process
 
 # a parent that starts a child and both sleep: ``stop`` must end the whole tree
 _TREE = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from tidewatch.kafka.admin import topic_specs
-from tidewatch.services import kafka, postgres
 from tidewatch.settings import Settings
+from tidewatch.stack import kafka_broker as kafka
+from tidewatch.stack import postgres_server as postgres
 
 
 def test_kafka_binds_loopback_on_the_configured_ports(tmp_path):

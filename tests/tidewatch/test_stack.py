@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tidewatch import stack
 from tidewatch.settings import Settings
+from tidewatch.stack import embedded as stack
 
 
 def test_cli_paths_are_detected():

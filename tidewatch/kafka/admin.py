@@ -46,7 +46,7 @@ def topic_specs(settings: Settings | None = None) -> list[TopicSpec]:
 
 def admin_client(bootstrap: str | None = None, settings: Settings | None = None) -> AdminClient:
     """An admin client connected as the broker's ``admin`` (its credentials in the scram mode)."""
-    from tidewatch.services.kafka import ADMIN, librdkafka_config
+    from tidewatch.kafka.client import ADMIN, librdkafka_config
 
     return AdminClient(librdkafka_config(settings or get_settings(), ADMIN, bootstrap))
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
-from tidewatch.services import process
 from tidewatch.settings import Settings, get_settings
+from tidewatch.stack import processes as process
 
 NAME = "postgres"
 

@@ -1,7 +1,7 @@
 """A batch's alerts as Kafka records, encoded column-wise: Avro ``alerts`` and ``results`` values
 and their keys, for the whole batch in one Numba kernel.
 
-What :mod:`engine.publish` produced record by record before (fastavro, ~35 µs per alert), with
+What :mod:`engine.sinks.publish` produced record by record before (fastavro, ~35 µs per alert), with
 the same bytes (tests/engine/test_alert_wire.py checks them against fastavro): for alert i
 
 * ``alerts``: key ``subscription_id``, value the framed Avro ``Alert`` (``values`` as the Avro
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.core import Alert
-from ingest.avro import header, put_long, schema_id
+from tidewatch.wire.avro import header, put_long, schema_id
 
 #: string columns of an alert, in the order the kernel takes them
 _STRINGS = ("id", "subscription_id", "rule_name", "stream", "key", "kind")
@@ -140,7 +140,7 @@ def _columns(
     alerts: Sequence[Alert] | Sequence[dict[str, Any]],
 ) -> tuple[list[list[Any]], list[Any], list[Any]]:
     """String columns (:data:`_STRINGS`), as_of and values of alerts or of alert rows (dicts of
-    :meth:`engine.store.Store.alerts_of_batch`)."""
+    :meth:`engine.sinks.store.Store.alerts_of_batch`)."""
     if alerts and isinstance(alerts[0], Alert):
         al: Sequence[Alert] = alerts  # type: ignore[assignment]
         strings = [

@@ -1,6 +1,6 @@
 """Kafka's fetch protocol, read by the engine itself: record batches straight into Arrow columns.
 
-The direct source's librdkafka consumer (:mod:`engine.native_consumer`) hands records over
+The direct source's librdkafka consumer (:mod:`engine.sources.native_consumer`) hands records over
 without a Python object each, but librdkafka itself still makes one message (an allocated
 ``rd_kafka_op_t``) per record in its fetch thread, queues it, and frees it when the engine has
 copied it: at 10 rules that was about two thirds of the engine process's CPU per event
@@ -18,9 +18,9 @@ kernel, with no per-record allocation:
 * the kernel walks the records of the kept batches (varint framing of the v2 format) and the
   keys and values are copied once, into the buffers of two Arrow ``large_binary`` columns.
 
-The interface is :class:`engine.native_consumer.NativeConsumer`'s (``assign``, ``seek``,
-``consume`` -> :class:`~engine.native_consumer.Chunk`, ``close``), partition EOF events
-included, so :class:`engine.kafka_source.DirectSource` takes either.  Metadata (partition
+The interface is :class:`engine.sources.native_consumer.NativeConsumer`'s (``assign``, ``seek``,
+``consume`` -> :class:`~engine.sources.native_consumer.Chunk`, ``close``), partition EOF events
+included, so :class:`engine.sources.direct.DirectSource` takes either.  Metadata (partition
 leaders) and the offsets ``OFFSET_BEGINNING`` resolves to come from a confluent-kafka client,
 which also validates the configuration.  Plaintext listeners only: with ``security.protocol``
 set to anything else the engine keeps the librdkafka consumer (``engine.app.engine_consumer``).
@@ -38,7 +38,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from engine.native_consumer import (
+from engine.sources.native_consumer import (
     ERR_PARTITION_EOF,
     OFFSET_BEGINNING,
     Chunk,
@@ -46,7 +46,7 @@ from engine.native_consumer import (
     NativeConsumerError,
     _binary,
 )
-from ingest.avro import zigzag_varint
+from tidewatch.wire.avro import zigzag_varint
 
 #: Kafka API key and the version spoken (Fetch v4: isolation level, last stable offset and the
 #: aborted transactions of the range; no fetch sessions)

@@ -1,10 +1,10 @@
 """Kafka side of the engine: alerts, current results and dead letters in one Kafka transaction.
 
-After a batch is committed in PostgreSQL (:mod:`engine.store`), its Avro alerts (topic
+After a batch is committed in PostgreSQL (:mod:`engine.sinks.store`), its Avro alerts (topic
 ``alerts``, keyed by subscription id), its result changes (compacted topic ``results``,
 keyed ``subscription|key``: ``present=true`` on ENTER; ``present=false`` then a tombstone
 on EXIT) and its dead letters are produced in ONE Kafka transaction; the alert and result
-records of the whole batch are encoded together (:mod:`engine.alert_wire`, one Numba kernel)
+records of the whole batch are encoded together (:mod:`engine.sinks.alert_wire`, one Numba kernel)
 and produced in one loop.  The same
 transaction commits a *progress marker*: the offset ``batch_id + 1`` of a private
 consumer group on partition 0 of ``alerts`` (``send_offsets_to_transaction``), so the
@@ -35,12 +35,12 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from engine.alert_wire import encode_alerts, warm_up
 from engine.core import Alert
 from engine.dead_letter import DeadLetters
-from ingest.avro import encode
+from engine.sinks.alert_wire import encode_alerts, warm_up
+from tidewatch.kafka.client import librdkafka_config
 from tidewatch.kafka.txn import bounded, retrying
-from tidewatch.services.kafka import librdkafka_config
+from tidewatch.wire.avro import encode
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -188,7 +188,7 @@ def produce_alerts(
     p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
 ) -> None:
     """Produce a batch's alert, result and tombstone records (encoded together,
-    :func:`engine.alert_wire.encode_alerts`) in one loop, in the order of the alerts."""
+    :func:`engine.sinks.alert_wire.encode_alerts`) in one loop, in the order of the alerts."""
     recs = encode_alerts(alerts, batch_id, now)
     produce = p.produce
 

@@ -22,7 +22,7 @@ Each folder holds a ``.complete`` stamp naming the coordinates it was resolved f
 second run is a no-op.  Resolution uses ``mvn dependency:copy-dependencies`` on a generated
 pom, so Maven's own local repository (``~/.m2``) caches the downloads across clones.
 
-Run as ``python -m tidewatch.services.kafka_dist [kafka|spark|all][?] …``.
+Run as ``python -m tidewatch.jars [kafka|spark|all][?] …``.
 """
 
 from __future__ import annotations

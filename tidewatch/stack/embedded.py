@@ -24,10 +24,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidewatch.services import kafka as kafka_service
-from tidewatch.services import postgres as pg_service
-from tidewatch.services import process
+from tidewatch.kafka import client as kafka_client
 from tidewatch.settings import PROJECT_ROOT, Settings, get_settings
+from tidewatch.stack import kafka_broker as kafka_service
+from tidewatch.stack import postgres_server as pg_service
+from tidewatch.stack import processes as process
 
 console = Console(stderr=True)
 out = Console()
@@ -75,7 +76,7 @@ class App:
     env: Callable[[Settings], dict[str, str]] = field(default=lambda s: {})
     #: seconds to wait for health (or, without a health URL, to see it stay up)
     settle_s: float = 3.0
-    #: its Kafka principal (:data:`tidewatch.services.kafka.PRINCIPALS`; SCRAM user in the scram mode)
+    #: its Kafka principal (:data:`tidewatch.kafka.client.PRINCIPALS`; SCRAM user in the scram mode)
     principal: str | None = None
 
 
@@ -83,11 +84,11 @@ def _kafka_env(s: Settings, principal: str | None) -> dict[str, str]:
     """In the scram mode: the process's own SCRAM password and an empty one for every other
     principal (admin included), so it cannot log in as another principal even if the others'
     passwords are in the environment, ``.env`` or the secrets dir.  Nothing in plaintext mode."""
-    if not kafka_service.scram_enabled(s):
+    if not kafka_client.scram_enabled(s):
         return {}
-    env = {kafka_service.password_variable(p): "" for p in (kafka_service.ADMIN, *kafka_service.PRINCIPALS)}
+    env = {kafka_client.password_variable(p): "" for p in (kafka_client.ADMIN, *kafka_client.PRINCIPALS)}
     if principal is not None:
-        env[kafka_service.password_variable(principal)] = kafka_service.client_config(s, principal)[
+        env[kafka_client.password_variable(principal)] = kafka_client.client_config(s, principal)[
             "sasl.password"
         ]
     return env
@@ -215,16 +216,16 @@ def _tail(path: Path, n: int = 12) -> str:
 def check_kafka_secrets(s: Settings, principals: list[str]) -> None:
     """In the scram mode, fail before anything starts when a needed SCRAM password is missing
     (the message names the variable)."""
-    if kafka_service.scram_enabled(s):
-        for principal in (kafka_service.ADMIN, *principals):
-            kafka_service.client_config(s, principal)
+    if kafka_client.scram_enabled(s):
+        for principal in (kafka_client.ADMIN, *principals):
+            kafka_client.client_config(s, principal)
 
 
 def _start_kafka(s: Settings) -> process.ProcessRecord:
     """Start Kafka; in the scram mode also create every principal's SCRAM user and ACLs (as admin)."""
     rec = kafka_service.start(s)
-    if kafka_service.scram_enabled(s):
-        users = kafka_service.ensure_principals(s, bootstrap=f"127.0.0.1:{s.kafka_port}")
+    if kafka_client.scram_enabled(s):
+        users = kafka_client.ensure_principals(s, bootstrap=f"127.0.0.1:{s.kafka_port}")
         console.print(f"[green]✓[/] Kafka SASL/SCRAM principals and ACLs: {', '.join(users) or 'none'}")
     return rec
 

@@ -22,10 +22,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from engine.evaluation.evaluator import Evaluator
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
-from subscriptions.evaluator import Evaluator
-from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC, STREAMS
+from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC, STREAMS
 
 
 class BacktestInputError(Exception):
@@ -110,7 +110,7 @@ def load_events(stream: str, path: str | Path) -> EventFile:
         )
         return "skip"
 
-    # One row is one line, as in the feed reader (``ingest.csv_io``): a line that is not UTF-8,
+    # One row is one line, as in the feed reader (``tidewatch.wire.csv_io``): a line that is not UTF-8,
     # or has an odd number of quotes (a quoted field that spans lines or never closes), is
     # emptied before Arrow parses the file and reported by its line number.  Arrow would
     # otherwise swallow every line after an open quote, and hands a row with the wrong field
@@ -262,10 +262,10 @@ def _scan(path: Path, chunk: int = 1 << 24) -> tuple[bool, bool]:
 def _blank_broken_lines(data: bytes, check_utf8: bool) -> tuple[bytes, dict[int, str]]:
     """``data`` with every line after the header emptied that is not UTF-8 (when ``check_utf8``)
     or has an odd number of quote characters -- the feed reader's own checks
-    (:func:`ingest.csv_io.line_stats`, :func:`ingest.csv_io.lines_not_utf8`); and why, by line
+    (:func:`tidewatch.wire.csv_io.line_stats`, :func:`tidewatch.wire.csv_io.lines_not_utf8`); and why, by line
     number (header is line 1).  Line numbers do not change: an emptied line is still a line,
     and Arrow skips it."""
-    from ingest.csv_io import line_stats, lines_not_utf8
+    from tidewatch.wire.csv_io import line_stats, lines_not_utf8
 
     lines = data.split(b"\n")
     _, quotes, _ = line_stats(data + b"\n", len(lines))

@@ -12,10 +12,10 @@ p99 alert latency was 2.05-2.68 s with this source, 2.37-5.82 s with Spark's (do
 This source gives the engine the same batches -- an Arrow table of
 :data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
 :meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
-The records are read by :class:`engine.fetch_consumer.FetchConsumer`, which speaks Kafka's
+The records are read by :class:`engine.sources.fetch_consumer.FetchConsumer`, which speaks Kafka's
 Fetch API itself and parses the record batches into the Arrow buffers in a Numba kernel (no
 allocation per record), or -- with a security protocol, or ``engine_kafka_client='librdkafka'``
--- by :class:`engine.native_consumer.NativeConsumer`, which drives librdkafka and copies its
+-- by :class:`engine.sources.native_consumer.NativeConsumer`, which drives librdkafka and copies its
 messages out in Numba kernels (confluent-kafka's ``Message`` objects had capped this source at
 about 300,000 records/s); metadata and end offsets go through a confluent-kafka client of their
 own.
@@ -41,8 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from engine.fetch_consumer import FetchConsumer
-from engine.native_consumer import ERR_FATAL, ERR_PARTITION_EOF, OFFSET_BEGINNING, Chunk, NativeConsumer
+from engine.sources.fetch_consumer import FetchConsumer
+from engine.sources.native_consumer import (
+    ERR_FATAL,
+    ERR_PARTITION_EOF,
+    OFFSET_BEGINNING,
+    Chunk,
+    NativeConsumer,
+)
 
 if TYPE_CHECKING:
     from engine.app import EngineApp
@@ -392,7 +398,7 @@ class DirectSource:
         return out
 
     def _hand_over(self, tbl: pa.Table, ranges: dict[str, dict[str, list[int]]], read_s: float) -> None:
-        from engine.snapshot_writer import atomic_write
+        from engine.runtime.snapshot_writer import atomic_write
 
         b = self.batch_id
         atomic_write(positions_dir(self.app) / f"{b:012d}.json", json.dumps(self.positions).encode())

@@ -1,6 +1,6 @@
 """Riding out a PostgreSQL restart: bounded retries of the engine's idempotent batch commit.
 
-The commit of a batch (``engine.store.Store.commit``) is one transaction keyed by the batch id
+The commit of a batch (``engine.sinks.store.Store.commit``) is one transaction keyed by the batch id
 (``engine_batches`` primary key, ``ON CONFLICT DO NOTHING``), so running it again after a lost
 connection either writes the batch once or finds it written -- never twice.  What is retried:
 errors that mean "the server went away or is not accepting connections yet" (SQLAlchemy's

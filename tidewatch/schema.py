@@ -14,8 +14,8 @@ from dataclasses import dataclass
 #: (engine.algorithms.fixed128)
 MAX_NUMERIC = 2**53
 
-#: why a CSV line is skipped, in the words both readers (the feed's ``ingest.csv_io`` and the
-#: backtest's ``subscriptions.backtest``) report: one row is one line, and a line is text
+#: why a CSV line is skipped, in the words both readers (the feed's ``tidewatch.wire.csv_io`` and the
+#: backtest's ``engine.evaluation.backtest``) report: one row is one line, and a line is text
 CSV_UNBALANCED_QUOTE = "unbalanced quote (a quoted field must close on its own line)"
 CSV_NOT_UTF8 = "not UTF-8 text"
 

@@ -25,8 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest.avro import Coded, field_names
-from subscriptions.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC
+from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC
+from tidewatch.wire.avro import Coded, field_names
 
 TRADE_SIDES = ("BID", "ASK", "UNKNOWN")
 _INT_RE = r"^[+-]?[0-9]{1,18}$"
@@ -170,7 +170,7 @@ def read_csv_chunks(
 ) -> Iterator[dict[str, Any]]:
     """Yield validated column chunks of ``stream`` from a CSV file.
 
-    Each chunk is a dict of columns (strings as :class:`~ingest.avro.Coded`),
+    Each chunk is a dict of columns (strings as :class:`~tidewatch.wire.avro.Coded`),
     in file order.  Bad lines go to ``report`` (line numbers are 1-based file
     lines, the header being line 1).  Raises :class:`CsvError` if the header
     lacks a field.

@@ -27,7 +27,7 @@ Batches are dicts of NumPy columns (one micro-batch); within a batch rows may co
 across batches each key's timestamps must not decrease.  With ``pane_ms=g`` the structures of
 time windows that are multiples of g are fed one row per (key, pane) -- Golab et al. 2003's basic
 windows, as multiplicities (Arasu & Widom 2004, section 4.2) -- either pre-aggregated here
-(:meth:`Evaluator.apply`) or given as :class:`engine.panes.PaneRows` (:meth:`Evaluator.apply_panes`,
+(:meth:`Evaluator.apply`) or given as :class:`engine.evaluation.panes.PaneRows` (:meth:`Evaluator.apply_panes`,
 see :meth:`Evaluator.pane_spec`); answers are identical to raw events for lookups at pane
 boundaries.  New rules are evaluated against the state already held (PSoup, Chandrasekaran &
 Franklin 2002): structures a new rule needs that do not exist yet, or that were expired to a
@@ -46,10 +46,10 @@ import pandas as pd
 
 from engine.algorithms import CICount, CISum, DistinctCount, KeyInterner, MinMax, RInt
 from engine.algorithms.fixed128 import exact_group_sums
-from engine.panes import ColumnSet, PaneAggregates, PaneRows, PaneSpec, aggregate, pane_of
-from subscriptions import ast as A
+from engine.evaluation.panes import ColumnSet, PaneAggregates, PaneRows, PaneSpec, aggregate, pane_of
+from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Atom, Plan
-from subscriptions.schema import STREAMS
+from tidewatch.schema import STREAMS
 
 _EMPTY = np.zeros(0, np.int64)
 _SHIFT = np.int64(32)  # (rule uid << 32) | key id encodes a (rule, key) pair
@@ -163,7 +163,7 @@ def _compare(a: Any, op: str, b: Any) -> Any:
 
 @dataclass(frozen=True)
 class EvalPaneSpec(PaneSpec):
-    """:class:`engine.panes.PaneSpec` of one (stream, key field) plus what the evaluator needs
+    """:class:`engine.evaluation.panes.PaneSpec` of one (stream, key field) plus what the evaluator needs
     besides the pane rows: ``needs_raw`` (raw events must be given too, see
     :meth:`Evaluator.apply_panes`) and the pane width ``pane_ms`` the rows must use."""
 
@@ -536,7 +536,7 @@ class _KeyState:
         self, batch: BatchView, structs: list[_Structure], pane: int
     ) -> tuple[PaneRows, np.ndarray]:
         """(rows, key ids of the rows) of a ts-sorted batch whose events all lie in one pane:
-        what :func:`engine.panes.aggregate` computes, grouped by key only (no sort), from the
+        what :func:`engine.evaluation.panes.aggregate` computes, grouped by key only (no sort), from the
         batch's cached factorization and predicate masks."""
         codes, ids = self.unique_ids(batch)
         uniques = batch.factorized(self.key)[1]
@@ -1082,7 +1082,7 @@ class Evaluator:
         """Apply one micro-batch of a stream (columns of equal length; any order within it).
 
         With panes, the batch is also pre-aggregated into (key, pane) rows
-        (:func:`engine.panes.aggregate`) for the pane-fed structures. ``factorized``: string
+        (:func:`engine.evaluation.panes.aggregate`) for the pane-fed structures. ``factorized``: string
         columns already factorized over a larger input, field -> (codes of the batch's rows,
         the input's uniques), e.g. the backtest's whole file (saves hashing strings per batch)."""
         if stream not in STREAMS:

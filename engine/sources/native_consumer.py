@@ -1,6 +1,6 @@
 """A librdkafka consumer that hands records over as Arrow columns, with no Python object per record.
 
-The direct source (:mod:`engine.kafka_source`) first read Kafka with confluent-kafka's
+The direct source (:mod:`engine.sources.direct`) first read Kafka with confluent-kafka's
 ``Consumer.consume``, which makes one ``Message`` object per record; then the engine's Arrow
 table was built from their getters.  ``bench/kafka_consume_probe.py`` measured that at
 292-312 k records/s on this machine -- 3.3 us per record of Python, four times the engine

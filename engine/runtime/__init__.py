@@ -1,0 +1,1 @@
+"""The engine process's runtime: state snapshots, garbage-collector tuning, retries."""

@@ -1,0 +1,1 @@
+"""Where the engine writes a batch's output: PostgreSQL and Kafka."""

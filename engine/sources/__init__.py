@@ -1,0 +1,1 @@
+"""Where the engine reads its micro-batches from."""
