@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.evaluation.backtest import load_events, load_rules, run_backtest  # noqa: E402
 from engine.evaluation.evaluator import Evaluator  # noqa: E402
+from tidewatch.settings import get_settings  # noqa: E402  (read after --ci-p sets the environment)
 
 
 # ---------------------------------------------------------------- workloads
@@ -120,7 +121,7 @@ def make_rules(
 # ---------------------------------------------------------------- runs
 def run_shared(rules: Path, stream: str, events: Path) -> tuple[str, Any]:
     out = io.StringIO()
-    res = run_backtest(rules, [(stream, events)], 1000, out, strategy="shared")
+    res = run_backtest(rules, [(stream, events)], 1000, out, strategy="shared", settings=get_settings())
     return out.getvalue(), res
 
 
@@ -128,9 +129,10 @@ def run_eval(rules: Path, stream: str, events: Path, strategy: str, budget: floa
     """Evaluation only (events already loaded): lookups in order until ``budget`` CPU seconds are spent.
 
     Returns the cumulative events and CPU seconds after each lookup, and the alerts."""
-    plans = load_rules(rules)
+    plans = load_rules(rules, get_settings())
     f = load_events(stream, events)
-    ev = Evaluator(strategy, pane_ms=1000)  # as run_backtest: (key, pane) rows of the lookup period
+    # as run_backtest: (key, pane) rows of the lookup period
+    ev = Evaluator(strategy, ci_p=get_settings().ci_p, pane_ms=1000)
     ev.add_rules((name, plan) for name, _t, plan in plans)
     ts = f.cols["ts"]
     t0 = (int(ts[0]) // 1000) * 1000
@@ -224,8 +226,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.ci_p is not None:  # settings are read from the environment on first use
         os.environ["TIDEWATCH_CI_P"] = str(args.ci_p)
-    from tidewatch.settings import get_settings
-
     if args.quick:
         args.events, args.rules, args.naive_budget, args.seconds = 200_000, 200, 5.0, 40
     cmd = "  ".join(["$", ".venv/bin/python", *sys.argv])

@@ -41,7 +41,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import fresh_database  # noqa: E402
-from engine.core import Alert, BatchOutput  # noqa: E402
+from engine.messages import Alert, BatchOutput  # noqa: E402
+from tidewatch.settings import Settings  # noqa: E402
 
 LABELS = [
     "COUNT(*) OVER LAST 10 SECONDS",
@@ -118,14 +119,14 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
 class Side:
     """One delivery path: its Store (own database) and its Publisher (own transactional id)."""
 
-    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Any) -> None:
+    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
         from engine.sinks import publish, store
         from engine.sinks.publish import Publisher
         from engine.sinks.store import Store
-        from tidewatch.db.session import make_engine
+        from tidewatch.db.session import make_db_engine
 
         self.name = name
-        self.store = Store(make_engine(fresh_database(pg_url)))
+        self.store = Store(make_db_engine(fresh_database(pg_url)))
         self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
         old = name == "old"
         self.write: Callable[..., None] = store._write_unnest if old else store.write_copy

@@ -31,13 +31,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.spark_baseline import make_rules, run_baseline  # noqa: E402
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 
 def make_trades(n: int, n_symbols: int, rate: float, seed: int = 0) -> dict[str, np.ndarray]:
@@ -108,7 +111,7 @@ def fresh_database(admin_url: str) -> str:
 
 def run_tidewatch(
     spark: Any,
-    settings: Any,
+    settings: Settings,
     bootstrap: str,
     db: str,
     rules: list[Any],
@@ -535,13 +538,14 @@ def run_core(a: argparse.Namespace) -> None:
     print("command:", " ".join(sys.argv))
 
 
-def _core_replay(a: argparse.Namespace, settings: Any, gc_threshold: int) -> dict[str, float]:
+def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -> dict[str, float]:
     import gc
     import resource
 
     import pyarrow as pa
 
-    from engine.core import EngineCore, SubscriptionChange, make_evaluator
+    from engine.core import EngineCore, make_evaluator, rule_compiler
+    from engine.messages import SubscriptionChange
     from engine.runtime.gc_tuning import tune_gc
     from tidewatch.wire.avro import encode_batch
 
@@ -567,6 +571,7 @@ def _core_replay(a: argparse.Namespace, settings: Any, gc_threshold: int) -> dic
         allowed_lateness_ms=2000,
         max_future_ms=10**12,
         evaluator_factory=lambda: make_evaluator(settings),
+        compile_rule=rule_compiler(settings),
     )
     t = time.perf_counter()
     core.process(0, {}, [SubscriptionChange(f"m{i}", "upsert", f"m{i}", x) for i, x in enumerate(texts)])

@@ -6,7 +6,7 @@ after ``--warmup`` untimed rounds, the variants interleaved per repetition:
 
 * ``k``  -- the ceiling of any JVM path: the Kafka read alone in the JVM, nothing to Python
   (one row out: ``count`` and ``sum(length(value))``);
-* ``a``  -- today's engine path: the raw records (``engine.app.RECORD_COLUMNS``) ``toArrow()``;
+* ``a``  -- today's engine path: the raw records (``engine.sources.readers.RECORD_COLUMNS``) ``toArrow()``;
   the driver's decode (:func:`engine.decode.decode_records`) + pre-aggregation
   (:func:`engine.evaluation.panes.aggregate`) of the same table is timed after it (``a+driver``);
 * ``b``  -- ``from_avro`` in the JVM (spark-avro, after checking the 5-byte frame) + the
@@ -52,10 +52,10 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import make_trades, produce, run_settings  # noqa: E402
-from engine.app import RECORD_COLUMNS  # noqa: E402
 from engine.dead_letter import DeadLetters  # noqa: E402
 from engine.decode import decode_records  # noqa: E402
 from engine.evaluation.panes import ColumnSet, PaneSpec, aggregate  # noqa: E402
+from engine.sources.readers import RECORD_COLUMNS  # noqa: E402
 
 SCALE = 2**60
 WORD = 2**32

@@ -7,7 +7,7 @@ The ceiling of the engine's direct source (``engine/sources/direct.py``): one to
 * ``messages``: ``consume()`` only (librdkafka fetches in its threads; Python gets one
   ``Message`` object per record);
 * ``arrow``: the same, then the Arrow table the engine is handed
-  (:func:`engine.app.records_table`);
+  (:func:`engine.sources.readers.records_table`);
 * ``native``: the direct source's librdkafka consumer
   (:class:`engine.sources.native_consumer.NativeConsumer`, its settings), which fills the same Arrow
   table in Numba kernels, no Python object per record;
@@ -67,7 +67,7 @@ def native_round(bootstrap: str, topic: str, n: int, fetch: bool = False) -> flo
 def one_round(bootstrap: str, topic: str, n: int, variant: str) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
-    from engine.app import records_table
+    from engine.sources.readers import records_table
 
     if variant in ("native", "fetch"):
         return native_round(bootstrap, topic, n, fetch=variant == "fetch")
@@ -103,11 +103,13 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds of each variant")
     a = ap.parse_args()
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+
+    from tidewatch.kafka.topics import create_topics, stream_topic_spec
 
     topic = f"probe-trades-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": a.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result()
+    create_topics(admin, [stream_topic_spec(topic, 2)])
     produced_s = produce(a.bootstrap, topic, make_trades(a.events, 5000, 50_000))
     print(f"produced {a.events:,} trades to {topic} in {produced_s:.1f} s", flush=True)
     rates: dict[str, list[float]] = {"messages": [], "arrow": [], "native": [], "fetch": []}

@@ -60,8 +60,8 @@ def end_offsets(bootstrap: str, topic: str) -> int:
 
 
 def run_tidewatch(bootstrap: str, topic: str, chunks: list[dict]) -> dict:
-    ensure_topic(bootstrap, topic)
-    feed = KafkaFeed("trades", topic=topic, bootstrap=bootstrap)
+    ensure_topic(get_settings(), bootstrap, topic)
+    feed = KafkaFeed("trades", settings=get_settings(), topic=topic, bootstrap=bootstrap)
     c0, t0 = time.process_time(), time.perf_counter()
     for ch in chunks:
         feed.send(ch)
@@ -82,9 +82,9 @@ def run_tidewatch(bootstrap: str, topic: str, chunks: list[dict]) -> dict:
 
 def run_baseline(bootstrap: str, topic: str, chunks: list[dict]) -> dict:
     """fastavro per record, produce per record -- same producer settings."""
-    ensure_topic(bootstrap, topic)
+    ensure_topic(get_settings(), bootstrap, topic)
     failed = []
-    p = Producer(producer_config(bootstrap, on_delivery=lambda e, m: failed.append(e)))
+    p = Producer(producer_config(get_settings(), bootstrap, on_delivery=lambda e, m: failed.append(e)))
     schema = parsed_schema("trades")
     hdr = header(schema_id("trades"))
     c0, t0 = time.process_time(), time.perf_counter()
@@ -123,8 +123,8 @@ def run_baseline(bootstrap: str, topic: str, chunks: list[dict]) -> dict:
 
 def warm_up(bootstrap: str) -> None:
     """One acked idempotent produce first, so a fresh broker's coordinator load is not timed."""
-    ensure_topic(bootstrap, "bench-warmup", 1)
-    p = Producer(producer_config(bootstrap))
+    ensure_topic(get_settings(), bootstrap, "bench-warmup", 1)
+    p = Producer(producer_config(get_settings(), bootstrap))
     p.produce("bench-warmup", b"warm-up")
     p.flush(120)
 

@@ -47,13 +47,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import live_producer, make_events, make_mixed_rules, run_settings  # noqa: E402
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.soak")
 
@@ -71,7 +74,7 @@ class Stack:
 
     bootstrap: str
     db_url: str
-    settings: Any = None  # the embedded stack's settings (None: given servers)
+    settings: Settings | None = None  # the embedded stack's settings (None: given servers)
     run_dir: Path | None = None
     pids: dict[str, int] = field(default_factory=dict)  # "kafka" / "postgres" -> PID (local only)
 
@@ -128,16 +131,17 @@ def start_stack(a: argparse.Namespace) -> Stack:
 
     run_dir = Path(tempfile.mkdtemp(prefix="tw-soak-run-"))
     run_dir.chmod(0o755)  # the postgres server user (when root runs this) must reach it
+    kafka_port = _free_port()
     s = base.model_copy(
         update={
             "run_dir": run_dir,
-            "kafka_port": _free_port(),
+            "kafka_port": kafka_port,
+            "kafka_bootstrap": f"127.0.0.1:{kafka_port}",
             "kafka_controller_port": _free_port(),
             "pg_port": _free_port(),
             "kafka_heap": a.kafka_heap,
         }
     )
-    s.kafka_bootstrap = f"127.0.0.1:{s.kafka_port}"
     st = Stack(s.kafka_bootstrap, "", settings=s, run_dir=run_dir)
     try:
         st.pids["kafka"] = kafka.start(s).pid
@@ -313,8 +317,9 @@ def backtest_alerts(
     from subscriptions.compiler import compile_rule
     from tidewatch.settings import get_settings
 
-    tune_gc(get_settings().engine_gc_threshold)  # as the engine and `tidewatch backtest` do
-    plans = [(sid, text, compile_rule(text)) for sid, text in subs.items()]
+    settings = get_settings()
+    tune_gc(settings.engine_gc_threshold)  # as the engine and `tidewatch backtest` do
+    plans = [(sid, text, compile_rule(text, settings)) for sid, text in subs.items()]
     t0 = time.perf_counter()
     last = [t0]
 
@@ -325,7 +330,9 @@ def backtest_alerts(
 
     return sorted(
         (rule, key, kind, int(as_of))
-        for as_of, rule, key, kind in iter_alerts(plans, [ev_file], every, progress=progress)
+        for as_of, rule, key, kind in iter_alerts(
+            plans, [ev_file], every, progress=progress, ci_p=settings.ci_p
+        )
         if as_of <= until
     )
 

@@ -18,6 +18,7 @@ import streamlit as st  # noqa: E402
 from dashboard import auth  # noqa: E402
 from dashboard.ui import CATCHUP, PAGE, PAGES, TOKEN, plain, sessions, show_flash  # noqa: E402
 from dashboard.views import alerts, away, health, key_detail, login, subscribe  # noqa: E402
+from tidewatch.settings import Settings, get_settings  # noqa: E402
 
 RENDER = {
     "While you were away": away.render,
@@ -42,19 +43,21 @@ def _keep_widget_state() -> None:
             st.session_state[k] = st.session_state[k]
 
 
-def _logout() -> None:
-    auth.logout(sessions(), st.session_state.get(TOKEN))
+def _logout(settings: Settings) -> None:
+    auth.logout(sessions(settings), st.session_state.get(TOKEN))
     for k in list(st.session_state.keys()):
         del st.session_state[k]
 
 
 def main() -> None:
+    # the app's entry point: read the settings once per script run, pass them to the views
+    settings = get_settings()
     st.set_page_config(page_title="Tidewatch", layout="wide")
-    user = auth.resolve(sessions(), st.session_state.get(TOKEN))
+    user = auth.resolve(sessions(settings), st.session_state.get(TOKEN))
     if user is None:
         for k in (TOKEN, "tw_user", CATCHUP):
             st.session_state.pop(k, None)
-        login.render()
+        login.render(settings)
         return
     st.session_state["tw_user"] = user
     _keep_widget_state()
@@ -63,13 +66,13 @@ def main() -> None:
         if PAGE not in st.session_state or st.session_state[PAGE] not in PAGES:
             st.session_state[PAGE] = "Alerts"
         st.radio("Page", PAGES, key=PAGE)
-        st.button("Log out", on_click=_logout, key="logout")
+        st.button("Log out", on_click=_logout, args=(settings,), key="logout")
     show_flash()
     page = st.session_state[PAGE]
     if page != "While you were away":
         st.session_state.pop(CATCHUP, None)  # the next visit takes a fresh snapshot
     st.header(plain(page))
-    RENDER[page]()
+    RENDER[page](settings)
 
 
 main()

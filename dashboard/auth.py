@@ -30,9 +30,10 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from dashboard.errors import DashboardError
 from subscriptions.service import InvalidName, check_username
 from tidewatch.db.models import LoginAttempt, User, UserSession
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024  # argon2 hashes anything, but a megabyte "password" is an attack, not a password
@@ -42,7 +43,7 @@ _hasher = PasswordHasher()
 _DUMMY_HASH = _hasher.hash("tidewatch-no-such-user")
 
 
-class AuthError(Exception):
+class AuthError(DashboardError):
     """A refusal with a message fit to show the user."""
 
 
@@ -120,10 +121,12 @@ def login(
     username: str,
     password: str,
     client: str = "unknown",
-    settings: Settings | None = None,
+    *,
+    settings: Settings,
 ) -> LoggedIn:
-    """Check the password and open a session; raises :class:`AuthError` / :class:`RateLimited`."""
-    st = settings or get_settings()
+    """Check the password and open a session; raises :class:`AuthError` / :class:`RateLimited`
+    (limits: ``settings.login_*``, lifetime: ``settings.session_ttl_hours``)."""
+    st = settings
     username = (username or "")[:64]
     client = (client or "unknown")[:128]
     with sessions.begin() as s:

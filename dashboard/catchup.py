@@ -4,9 +4,10 @@ PSoup (Chandrasekaran & Franklin 2002, sections 1 and 3) separates *computing* t
 results of standing queries from *delivering* them: results are materialized while the
 client is gone, and a client that comes back -- closed tab, lost network, next day --
 asks for them on its own schedule.  Tidewatch materializes two things for that
-(DESIGN.md, "Delivery"): the alert log (``alerts``, every ENTER/EXIT with a stable id and
-an insertion sequence ``seq``) and the current result set of each subscription
-(``current_results``, the keys satisfying the rule with its window at the engine's now).
+(the design brief's "Delivery" semantics; docs/dashboard.md, "While you were away"): the
+alert log (``alerts``, every ENTER/EXIT with a stable id and an insertion sequence ``seq``) and
+the current result set of each subscription (``current_results``, the keys satisfying the rule
+with its window at the engine's now).
 
 Each client keeps a cursor, ``client_cursors.last_alert_seq`` per (user, client).  On
 reconnect the client is shown

@@ -27,14 +27,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from engine.evaluation.evaluator import BatchView
+from dashboard.errors import DashboardError
+from engine.evaluation.batches import BatchView
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
 from tidewatch.kafka.client import client_config
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(DashboardError, RuntimeError):
     """Kafka did not answer a read of the stream; ``str()`` is a message fit for the page."""
 
 
@@ -103,7 +104,7 @@ def recent_events(
     key_field: str,
     key: str | None,
     lookback_ms: int,
-    settings: Settings | None = None,
+    settings: Settings,
     timeout_s: float = 20.0,
 ) -> tuple[dict[str, np.ndarray], bool]:
     """The key's events (every key's when ``key`` is None) of the last ``lookback_ms`` from
@@ -113,7 +114,7 @@ def recent_events(
     from engine.dead_letter import DeadLetters
     from engine.decode import decode_records
 
-    st = settings or get_settings()
+    st = settings
     topic = st.topic_trades if stream == "trades" else st.topic_packets
     topic_key = "symbol" if stream == "trades" else st.packets_key
     by_kafka_key = key is not None and key_field == topic_key
@@ -226,9 +227,12 @@ def detail_frames(
     return out
 
 
-def preview_keys(plan: Plan, cols: dict[str, np.ndarray], pane_ms: int) -> tuple[list[str], int | None]:
+def preview_keys(
+    plan: Plan, cols: dict[str, np.ndarray], pane_ms: int, ci_p: int
+) -> tuple[list[str], int | None]:
     """Keys satisfying ``plan`` at the last pane boundary of ``cols`` (all keys' recent events),
-    evaluated by the backtest evaluator -- the engine's own code -- over those events."""
+    evaluated by the backtest evaluator -- the engine's own code -- over those events
+    (``ci_p``: its collective indexes' parameter, ``settings.ci_p``)."""
     from engine.evaluation.evaluator import Evaluator
 
     if not cols or len(cols.get("ts", [])) == 0:
@@ -238,7 +242,7 @@ def preview_keys(plan: Plan, cols: dict[str, np.ndarray], pane_ms: int) -> tuple
     # like the engine: only events at or before the lookup time are applied, in ts order
     due = np.flatnonzero(ts <= now)
     due = due[np.argsort(ts[due], kind="stable")]
-    ev = Evaluator(strategy="shared")
+    ev = Evaluator(strategy="shared", ci_p=ci_p)
     ev.add_rule("preview", plan)
     if len(due):
         ev.apply(plan.stream, {k: np.asarray(v)[due] for k, v in cols.items()})

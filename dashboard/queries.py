@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard.catchup import AlertRow, as_values
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 MAX_LIMIT = 5000
 
@@ -196,12 +196,12 @@ def _ago(seconds: float) -> str:
 
 def health(
     sessions: sessionmaker[Session],
-    settings: Settings | None = None,
+    settings: Settings,
     now: datetime | None = None,
     recent: int = 300,
 ) -> Health:
     """Engine health: the latest metrics, dead letters, a status and its banner."""
-    st = settings or get_settings()
+    st = settings
     with sessions() as s:
         db_now = s.scalar(select(func.now()))
         rows = s.execute(select(EngineMetric).order_by(EngineMetric.id.desc()).limit(recent)).scalars().all()

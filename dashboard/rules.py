@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from subscriptions import rule_ast as A
 from subscriptions.compiler import Plan, compile_rule, const_value, explain
 from subscriptions.errors import RuleError
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 #: The "examples that must work" of RULES.md, offered as templates in the editor.
 TEMPLATES: dict[str, str] = {
@@ -71,16 +71,17 @@ class Validation:
         )
 
 
-def validate(text: str) -> Validation:
-    """Parse, type-check and compile ``text``; the parser's message and position on failure."""
-    limit = get_settings().max_rule_chars
+def validate(text: str, settings: Settings) -> Validation:
+    """Parse, type-check and compile ``text`` (limits: ``settings.max_rule_*``); the parser's
+    message and position on failure."""
+    limit = settings.max_rule_chars
     if not text or not text.strip():
         return Validation(False, message="the rule is empty", line=1, column=1, display="the rule is empty")
     if len(text) > limit:
         msg = f"the rule is {len(text)} characters long; the limit is {limit}"
         return Validation(False, message=msg, line=1, column=1, display=msg)
     try:
-        plan = compile_rule(text)
+        plan = compile_rule(text, settings)
     except RuleError as err:
         return Validation(
             False,

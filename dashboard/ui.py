@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard.auth import LoggedIn
 from tidewatch.db.session import session_factory
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 # session_state keys
 TOKEN = "tw_token"
@@ -35,9 +35,9 @@ def plain(text: object) -> str:
     return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
 
 
-def sessions() -> sessionmaker[Session]:
+def sessions(settings: Settings) -> sessionmaker[Session]:
     """The session factory of the configured database (``settings.sqlalchemy_url``)."""
-    return session_factory(get_settings().sqlalchemy_url)
+    return session_factory(settings.sqlalchemy_url)
 
 
 def current_user() -> LoggedIn:
@@ -46,8 +46,8 @@ def current_user() -> LoggedIn:
     return user
 
 
-def client_id() -> str:
-    return str(st.session_state.get(CLIENT) or get_settings().dashboard_client_id)
+def client_id(settings: Settings) -> str:
+    return str(st.session_state.get(CLIENT) or settings.dashboard_client_id)
 
 
 def client_address() -> str:

@@ -1,0 +1,42 @@
+"""The Tidewatch engine: shared sliding-window indexes evaluating every subscription, exact alerts out.
+
+:class:`EngineError` is the root of the package's errors (:mod:`engine.errors`).  Names other
+than the error root are imported on first use (:mod:`tidewatch.lazy`): ``import engine`` does
+not load PySpark, Numba or the Kafka clients.
+"""
+
+from __future__ import annotations
+
+from engine.errors import EngineError
+from tidewatch.lazy import lazy_exports
+
+TYPE_CHECKING = False  # not typing's: importing typing costs more than this package
+if TYPE_CHECKING:
+    from engine.app import EngineApp
+    from engine.evaluation.backtest import BacktestInputError, MalformedRows, RuleFileError, run_backtest
+    from engine.sources.fetch_consumer import FetchConsumerError
+    from engine.sources.native_consumer import NativeConsumerError
+
+__all__ = [
+    "BacktestInputError",
+    "EngineApp",
+    "EngineError",
+    "FetchConsumerError",
+    "MalformedRows",
+    "NativeConsumerError",
+    "RuleFileError",
+    "run_backtest",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "BacktestInputError": "engine.evaluation.backtest",
+        "EngineApp": "engine.app",
+        "FetchConsumerError": "engine.sources.fetch_consumer",
+        "MalformedRows": "engine.evaluation.backtest",
+        "NativeConsumerError": "engine.sources.native_consumer",
+        "RuleFileError": "engine.evaluation.backtest",
+        "run_backtest": "engine.evaluation.backtest",
+    },
+)

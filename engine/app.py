@@ -1,6 +1,6 @@
 """The Tidewatch engine: Spark Structured Streaming over Kafka, exact alerts out, exactly once.
 
-Data flow (DESIGN.md "Data flow"; docs/engine.md for the figures):
+Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/measurements/engine.md):
 
 * Spark reads ``trades``, ``packets`` and ``subscriptions`` with its Kafka source; every
   micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).  On one machine,
@@ -33,38 +33,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core import BatchOutput, EngineCore, SubscriptionChange, make_evaluator, parse_subscription_change
+from engine.core import EngineCore, make_evaluator, rule_compiler
 from engine.decode import STREAMS, predecode
+from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.retry import retry_transient
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
-from tidewatch.kafka.client import client_config, spark_options
+from engine.sources.readers import RECORD_COLUMNS, offset_ranges, read_ranges
+from tidewatch.kafka.client import spark_options
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
-
-RECORD_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
-
-
-def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:
-    """``{topic: {partition: [first, last]}}`` of a batch of Kafka records (one Arrow group-by)."""
-    out: dict[str, dict[str, list[int]]] = {}
-    if tbl.num_rows == 0:
-        return out
-    g = tbl.select(["topic", "partition", "offset"]).group_by(["topic", "partition"])
-    agg = g.aggregate([("offset", "min"), ("offset", "max")]).to_pydict()
-    for t, p, lo, hi in zip(
-        agg["topic"], agg["partition"], agg["offset_min"], agg["offset_max"], strict=True
-    ):
-        out.setdefault(str(t), {})[str(int(p))] = [int(lo), int(hi)]
-    return out
 
 
 def split_topics(tbl: pa.Table, names: dict[str, str]) -> dict[str, pa.Table]:
@@ -102,7 +91,7 @@ def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
     return out
 
 
-def default_core(settings: Any) -> EngineCore:
+def default_core(settings: Settings) -> EngineCore:
     """An empty :class:`EngineCore` with the shared-strategy evaluator configured by ``settings``."""
     return EngineCore(
         pane_ms=settings.pane_ms,
@@ -111,6 +100,7 @@ def default_core(settings: Any) -> EngineCore:
         idle_timeout_ms=getattr(settings, "engine_idle_timeout_ms", 5_000),
         lookup_every_ms=getattr(settings, "engine_lookup_every_ms", None),
         evaluator_factory=lambda: make_evaluator(settings),
+        compile_rule=rule_compiler(settings),
     )
 
 
@@ -133,7 +123,7 @@ class EngineApp:
 
     def __init__(
         self,
-        settings: Any,
+        settings: Settings,
         *,
         bootstrap: str | None = None,
         pg_url: str | None = None,
@@ -141,7 +131,7 @@ class EngineApp:
         engine_id: str = "default",
         core_factory: Callable[[], EngineCore] | None = None,
     ) -> None:
-        from tidewatch.db.session import make_engine
+        from tidewatch.db.session import make_db_engine
 
         self.settings = settings
         self.bootstrap = bootstrap or settings.kafka_bootstrap
@@ -156,7 +146,7 @@ class EngineApp:
         }
         self.engine_id = engine_id
         self._core_factory = core_factory or (lambda: default_core(settings))
-        self.store = Store(make_engine(pg_url or settings.sqlalchemy_url))
+        self.store = Store(make_db_engine(pg_url or settings.sqlalchemy_url))
         ensure_topics(self.bootstrap, settings)
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
         self.core = self._core_factory()
@@ -190,7 +180,7 @@ class EngineApp:
         self.core = self._core_factory()
         if snaps:
             try:
-                self.core = EngineCore.from_bytes(snaps[-1].read_bytes())
+                self.core = EngineCore.from_bytes(snaps[-1].read_bytes(), rule_compiler(self.settings))
                 log.info("restored the state snapshot of batch %d", self.core.last_batch)
             except ValueError as exc:  # a snapshot of an older state format (e.g. float64 R-INT sums)
                 log.warning(
@@ -457,76 +447,3 @@ class EngineApp:
             self._out_worker.shutdown()
         self.publisher.close()
         self.store.engine.dispose()
-
-
-def read_ranges(
-    bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout_s: float = 60.0, settings: Any = None
-) -> pa.Table:
-    """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table
-    (read as the ``engine`` principal of ``settings``)."""
-    from confluent_kafka import TopicPartition
-
-    kept: list[Any] = []
-    todo = {(t, int(p)): (a, b) for t, ps in ranges.items() for p, (a, b) in ps.items()}
-    if todo:
-        c = engine_consumer(bootstrap, settings, "tidewatch-engine-replay")
-        try:
-            c.assign([TopicPartition(t, p, a) for (t, p), (a, _) in todo.items()])
-            left = dict(todo)
-            deadline = time.monotonic() + timeout_s
-            while left and time.monotonic() < deadline:
-                for m in c.consume(10_000, 1.0):
-                    if m.error():
-                        continue
-                    tp = (m.topic(), m.partition())
-                    if tp not in left:
-                        continue
-                    a, b = left[tp]
-                    off = int(m.offset() or 0)
-                    if a <= off <= b:
-                        kept.append(m)
-                    if off >= b:
-                        del left[tp]
-                        c.pause([TopicPartition(*tp)])
-            if left:
-                raise RuntimeError(f"replay could not read offsets {left} within {timeout_s} s")
-        finally:
-            c.close()
-    return records_table(kept)
-
-
-def engine_consumer_config(bootstrap: str, settings: Any, group_id: str, **extra: Any) -> dict[str, Any]:
-    """librdkafka settings of a ``read_committed`` consumer as the ``engine`` principal
-    (SASL/SCRAM in the scram mode) that commits nothing: where to read lives in the engine's
-    checkpoint, not in Kafka."""
-    return {
-        "bootstrap.servers": bootstrap,
-        **client_config(settings, "engine"),
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        **extra,
-    }
-
-
-def engine_consumer(bootstrap: str, settings: Any, group_id: str, **extra: Any) -> Any:
-    """A confluent-kafka ``Consumer`` of :func:`engine_consumer_config`."""
-    from confluent_kafka import Consumer
-
-    return Consumer(engine_consumer_config(bootstrap, settings, group_id, **extra))
-
-
-def records_table(msgs: list[Any]) -> pa.Table:
-    """confluent-kafka messages (no errors among them) as an Arrow table of
-    :data:`RECORD_COLUMNS` -- the shape ``toArrow()`` of Spark's Kafka source gives the engine
-    (``timestamp`` in epoch ms)."""
-    return pa.table(
-        {
-            "topic": pa.array([m.topic() for m in msgs], pa.string()),
-            "partition": pa.array([m.partition() for m in msgs], pa.int32()),
-            "offset": pa.array([m.offset() for m in msgs], pa.int64()),
-            "timestamp": pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
-            "key": pa.array([m.key() for m in msgs], pa.binary()),
-            "value": pa.array([m.value() for m in msgs], pa.binary()),
-        }
-    )

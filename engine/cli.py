@@ -30,13 +30,12 @@ def backtest_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from engine.evaluation.backtest import BacktestInputError, RuleFileError, run_backtest
+    from engine.evaluation.backtest import BacktestInputError, MalformedRows, RuleFileError, run_backtest
     from engine.runtime.gc_tuning import tune_gc
     from tidewatch.settings import get_settings
 
-    tune_gc(
-        get_settings().engine_gc_threshold
-    )  # one alert allocates a few objects: see engine.runtime.gc_tuning
+    settings = get_settings()
+    tune_gc(settings.engine_gc_threshold)  # one alert allocates a few objects: see engine.runtime.gc_tuning
     if strategy not in ("shared", "naive"):
         _err("--strategy must be 'shared' or 'naive'")
         raise typer.Exit(2)
@@ -74,14 +73,17 @@ def backtest_cmd(
         with progress, out.open("w") as fh:
             result = run_backtest(
                 rules, pairs, every, fh, strategy=strategy, on_malformed=on_malformed, strict=strict,
-                progress=on_progress,
+                progress=on_progress, settings=settings,
             )  # fmt: skip
     except RuleFileError as exc:
         _err(str(exc))
         raise typer.Exit(2) from None
+    except MalformedRows as exc:  # --strict and malformed rows: exit 1 (RULES.md)
+        _err(f"backtest: {exc}")
+        raise typer.Exit(1) from None
     except BacktestInputError as exc:
         _err(f"backtest: {exc}")
-        raise typer.Exit(1 if strict and "malformed" in str(exc) else 2) from None
+        raise typer.Exit(2) from None
     if result.malformed:
         console.print(f"{result.malformed} malformed row(s) skipped", highlight=False)
     console.print(result.summary(), highlight=False, soft_wrap=True)

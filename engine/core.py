@@ -1,7 +1,8 @@
 """The engine's driver-side core: one micro-batch in, alerts and result changes out.
 
 No Spark and no I/O here, so the whole batch logic is unit-testable and a replay
-after a restart runs exactly the same code.  Per micro-batch (DESIGN.md "Data flow"):
+after a restart runs exactly the same code.  Per micro-batch (docs/ARCHITECTURE.md "Data flow";
+docs/engine.md "Time and exactness"):
 
 1. **Rule changes first** (PSoup, Chandrasekaran & Franklin 2002, section 3): each
    subscription change is applied to the evaluator before anything else; a new
@@ -9,10 +10,12 @@ after a restart runs exactly the same code.  Per micro-batch (DESIGN.md "Data fl
    held, so its first result does not wait for its window to refill.
 2. **Decode and validate** every stream (:mod:`engine.decode`); bad records become
    dead letters.  Records with ``ts`` at or before the last lookup time are ``late``.
-3. **Time**: the watermark is the largest event time seen minus the allowed
-   lateness; *now* is the watermark floored to the pane width ``g``.  Lookups happen
-   at every multiple of ``g`` after the previous lookup up to *now* (the first one at
-   the smallest event time floored to ``g``, like ``tidewatch backtest --every g``).
+3. **Time**: the watermark is per Kafka partition -- the smallest, over the active
+   partitions, of each one's largest event time, minus the allowed lateness
+   (:meth:`EngineCore._advance_watermark`); *now* is the watermark floored to the lookup
+   period ``L`` (a multiple of the pane width ``g``; ``L = g`` by default).  Lookups happen
+   at every multiple of ``L`` after the previous lookup up to *now* (the first one at
+   the smallest event time floored to ``L``, like ``tidewatch backtest --every L``).
    Before the lookup at ``tau`` every pending event with ``ts <= tau`` is applied, in
    ``ts`` order with ties in arrival order; events with ``ts > now`` stay pending.
 4. **Lookups** of every active rule; a change of a rule's result set is an alert
@@ -30,152 +33,90 @@ import json
 import logging
 import pickle
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
+from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
+
+if TYPE_CHECKING:
+    from engine.evaluation.rules import Changes
+    from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
 
+#: what :meth:`RuleEvaluator.values` gives per key: aggregate text -> value (None for NULL)
+Values = dict[str, float | int | str | None]
 
-class Evaluator(Protocol):
-    """What the engine needs from ``engine.evaluation.evaluator.Evaluator``."""
+
+class RuleEvaluator(Protocol):
+    """What the engine needs from an evaluator: :class:`engine.evaluation.evaluator.Evaluator`
+    (tests give stand-ins).  The state it holds is snapshotted with the engine's
+    (:meth:`EngineCore.to_bytes`), so it must pickle."""
 
     def add_rule(self, name: str, plan: Any) -> None: ...
     def remove_rule(self, name: str) -> None: ...
     def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None: ...
-    def lookup(self, now: int) -> dict[str, set[str]]: ...
 
+    def step(self, now: int) -> Changes:
+        """Look every rule up at ``now``; the changes of each rule's result since its previous
+        lookup (a rule added since then: from an empty result)."""
+        ...
 
-@dataclass
-class RuleInfo:
-    """An active subscription as the engine knows it."""
+    def evaluate_now(self, name: str, now: int) -> set[str]:
+        """PSoup: the result of rule ``name`` at ``now`` from the state held, without touching
+        the change state :meth:`step` reports against."""
+        ...
 
-    subscription_id: str
-    name: str
-    text: str
-    stream: str
-    version: int | None = None
+    def current_ids(self, name: str) -> list[str]:
+        """The result of rule ``name`` at its last :meth:`step`, as key values."""
+        ...
 
+    def values(self, name: str, keys: Iterable[str], now: int) -> dict[str, Values]:
+        """The aggregates rule ``name`` compares, per key at ``now`` (what made an alert fire)."""
+        ...
 
-@dataclass(frozen=True)
-class Alert:
-    """A change of one subscription's result set at one lookup time."""
-
-    subscription_id: str
-    rule_name: str
-    stream: str
-    key: str
-    kind: str  # ENTER | EXIT
-    as_of: int
-    #: the aggregates the rule compares, for this key at ``as_of`` (what made it fire):
-    #: aggregate text -> value (None for NULL); empty when the evaluator cannot say
-    values: dict[str, float | int | None] = field(default_factory=dict, compare=False, hash=False)
+    def values_many(self, wanted: dict[str, list[str]], now: int) -> dict[str, dict[str, Values]]:
+        """:meth:`values` of many rules at once: ``{rule: {key: values}}``."""
+        ...
 
     @property
-    def id(self) -> str:
-        return f"{self.subscription_id}|{self.key}|{self.kind}|{self.as_of}"
+    def nbytes(self) -> int:
+        """Approximate bytes held."""
+        ...
 
 
-@dataclass(frozen=True)
-class SubscriptionChange:
-    """One record of the ``subscriptions`` topic, parsed.
+def make_evaluator(settings: Settings) -> RuleEvaluator:
+    """The shared-strategy evaluator configured by ``settings``, fed one row per (key, pane)
+    (``pane_ms``, Golab et al.'s basic windows): the engine looks up at pane boundaries only,
+    so pane rows give the same answers as raw events."""
+    from engine.evaluation.evaluator import Evaluator
 
-    ``op`` is ``upsert`` (new or changed rule, active), ``pause`` or ``delete``.
-    """
-
-    subscription_id: str
-    op: str
-    name: str = ""
-    text: str = ""
-    plan: Any = None
-    version: int | None = None  # the subscription's version; a replay of an older one is ignored
-
-
-def parse_subscription_change(key: bytes | None, value: bytes | None) -> SubscriptionChange:
-    """Parse a ``subscriptions`` topic record (JSON from the outbox relay; null value = delete).
-
-    Accepted value fields: ``id`` / ``subscription_id``, ``name``, ``rule`` / ``text``,
-    ``plan`` (the compiled plan's JSON, optional), ``op`` (upsert | delete | pause) or
-    ``status`` / ``active``.
-    """
-    sid = key.decode() if key else ""
-    if value is None:
-        return SubscriptionChange(sid, "delete")
-    doc = json.loads(value)
-    sid = str(doc.get("subscription_id") or doc.get("id") or sid)
-    if not sid:
-        raise ValueError("subscription change without an id")
-    op = str(doc.get("op") or "").lower()
-    status = str(doc.get("status") or "").lower()
-    if op in ("delete", "deleted", "remove") or status in ("deleted", "delete"):
-        op = "delete"
-    elif op == "pause" or status in ("paused", "inactive") or doc.get("active") is False:
-        op = "pause"
-    else:
-        op = "upsert"
-    version = doc.get("version")
-    return SubscriptionChange(
-        sid,
-        op,
-        str(doc.get("name") or sid),
-        str(doc.get("rule") or doc.get("rule_text") or doc.get("text") or ""),
-        doc.get("plan"),
-        None if version is None else int(version),
+    return Evaluator(
+        strategy="shared",
+        ci_p=settings.ci_p,
+        history_ms=settings.engine_history_ms,
+        pane_ms=settings.pane_ms,
     )
 
 
-@dataclass
-class BatchOutput:
-    """Everything one micro-batch produced."""
+def rule_compiler(settings: Settings) -> Callable[[str, Any], tuple[Any, str]]:
+    """The engine's ``compile_rule``: (plan, stream) of a rule, from its JSON plan when given,
+    else compiled from its text (with the rule language limits of ``settings``)."""
 
-    batch_id: int
-    alerts: list[Alert] = field(default_factory=list)
-    dead: DeadLetters = field(default_factory=DeadLetters)
-    lookups: list[int] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)  # subscriptions deleted / paused
-    changed: set[str] = field(default_factory=set)  # subscriptions whose result set changed
-    events: dict[str, int] = field(default_factory=dict)  # valid events per stream
-    rule_errors: list[tuple[str, str]] = field(default_factory=list)
+    def compile_rule(text: str, plan_json: Any) -> tuple[Any, str]:
+        from subscriptions import compiler
 
+        if plan_json is not None:
+            plan = compiler.Plan.from_json(plan_json if isinstance(plan_json, str) else json.dumps(plan_json))
+        else:
+            plan = compiler.compile_rule(text, settings)
+        return plan, str(plan.stream)
 
-def make_evaluator(settings: Any) -> Evaluator:
-    """The shared-strategy evaluator configured by ``settings``, fed one row per (key, pane)
-    (``pane_ms``, Golab et al.'s basic windows) when the evaluator supports it: the engine
-    looks up at pane boundaries only, so pane rows give the same answers as raw events."""
-    import inspect
-
-    from engine.evaluation.evaluator import Evaluator as SubEvaluator
-
-    kw: dict[str, Any] = {
-        "strategy": "shared",
-        "ci_p": settings.ci_p,
-        "history_ms": settings.engine_history_ms,
-    }
-    if "pane_ms" in inspect.signature(SubEvaluator).parameters:
-        kw["pane_ms"] = settings.pane_ms
-    return SubEvaluator(**kw)  # type: ignore[return-value]
-
-
-def _default_evaluator() -> Evaluator:
-    from tidewatch.settings import get_settings
-
-    return make_evaluator(get_settings())
-
-
-def _default_compile(text: str, plan_json: Any) -> tuple[Any, str]:
-    """(plan, stream) of a rule, from its JSON plan when given, else compiled from its text."""
-    from subscriptions import compiler
-
-    if plan_json is not None and hasattr(compiler, "Plan") and hasattr(compiler.Plan, "from_json"):
-        plan = compiler.Plan.from_json(plan_json if isinstance(plan_json, str) else json.dumps(plan_json))
-    else:
-        plan = compiler.compile_rule(text)
-    return plan, str(getattr(plan, "stream", "trades"))
+    return compile_rule
 
 
 def _concat(a: Decoded, b: Decoded) -> Decoded:
@@ -218,8 +159,8 @@ class EngineCore:
         pane_ms: int,
         allowed_lateness_ms: int,
         max_future_ms: int,
-        evaluator_factory: Callable[[], Evaluator] = _default_evaluator,
-        compile_rule: Callable[[str, Any], tuple[Any, str]] = _default_compile,
+        evaluator_factory: Callable[[], RuleEvaluator],
+        compile_rule: Callable[[str, Any], tuple[Any, str]],
         idle_timeout_ms: int = 5_000,
         lookup_every_ms: int | None = None,
     ) -> None:
@@ -232,7 +173,7 @@ class EngineCore:
         self.lateness = int(allowed_lateness_ms)
         self.max_future_ms = int(max_future_ms)
         self._compile = compile_rule
-        self.evaluator: Evaluator = evaluator_factory()
+        self.evaluator: RuleEvaluator = evaluator_factory()
         self.rules: dict[str, RuleInfo] = {}
         self.current: dict[str, set[str]] = {}
         self.pending: dict[str, Decoded] = {s: empty(s) for s in STREAMS}
@@ -321,13 +262,9 @@ class EngineCore:
         self.current[sid] = set()
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
-            ev = self.evaluator
             first = len(out.alerts)
-            if hasattr(ev, "evaluate_now"):
-                found = ev.evaluate_now(sid, self.applied_until)
-                self._fresh.add(sid)  # its change state in the evaluator starts empty
-            else:
-                found = ev.lookup(self.applied_until).get(sid, set())
+            found = self.evaluator.evaluate_now(sid, self.applied_until)
+            self._fresh.add(sid)  # its change state in the evaluator starts empty
             self._diff(sid, found, self.applied_until, out)
             self._attach_values(out, first, self.applied_until)
 
@@ -411,10 +348,9 @@ class EngineCore:
     def _attach_values(self, out: BatchOutput, first: int, tau: int) -> None:
         """Give the alerts ``out.alerts[first:]`` (all at ``tau``) the values that made them fire.
 
-        Uses ``Evaluator.values(name, keys, now)`` (one call per rule), so it must run right
-        after the lookup at ``tau``, before later events are applied."""
-        ev = self.evaluator
-        if first >= len(out.alerts) or not hasattr(ev, "values"):
+        Uses ``RuleEvaluator.values_many`` (see :meth:`_values`), so it must run right after the
+        lookup at ``tau``, before later events are applied."""
+        if first >= len(out.alerts):
             return
         by_rule: dict[str, list[int]] = {}
         for i in range(first, len(out.alerts)):
@@ -433,23 +369,11 @@ class EngineCore:
         if not self.rules:
             return
         ev = self.evaluator
-        first = len(out.alerts)
-        if not hasattr(ev, "step"):  # a plain lookup: diff every rule's whole result
-            found = ev.lookup(tau)
-            for sid in self.rules:
-                self._diff(sid, found.get(sid, ()), tau, out)
-            self._attach_values(out, first, tau)
-            return
         # the evaluator's own changes (cheap with thousands of rules), checked against ours;
         # read block-wise (rule names, key values, kind) without building a row per change
         changes = ev.step(tau)
-        parts = getattr(changes, "parts", None)
-        if parts is None:
-            parts = [
-                (np.array([r[1]], dtype=object), np.array([r[2]], dtype=object), r[3]) for r in changes.rows()
-            ]
         by_rule: dict[str, list[tuple[str, str]]] = {}
-        for names, keys, kind in parts:
+        for names, keys, kind in changes.parts:
             enter = kind == "ENTER"
             for sid, key in zip(names.tolist(), keys.tolist(), strict=True):
                 if sid in self._fresh or sid not in self.rules:
@@ -462,11 +386,8 @@ class EngineCore:
                 else:
                     cur.discard(key)
                 by_rule.setdefault(sid, []).append((key, kind))
-        has_values = hasattr(ev, "values")
         ordered = {sid: sorted(by_rule[sid]) for sid in sorted(by_rule)}  # (rule, key) order
-        every = (
-            self._values({sid: [k for k, _ in it] for sid, it in ordered.items()}, tau) if has_values else {}
-        )
+        every = self._values({sid: [k for k, _ in it] for sid, it in ordered.items()}, tau)
         for sid, items in ordered.items():
             info = self.rules[sid]
             vals = every.get(sid, {})
@@ -477,22 +398,21 @@ class EngineCore:
         first = len(out.alerts)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
-                self._diff(sid, ev.current_ids(sid), tau, out)  # type: ignore[attr-defined]
+                self._diff(sid, ev.current_ids(sid), tau, out)
         self._fresh.clear()
         self._attach_values(out, first, tau)
 
     def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
         """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from
-        ``Evaluator.values_many`` (or ``values``, one rule at a time); a rule whose values are
+        ``RuleEvaluator.values_many`` (or ``values``, one rule at a time); a rule whose values are
         unavailable gets {} and its alerts still go out (never lose an alert for a value)."""
         if not wanted:
             return {}
-        ev: Any = self.evaluator
-        if hasattr(ev, "values_many"):
-            try:
-                return dict(ev.values_many(wanted, tau))
-            except Exception as exc:
-                log.warning("values at %d unavailable in one pass (%s): trying rule by rule", tau, exc)
+        ev = self.evaluator
+        try:
+            return dict(ev.values_many(wanted, tau))
+        except Exception as exc:
+            log.warning("values at %d unavailable in one pass (%s): trying rule by rule", tau, exc)
         out: dict[str, dict[str, Any]] = {}
         for sid, keys in wanted.items():
             try:
@@ -508,8 +428,8 @@ class EngineCore:
         return sum(len(p) for p in self.pending.values())
 
     def state_nbytes(self) -> int:
-        """Approximate size of the state in bytes (the evaluator's ``nbytes`` when it has one)."""
-        n = int(getattr(self.evaluator, "nbytes", 0) or 0)
+        """Approximate size of the state in bytes (the evaluator's ``nbytes`` and the pending events)."""
+        n = int(self.evaluator.nbytes)
         for p in self.pending.values():
             n += sum(getattr(v, "nbytes", 0) for v in p.columns.values())
         return n
@@ -517,12 +437,9 @@ class EngineCore:
     def to_bytes(self) -> bytes:
         """Snapshot of the whole state (exact round trip with :meth:`from_bytes`)."""
         ev = self.evaluator
-        if hasattr(ev, "to_bytes"):
-            ev_bytes = ev.to_bytes()
-        else:
-            ev_buf = io.BytesIO()
-            _StatePickler(ev_buf, protocol=5).dump(ev)
-            ev_bytes = ev_buf.getvalue()
+        ev_buf = io.BytesIO()
+        _StatePickler(ev_buf, protocol=5).dump(ev)
+        ev_bytes = ev_buf.getvalue()
         buf = io.BytesIO()
         pickle.dump(
             {
@@ -532,7 +449,7 @@ class EngineCore:
                 "lateness": self.lateness,
                 "max_future_ms": self.max_future_ms,
                 "evaluator_cls": (type(ev).__module__, type(ev).__qualname__),
-                "evaluator_native": hasattr(ev, "to_bytes"),
+                "evaluator_native": False,  # the evaluator is pickled (no evaluator has its own to_bytes)
                 "evaluator": ev_bytes,
                 "rules": self.rules,
                 "current": self.current,
@@ -555,18 +472,12 @@ class EngineCore:
     def from_bytes(
         cls,
         data: bytes,
-        compile_rule: Callable[[str, Any], tuple[Any, str]] = _default_compile,
+        compile_rule: Callable[[str, Any], tuple[Any, str]],
     ) -> EngineCore:
-        """Restore a snapshot written by :meth:`to_bytes`."""
-        import importlib
-
+        """Restore a snapshot written by :meth:`to_bytes` (``compile_rule``: as for the constructor,
+        e.g. :func:`rule_compiler`)."""
         doc = pickle.loads(data)
-        if doc["evaluator_native"]:
-            mod, qual = doc["evaluator_cls"]
-            ev_cls = getattr(importlib.import_module(mod), qual)
-            ev = ev_cls.from_bytes(doc["evaluator"])
-        else:
-            ev = pickle.loads(doc["evaluator"])
+        ev = pickle.loads(doc["evaluator"])
         self = cls(
             pane_ms=doc["g"],
             allowed_lateness_ms=doc["lateness"],

@@ -3,8 +3,8 @@
 A record goes here when it does not decode (``undecodable``), breaks an invariant of
 its stream's schema (``invalid``: negative size/length, NaN/Inf price, empty key),
 carries an event time too far ahead of the time Kafka got it (``future``), or comes
-after the engine has already looked up past its event time (``late``, DESIGN.md
-"Time": later than the allowed lateness behind the watermark).  Each dead letter
+after the engine has already looked up past its event time (``late``, docs/engine.md
+"Time and exactness": later than the allowed lateness behind the watermark).  Each dead letter
 keeps the source topic, partition and offset and the raw key/value bytes, and is
 published as an Avro ``DeadLetter`` (``tidewatch/wire/schemas/dead_letter.avsc``) keyed by
 the source topic name.

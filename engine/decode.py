@@ -14,11 +14,12 @@ against the invariants of the stream:
 * ``future``      -- ``ts`` more than ``max_future_ms`` after the Kafka record
   timestamp (deterministic: a replay of the same records decides the same way);
 * ``late``        -- ``ts <= late_until``, the last lookup time the engine already
-  applied (its watermark floored to the pane width, DESIGN.md "Time").
+  applied (its watermark floored to the lookup period, docs/engine.md "Time and exactness").
 
 Records are returned in arrival order (partition, offset), which is the tie order
 of FIRST/LAST (RULES.md "Meaning").  Decoding in the JVM with spark-avro's
-``from_avro`` was measured against this path; see docs/engine.md.
+``from_avro`` was measured against this path (docs/engine.md "Decode"; the figures in
+docs/measurements/engine.md).
 """
 
 from __future__ import annotations

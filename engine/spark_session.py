@@ -9,9 +9,9 @@ What it sets, and why:
   4.3.0 connector; see :mod:`tidewatch.jars`).  Otherwise the same coordinates go
   to ``spark.jars.packages`` with the Ivy cache in ``.cache/ivy``, and if Ivy cannot resolve
   them the same coordinates are resolved with Maven into the cache and the session is built
-  again with ``spark.jars``.  Measured here: Ivy fails on
-  ``spark-token-provider-kafka-0-10_2.13:4.2.0`` (not on Central), the Maven fallback then
-  starts the session 66 s after the first attempt -- which is why the cache comes first;
+  again with ``spark.jars``.  Ivy fails on ``spark-token-provider-kafka-0-10_2.13:4.2.0`` (not on
+  Central), and the Maven fallback then starts the session much later than the cache would
+  (docs/measurements/engine.md) -- which is why the cache comes first;
 * ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = this interpreter, so Python workers import the
   venv's pyarrow/fastavro instead of the system ``python3`` (without it pandas UDFs and Python
   data sources hang for two minutes and fail);
@@ -26,7 +26,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tidewatch import jars as kafka_dist
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,7 +76,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     return conf
 
 
-def build_spark(settings: Settings | None = None, app_name: str = "tidewatch") -> SparkSession:
+def build_spark(settings: Settings, app_name: str = "tidewatch") -> SparkSession:
     """A SparkSession with the Kafka and Avro connectors, on ``settings.spark_master``.
 
     ``getOrCreate`` semantics: inside one process the first call wins; call ``.stop()`` on the
@@ -84,7 +84,7 @@ def build_spark(settings: Settings | None = None, app_name: str = "tidewatch") -
     """
     from pyspark.sql import SparkSession
 
-    s = settings or get_settings()
+    s = settings
     # Spark's launcher and its Python workers read these from the environment, not from conf.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -18,9 +18,9 @@ frames that cannot be decoded are reported as bad with their frame number
 (1-based), like bad CSV lines.
 
 Classic pcap files are scanned by a Numba kernel in blocks (IPv4 decoded in
-place, ~1.8 M frames/s); IPv6 frames and odd link layers in them, and pcapng
-files, are decoded frame by frame with dpkt (~40 k frames/s).  Both paths give
-the same columns (tested).
+place); IPv6 frames and odd link layers in them, and pcapng files, are decoded
+frame by frame with dpkt, far slower (rates: docs/feeds.md, "Packet captures").
+Both paths give the same columns (tested).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import dpkt
 import numba as nb
 import numpy as np
 
+from ingest.errors import IngestError
 from ingest.packets_gen import ip_str
 from tidewatch.wire.avro import Coded
 from tidewatch.wire.csv_io import BadLine, CsvReport
@@ -54,7 +55,7 @@ _PROTO = {6: "TCP", 17: "UDP", 1: "ICMP", 58: "ICMPv6"}
 _PROTO_NAMES = [_PROTO.get(p, f"IP-{p}") for p in range(256)]
 
 
-class PcapError(ValueError):
+class PcapError(IngestError, ValueError):
     """A file that is not a readable pcap / pcapng capture."""
 
 
@@ -101,7 +102,7 @@ class _ClassicPcap:
             yield sec * 1000 + frac // self.div, buf
 
 
-class _Truncated(Exception):
+class _Truncated(IngestError):
     pass
 
 

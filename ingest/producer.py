@@ -29,8 +29,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ingest.errors import IngestError
 from tidewatch.kafka.client import client_config, librdkafka_config
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 from tidewatch.wire.avro import Coded, encode_batch
 
 
@@ -41,10 +42,10 @@ class ProducerLike(Protocol):
     def __len__(self) -> int: ...
 
 
-def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+def producer_config(settings: Settings, bootstrap: str, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for high-rate, loss-free production, as the ``feed`` principal."""
     conf: dict[str, Any] = {
-        **librdkafka_config(get_settings(), "feed", bootstrap),
+        **librdkafka_config(settings, "feed", bootstrap),
         "enable.idempotence": True,  # acks=all, retries, no duplicates, per-partition order
         "linger.ms": 25,
         "batch.size": 1_000_000,
@@ -134,28 +135,27 @@ class Pacer:
         return out
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int | None = None, timeout: float = 30.0) -> bool:
-    """Create ``topic`` if the broker lacks it (the embedded broker does not auto-create); True if created."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+def ensure_topic(
+    settings: Settings, bootstrap: str, topic: str, partitions: int | None = None, timeout: float = 30.0
+) -> bool:
+    """Create ``topic`` if the broker lacks it (the embedded broker does not auto-create); True if created.
 
-    admin = AdminClient(librdkafka_config(get_settings(), "feed", bootstrap))
-    if topic in admin.list_topics(timeout=timeout).topics:
-        return False
-    n = partitions or get_settings().topic_partitions
-    fut = admin.create_topics(
-        [NewTopic(topic, num_partitions=n, replication_factor=1)], operation_timeout=timeout
-    )[topic]
-    try:
-        fut.result(timeout=timeout)
-    except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc):
-            raise
-        return False
-    return True
+    One of Tidewatch's topics is created as the topic spec has it
+    (:func:`tidewatch.kafka.topics.topic_spec`), any other (a custom ``--topic``, a test's
+    scratch topic) with the streams' defaults and ``partitions`` partitions when given
+    (:func:`tidewatch.kafka.topics.stream_topic_spec`)."""
+    from confluent_kafka.admin import AdminClient
+
+    from tidewatch.kafka.topics import create_topics, spec_for
+
+    spec = spec_for(topic, settings, partitions or None)
+    admin = AdminClient(librdkafka_config(settings, "feed", bootstrap))
+    return create_topics(admin, [spec], timeout=timeout)[topic] == "created"
 
 
-def newest_event_ms(bootstrap: str, topic: str, stream: str, timeout: float = 10.0) -> int | None:
+def newest_event_ms(
+    settings: Settings, bootstrap: str, topic: str, stream: str, timeout: float = 10.0
+) -> int | None:
     """The largest event time (``ts``) among the last record of each partition of ``topic``;
     None if the topic is empty, missing or cannot be read (e.g. a principal without read
     rights).  A restarted demo feed starts its history backfill after it: events older than
@@ -164,7 +164,7 @@ def newest_event_ms(bootstrap: str, topic: str, stream: str, timeout: float = 10
 
     from tidewatch.wire.avro import decode
 
-    s = get_settings()
+    s = settings
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -222,6 +222,7 @@ class KafkaFeed:
         self,
         stream: str,
         *,
+        settings: Settings,
         topic: str | None = None,
         bootstrap: str | None = None,
         key_field: str | None = None,
@@ -231,7 +232,7 @@ class KafkaFeed:
         create_topic: bool = True,
         **conf: Any,
     ) -> None:
-        s = get_settings()
+        s = settings
         self.stream = stream
         self.topic = topic or s.stream_topic(stream)
         self.key_field = key_field or ("symbol" if stream == "trades" else s.packets_key)
@@ -243,8 +244,8 @@ class KafkaFeed:
 
             bootstrap = bootstrap or s.kafka_bootstrap
             if create_topic:
-                ensure_topic(bootstrap, self.topic)
-            producer = Producer(producer_config(bootstrap, on_delivery=self._on_error, **conf))
+                ensure_topic(s, bootstrap, self.topic)
+            producer = Producer(producer_config(s, bootstrap, on_delivery=self._on_error, **conf))
         self.producer: ProducerLike = producer
         self._last_progress = 0.0
         #: set (e.g. by a SIGINT handler) to stop sending after the current slice
@@ -341,10 +342,9 @@ def feed_id(path: str | Path, topic: str) -> str:
     return hashlib.sha1(f"{Path(path).resolve()}\0{topic}".encode()).hexdigest()[:16]
 
 
-def default_progress_path(stream: str, topic: str, path: str | Path) -> Path:
+def default_progress_path(settings: Settings, stream: str, topic: str, path: str | Path) -> Path:
     """``<run_dir>/feed-progress/<stream>-<topic>-<feed id>.json`` (``feed_progress_dir`` overrides the dir)."""
-    s = get_settings()
-    base = s.feed_progress_dir or (s.run_dir / "feed-progress")
+    base = settings.feed_progress_dir or (settings.run_dir / "feed-progress")
     return Path(base) / f"{stream}-{topic}-{feed_id(path, topic)}.json"
 
 
@@ -360,7 +360,7 @@ def _rows(columns: Mapping[str, Any]) -> int:
     return len(columns["ts"])
 
 
-class ProgressMismatch(RuntimeError):
+class ProgressMismatch(IngestError, RuntimeError):
     """The progress file describes another file (or another topic) than the one being fed."""
 
 
@@ -438,6 +438,7 @@ class TransactionalFeed(KafkaFeed):
         stream: str,
         progress: FeedProgress,
         *,
+        settings: Settings,
         topic: str | None = None,
         bootstrap: str | None = None,
         commit_every: int | None = None,
@@ -445,16 +446,19 @@ class TransactionalFeed(KafkaFeed):
     ) -> None:
         from confluent_kafka import Consumer, Producer
 
-        s = get_settings()
+        s = settings
         bootstrap = bootstrap or s.kafka_bootstrap
         self.commit_every = commit_every or s.feed_commit_every
         self.progress = progress
         fid = feed_id(progress.identity["path"], progress.topic)
         self.transactional_id = f"tidewatch-feed-{fid}-{progress.run}"
         placeholder: Any = _Unset()  # the transactional producer is made below
-        super().__init__(stream, topic=progress.topic, on_progress=on_progress, producer=placeholder)
-        ensure_topic(bootstrap, self.topic)
+        super().__init__(
+            stream, settings=s, topic=progress.topic, on_progress=on_progress, producer=placeholder
+        )
+        ensure_topic(s, bootstrap, self.topic)
         conf = producer_config(
+            s,
             bootstrap,
             on_delivery=self._on_error,
             **{"transactional.id": self.transactional_id, "transaction.timeout.ms": 120_000},
@@ -485,13 +489,15 @@ class TransactionalFeed(KafkaFeed):
     def _committed_records(self) -> int:
         from confluent_kafka import KafkaException, TopicPartition
 
+        from tidewatch.kafka.codes import COORDINATOR, error_code
+
         deadline = time.monotonic() + 120
         while True:
             try:
                 got = self._marker.committed([TopicPartition(*self._marker_tp)], timeout=30)[0]
                 return max(int(got.offset), 0)
             except KafkaException as exc:
-                if "COORDINATOR" not in str(exc) or time.monotonic() > deadline:
+                if error_code(exc) not in COORDINATOR or time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
 
@@ -536,6 +542,8 @@ class TransactionalFeed(KafkaFeed):
         aborted raises :class:`_AbortAndRetry`; others propagate."""
         from confluent_kafka import KafkaException
 
+        from tidewatch.kafka.codes import AUTHORIZATION_FAILED, error_code
+
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -543,7 +551,7 @@ class TransactionalFeed(KafkaFeed):
                 return
             except KafkaException as exc:
                 e = exc.args[0] if exc.args else None
-                if e is not None and "AUTHORIZATION_FAILED" in e.name():
+                if error_code(e) in AUTHORIZATION_FAILED:
                     raise  # an ACL refuses (kafka_security=scram): sending again cannot help
                 if e is not None and e.txn_requires_abort():
                     raise _AbortAndRetry(str(e)) from exc
@@ -571,7 +579,7 @@ class TransactionalFeed(KafkaFeed):
         self.progress.save()
 
 
-class _AbortAndRetry(Exception):
+class _AbortAndRetry(IngestError):
     """The current transaction must be aborted; its slice is sent again in a new one."""
 
 

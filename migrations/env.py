@@ -35,12 +35,12 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(_url(), poolclass=pool.NullPool)
-    with engine.connect() as conn:
+    db_engine = create_engine(_url(), poolclass=pool.NullPool)
+    with db_engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata, compare_type=True)
         with context.begin_transaction():
             context.run_migrations()
-    engine.dispose()
+    db_engine.dispose()
 
 
 if context.is_offline_mode():

@@ -6,7 +6,7 @@
 #
 # Usage:  scripts/containers_setup.sh [setup [--keep-service]|start|stop|status|images]
 #   setup   (default) everything below, idempotent and cached.  An API service it had
-#           to start is checked and stopped again at the end (tests/conftest.py starts
+#           to start is checked and stopped again at the end (tests/containers.py starts
 #           one on demand), unless --keep-service (PID in .run/podman-service.pid)
 #   start   only start the Podman API service if its socket is not answering
 #   stop    stop the API service this script started (by its PID file)

@@ -31,9 +31,10 @@ def explain_cmd(
 ) -> None:
     """Print the compiled plan of a rule: atoms, shared structures, index and driving atom, post-check."""
     from subscriptions.compiler import compile_rule, explain
+    from tidewatch.settings import get_settings
 
     try:
-        plan = compile_rule(rule)
+        plan = compile_rule(rule, get_settings())
     except RuleError as err:
         _err(f"rule does not parse: {err.display()}")
         raise typer.Exit(2) from None
@@ -83,12 +84,14 @@ def check_cmd(
 ) -> None:
     """Validate every rule of a file; exit status 2 if any does not parse or type-check."""
     from subscriptions.compiler import compile_rule
+    from tidewatch.settings import get_settings
 
+    settings = get_settings()
     bad = 0
     entries = read_rule_file(file)
     for name, lineno, text in entries:
         try:
-            plan = compile_rule(text)
+            plan = compile_rule(text, settings)
         except RuleError as err:
             bad += 1
             _err(f"{file}:{lineno}: rule {name!r}: {err.display()}")

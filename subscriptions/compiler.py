@@ -23,11 +23,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subscriptions import rule_ast as A
 from subscriptions.rule_parser import parse_rule
 from tidewatch.schema import STREAMS
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 PLAN_VERSION = 1
 
@@ -263,9 +266,10 @@ def to_nnf(c: A.Cond, negate: bool = False) -> Any:
 
 
 # ---------------------------------------------------------------- compile
-def compile_rule(text: str) -> Plan:
-    """Parse, check and compile rule text; RuleError when it is not a valid rule."""
-    return build_plan(parse_rule(text), text)
+def compile_rule(text: str, settings: Settings) -> Plan:
+    """Parse, check and compile rule text; RuleError when it is not a valid rule (limits:
+    ``settings.max_rule_*``)."""
+    return build_plan(parse_rule(text, settings), text)
 
 
 def build_plan(rule: A.Rule, text: str) -> Plan:

@@ -1,9 +1,22 @@
-"""The one error type of the rule language: where it went wrong, and what was expected."""
+"""The errors of the ``subscriptions`` package: its root, and the rule language's error.
+
+:class:`SubscriptionsError` is the root of every error of the package (under
+:class:`tidewatch.errors.TidewatchError`): :class:`RuleError` here, the service's refusals
+(:class:`subscriptions.service.SubscriptionError`), :class:`subscriptions.outbox.RelayBusy`.
+"""
 
 from __future__ import annotations
 
+from tidewatch.errors import TidewatchError
 
-class RuleError(ValueError):
+__all__ = ["RuleError", "SubscriptionsError"]
+
+
+class SubscriptionsError(TidewatchError):
+    """The root of every error of the ``subscriptions`` package."""
+
+
+class RuleError(SubscriptionsError, ValueError):
     """A rule that does not parse or type-check.
 
     ``line`` and ``column`` are 1-based; ``snippet`` is the offending line of the rule text;

@@ -56,18 +56,19 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from subscriptions.errors import SubscriptionsError
 from tidewatch.db.models import Outbox
-from tidewatch.db.session import make_engine
+from tidewatch.db.session import make_db_engine
 from tidewatch.kafka.client import client_config
 from tidewatch.kafka.txn import KafkaStalled, bounded, retrying
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRANSACTIONAL_ID = "tidewatch-outbox-relay"
 
 
-class RelayBusy(RuntimeError):
+class RelayBusy(SubscriptionsError, RuntimeError):
     """Another relay holds the lock for this topic."""
 
 
@@ -122,19 +123,19 @@ class OutboxRelay:
     #: the ``relay`` principal's credentials (:func:`tidewatch.kafka.client.client_config`)
     kafka_conf: dict[str, str] = field(default_factory=dict)
     #: a Kafka transaction not done after this long is given up (``relay_kafka_stall_s``)
-    stall_s: float = field(default_factory=lambda: get_settings().relay_kafka_stall_s)
+    stall_s: float = Settings.model_fields["relay_kafka_stall_s"].default
     #: :meth:`drain` retries failed transactions this long (``relay_kafka_retry_s``)
-    retry_s: float = field(default_factory=lambda: get_settings().relay_kafka_retry_s)
+    retry_s: float = Settings.model_fields["relay_kafka_retry_s"].default
 
     def __post_init__(self) -> None:
-        self._engine: Engine = make_engine(self.url)
-        self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
-        self._lock_conn = self._engine.connect()
+        self._db_engine: Engine = make_db_engine(self.url)
+        self._sessions = sessionmaker(bind=self._db_engine, expire_on_commit=False)
+        self._lock_conn = self._db_engine.connect()
         got = self._lock_conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": _lock_key(self.topic)})
         self._lock_conn.commit()
         if not got:
             self._lock_conn.close()
-            self._engine.dispose()
+            self._db_engine.dispose()
             raise RelayBusy(f"another outbox relay is publishing to {self.topic!r}")
         self._producer = self._new_producer()
         self._broken = False  # a transaction failed: re-create the producer and recover first
@@ -157,9 +158,13 @@ class OutboxRelay:
         return producer
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None, **kw: Any) -> OutboxRelay:
-        s = settings or get_settings()
+    def from_settings(cls, settings: Settings, **kw: Any) -> OutboxRelay:
+        """The relay of ``settings.topic_subscriptions``: bootstrap, database, the ``relay``
+        principal's credentials and the stall / retry times from ``settings``."""
+        s = settings
         kw.setdefault("kafka_conf", client_config(s, "relay"))
+        kw.setdefault("stall_s", s.relay_kafka_stall_s)
+        kw.setdefault("retry_s", s.relay_kafka_retry_s)
         return cls(topic=s.topic_subscriptions, bootstrap=s.kafka_bootstrap, url=s.sqlalchemy_url, **kw)
 
     # --- recovery (case 3) --------------------------------------------------------------------
@@ -377,7 +382,7 @@ class OutboxRelay:
             self._producer.flush(5)
         finally:
             self._lock_conn.close()
-            self._engine.dispose()
+            self._db_engine.dispose()
 
     def __enter__(self) -> OutboxRelay:
         return self
@@ -388,12 +393,12 @@ class OutboxRelay:
 
 def pending_count(url: str, topics: Iterable[str] | None = None) -> int:
     """How many outbox rows wait to be published (all topics unless ``topics``)."""
-    engine = make_engine(url)
+    db_engine = make_db_engine(url)
     try:
-        with engine.connect() as conn:
+        with db_engine.connect() as conn:
             q = select(func.count()).select_from(Outbox).where(Outbox.published_at.is_(None))
             if topics is not None:
                 q = q.where(Outbox.topic.in_(list(topics)))
             return int(conn.scalar(q) or 0)
     finally:
-        engine.dispose()
+        db_engine.dispose()

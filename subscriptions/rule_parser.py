@@ -75,9 +75,10 @@ def _unquote(s: str) -> str:
 class _Build(Transformer_NonRecursive):
     """Tree -> AST.  Names are case-insensitive (lower-cased); windows are converted to ms."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, settings: Settings) -> None:
         super().__init__()
         self.text = text
+        self.settings = settings
 
     def err(self, msg: str, pos: A.Pos, expected: list[str] | tuple[str, ...] = ()) -> RuleError:
         return RuleError.at(self.text, msg, pos, expected)
@@ -195,13 +196,13 @@ class _Build(Transformer_NonRecursive):
         n = self._count(n_tok, "a window length", allow_zero)
         unit = str(unit_tok).lower().rstrip("s")
         ms = n * A.UNIT_MS[unit]
-        limit_ms = _limits().max_rule_window_days * A.UNIT_MS["day"]
+        limit_ms = self.settings.max_rule_window_days * A.UNIT_MS["day"]
         if ms > limit_ms:  # also +inf: the engine keeps raw history as long as the longest window
             raise self.err(
                 f"window {n_tok} {unit_tok} is longer than the limit of "
-                f"{A.fmt_num(_limits().max_rule_window_days)} days",
+                f"{A.fmt_num(self.settings.max_rule_window_days)} days",
                 _pos_of(n_tok),
-                [f"a window of at most {A.fmt_num(_limits().max_rule_window_days)} days"],
+                [f"a window of at most {A.fmt_num(self.settings.max_rule_window_days)} days"],
             )
         if not float(ms).is_integer():
             raise self.err(
@@ -227,7 +228,7 @@ class _Build(Transformer_NonRecursive):
 
     def win_rows(self, items: list[Token]) -> A.RowsWindow:
         n = self._count(items[1], "a ROWS window")
-        limit = _limits().max_rule_rows
+        limit = self.settings.max_rule_rows
         if n > limit:
             raise self.err(
                 f"a ROWS window of {items[1]} rows is larger than the limit of {limit}",
@@ -265,13 +266,6 @@ class _Build(Transformer_NonRecursive):
     # --- rule
     def start(self, items: list[Any]) -> tuple[Any, ...]:
         return tuple(items)
-
-
-def _limits() -> Settings:
-    """The rule language limits of the settings (``max_rule_*``)."""
-    from tidewatch.settings import get_settings
-
-    return get_settings()
 
 
 def _op(tok: Token) -> str:
@@ -325,11 +319,8 @@ def _tree_depth(tree: Tree, limit: int) -> tuple[int, A.Pos]:  # type: ignore[ty
     return best, (min(over) if over else None)
 
 
-def parse_tree(text: str) -> Tree:  # type: ignore[type-arg]
-    """The lark parse tree (syntax only), or RuleError."""
-    from tidewatch.settings import get_settings
-
-    settings = get_settings()
+def parse_tree(text: str, settings: Settings) -> Tree:  # type: ignore[type-arg]
+    """The lark parse tree (syntax only), or RuleError (limits: ``settings.max_rule_*``)."""
     if len(text) > settings.max_rule_chars:
         raise RuleError.at(
             text,
@@ -394,11 +385,11 @@ def _syntax_error(text: str, exc: UnexpectedInput) -> RuleError:
     return RuleError.at(text, what, (line, col), expected)
 
 
-def parse_syntax(text: str) -> A.Rule:
+def parse_syntax(text: str, settings: Settings) -> A.Rule:
     """Parse rule text to an (unchecked) AST."""
-    tree = parse_tree(text)
+    tree = parse_tree(text, settings)
     try:
-        select, key, _from, stream, *rest = _Build(text).transform(tree)
+        select, key, _from, stream, *rest = _Build(text, settings).transform(tree)
     except VisitError as exc:
         if isinstance(exc.orig_exc, RuleError):
             raise exc.orig_exc from None
@@ -415,10 +406,10 @@ def parse_syntax(text: str) -> A.Rule:
     return rule
 
 
-def parse_rule(text: str) -> A.Rule:
-    """Parse and type-check rule text; RuleError on any problem."""
+def parse_rule(text: str, settings: Settings) -> A.Rule:
+    """Parse and type-check rule text; RuleError on any problem (limits: ``settings.max_rule_*``)."""
     from subscriptions.typecheck import check_rule
 
-    rule = parse_syntax(text)
-    check_rule(rule, text)
+    rule = parse_syntax(text, settings)
+    check_rule(rule, text, settings)
     return rule

@@ -16,6 +16,7 @@ change anything (pausing a paused subscription) writes nothing.
 from __future__ import annotations
 
 import builtins
+import functools
 import re
 import uuid
 from collections.abc import Callable
@@ -28,10 +29,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from subscriptions.errors import RuleError
+from subscriptions.errors import RuleError, SubscriptionsError
 from tidewatch.db.models import Outbox, Subscription, SubscriptionVersion, User
 from tidewatch.db.session import session_factory
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 __all__ = [
     "InvalidName",
@@ -49,7 +50,7 @@ NAME_MAX = 128
 MESSAGE_SCHEMA = 1
 
 
-class SubscriptionError(Exception):
+class SubscriptionError(SubscriptionsError):
     """Base of the service's refusals (each has a message fit for a user)."""
 
 
@@ -112,7 +113,7 @@ def change_message(sub: Subscription, change: str, changed_at: datetime) -> dict
         "version": sub.version,
         "change": change,
         "changed_at": changed_at.isoformat(),
-        # the fields engine.core.parse_subscription_change reads
+        # the fields engine.messages.parse_subscription_change reads
         "op": _OPS[sub.state],
         "status": sub.state,
         "rule": sub.rule_text,
@@ -123,10 +124,10 @@ def change_message(sub: Subscription, change: str, changed_at: datetime) -> dict
 _OPS = {"active": "upsert", "paused": "pause", "deleted": "delete"}
 
 
-def _default_compile(text: str) -> dict[str, Any]:
+def _default_compile(text: str, settings: Settings) -> dict[str, Any]:
     from subscriptions.compiler import compile_rule
 
-    plan = compile_rule(text)
+    plan = compile_rule(text, settings)
     data = plan.to_json()
     return data if isinstance(data, dict) else {"plan": data}
 
@@ -153,15 +154,23 @@ class SubscriptionService:
         self,
         sessions: sessionmaker[Session] | None = None,
         *,
+        settings: Settings,
         url: str | None = None,
-        settings: Settings | None = None,
         topic: str | None = None,
-        compile_rule: Callable[[str], dict[str, Any]] = _default_compile,
+        compile_rule: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
-        self.settings = settings or get_settings()
-        self._sessions = sessions or session_factory(url or self.settings.sqlalchemy_url)
-        self.topic = topic or self.settings.topic_subscriptions
-        self._compile = compile_rule
+        self.settings = settings
+        self._sessions = sessions or session_factory(url or settings.sqlalchemy_url)
+        self.topic = topic or settings.topic_subscriptions
+        #: rule text -> its JSON plan (default: :func:`subscriptions.compiler.compile_rule` under
+        #: the settings' rule limits)
+        self._compile = compile_rule or functools.partial(_default_compile, settings=settings)
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The session factory of the service's database (e.g. for creating the demo account
+        with :func:`dashboard.auth.sign_up` next to the service's subscriptions)."""
+        return self._sessions
 
     # --- users --------------------------------------------------------------------------------
 

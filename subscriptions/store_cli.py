@@ -31,7 +31,10 @@ RefArg = Annotated[str, typer.Argument(help="subscription id or name")]
 
 
 def _service() -> SubscriptionService:
-    return SubscriptionService()
+    """The service of the configured database (the commands' settings)."""
+    from tidewatch.settings import get_settings
+
+    return SubscriptionService(settings=get_settings())
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -150,9 +153,10 @@ def relay(
 ) -> None:
     """Run the outbox relay: publish subscription changes to Kafka exactly once."""
     from subscriptions.outbox import OutboxRelay, RelayBusy
+    from tidewatch.settings import get_settings
 
     try:
-        r = OutboxRelay.from_settings()
+        r = OutboxRelay.from_settings(get_settings())
     except RelayBusy as exc:
         raise _fail(exc) from None
     with r:

@@ -7,11 +7,14 @@ Runs on the AST of :mod:`subscriptions.rule_parser`; every problem is a
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subscriptions import rule_ast as A
 from subscriptions.errors import RuleError
 from tidewatch.schema import STREAMS, FieldSpec, StreamSpec
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 #: aggregate functions that need a numeric field
 _NUMERIC_FUNCS = {"SUM", "AVG", "MIN", "MAX", "FIRST", "LAST"}
@@ -23,9 +26,10 @@ def _suggest(name: str, options: list[str] | tuple[str, ...]) -> str:
 
 
 class _Checker:
-    def __init__(self, rule: A.Rule, text: str) -> None:
+    def __init__(self, rule: A.Rule, text: str, settings: Settings) -> None:
         self.rule = rule
         self.text = text
+        self.settings = settings
         self.positions: dict[str, A.Pos] = getattr(rule, "_positions", {})
 
     def err(self, msg: str, pos: A.Pos, expected: list[str] | tuple[str, ...] = ()) -> RuleError:
@@ -33,8 +37,6 @@ class _Checker:
 
     # ------------------------------------------------------------------ rule
     def check(self) -> None:
-        from tidewatch.settings import get_settings
-
         r = self.rule
         spec = STREAMS.get(r.stream)
         if spec is None:
@@ -61,7 +63,7 @@ class _Checker:
         if r.where is not None:
             self.row(r.where)
         aggs = A.iter_aggs(r.having)
-        limit = get_settings().max_rule_aggregates
+        limit = self.settings.max_rule_aggregates
         if len(aggs) > limit:
             raise self.err(
                 f"rule has {len(aggs)} aggregates; the limit is {limit}",
@@ -177,9 +179,10 @@ def _lp(c: Any, i: int) -> A.Pos:
     return lp[i] if i < len(lp) and lp[i] is not None else c.pos
 
 
-def check_rule(rule: A.Rule, text: str) -> None:
-    """Raise RuleError if the rule is not well-typed (see module docstring)."""
-    _Checker(rule, text).check()
+def check_rule(rule: A.Rule, text: str, settings: Settings) -> None:
+    """Raise RuleError if the rule is not well-typed (see module docstring; limits:
+    ``settings.max_rule_aggregates``)."""
+    _Checker(rule, text, settings).check()
 
 
 def stream_spec(rule: A.Rule) -> StreamSpec:

@@ -9,9 +9,10 @@ Path contract (other parts, e.g. the Kafka Containerfile, copy from these):
   with their runtime dependencies, minus what the pyspark wheel already ships; pass them
   with ``spark.jars`` (see :func:`spark_jars`).
 
-Maven Central (as reachable from our machines, Nov 2026) has no Spark 4.3.0 connector jars:
+Maven Central (as reachable from our machines; docs/ARCHITECTURE.md, "Where we departed from the
+design brief") has no Spark 4.3.0 connector jars:
 ``spark-sql-kafka-0-10_2.13`` stops at 4.2.0, and ``spark-token-provider-kafka-0-10_2.13`` and
-``spark-avro_2.13`` are complete only at 4.0.0.  Measured: pyspark 4.3.0 reads Kafka with
+``spark-avro_2.13`` are complete only at 4.0.0.  Tested: pyspark 4.3.0 reads Kafka with
 spark-sql-kafka 4.2.0 + token-provider 4.0.0 + kafka-clients 3.9, and round-trips
 ``to_avro``/``from_avro`` with spark-avro 4.0.0.  The versions are settings
 (``spark_kafka_connector_version``, ``spark_avro_version``).  Spark's parent pom also names
@@ -88,14 +89,12 @@ def spark_coordinates(settings: Settings) -> list[str]:
     ]
 
 
-def kafka_libs_dir(settings: Settings | None = None) -> Path:
-    s = settings or get_settings()
-    return s.cache_dir / "kafka" / s.kafka_version / "libs"
+def kafka_libs_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "kafka" / settings.kafka_version / "libs"
 
 
-def spark_jars_dir(settings: Settings | None = None) -> Path:
-    s = settings or get_settings()
-    return s.cache_dir / "spark-jars"
+def spark_jars_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "spark-jars"
 
 
 def _artifact_of(jar_name: str) -> str:
@@ -151,10 +150,9 @@ def resolve(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def ensure_kafka(settings: Settings | None = None) -> Path:
+def ensure_kafka(settings: Settings) -> Path:
     """The Kafka broker classpath folder, resolved if missing."""
-    s = settings or get_settings()
-    return resolve(kafka_coordinates(s), kafka_libs_dir(s), name="kafka")
+    return resolve(kafka_coordinates(settings), kafka_libs_dir(settings), name="kafka")
 
 
 def _pyspark_artifacts() -> frozenset[str]:
@@ -166,13 +164,14 @@ def _pyspark_artifacts() -> frozenset[str]:
     return frozenset(_artifact_of(p.name) for p in jars.glob("*.jar"))
 
 
-def ensure_spark_jars(settings: Settings | None = None) -> Path:
+def ensure_spark_jars(settings: Settings) -> Path:
     """The Spark connector jars folder, resolved if missing."""
-    s = settings or get_settings()
-    return resolve(spark_coordinates(s), spark_jars_dir(s), name="spark-jars", exclude=_pyspark_artifacts())
+    return resolve(
+        spark_coordinates(settings), spark_jars_dir(settings), name="spark-jars", exclude=_pyspark_artifacts()
+    )
 
 
-def spark_jars(settings: Settings | None = None) -> list[str]:
+def spark_jars(settings: Settings) -> list[str]:
     """The cached connector jars, for ``spark.jars`` (empty if not fetched)."""
     d = spark_jars_dir(settings)
     return [str(p) for p in sorted(d.glob("*.jar"))] if (d / ".complete").is_file() else []
@@ -181,15 +180,16 @@ def spark_jars(settings: Settings | None = None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``kafka``, ``spark``, ``all``; a trailing ``?`` (``spark?``) only warns on failure."""
     what = (argv if argv is not None else sys.argv[1:]) or ["all"]
+    settings = get_settings()
     rc = 0
     for w in what:
         optional = w.endswith("?")
         w = w.rstrip("?")
         try:
             if w in ("kafka", "all"):
-                print(f"kafka jars: {ensure_kafka()}")
+                print(f"kafka jars: {ensure_kafka(settings)}")
             if w in ("spark", "all"):
-                print(f"spark jars: {ensure_spark_jars()}")
+                print(f"spark jars: {ensure_spark_jars(settings)}")
         except RuntimeError as exc:
             print(f"{'warning' if optional else 'error'}: {exc}", file=sys.stderr)
             rc = rc if optional else 1

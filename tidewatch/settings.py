@@ -41,9 +41,11 @@ DEMO_PASSWORDS = {
 
 
 class Settings(BaseSettings):
-    """Tidewatch configuration.  ``TIDEWATCH_<FIELD>`` overrides each field."""
+    """Tidewatch configuration.  ``TIDEWATCH_<FIELD>`` overrides each field.
 
-    model_config = SettingsConfigDict(env_prefix="TIDEWATCH_", env_file=".env", extra="ignore")
+    Frozen: a changed copy is ``settings.model_copy(update={...})``."""
+
+    model_config = SettingsConfigDict(env_prefix="TIDEWATCH_", env_file=".env", extra="ignore", frozen=True)
 
     deployment: Literal["demo", "production"] = Field(
         "demo",
@@ -152,7 +154,7 @@ class Settings(BaseSettings):
         500_000, description="Key detail: most Kafka records read per chart"
     )
 
-    # --- containers (tests/conftest.py, docker-compose.yml; docs/containers.md) ---
+    # --- containers (tests/containers.py, docker-compose.yml; docs/containers.md) ---
     container_host: str | None = Field(
         None, description="Docker API URL for testcontainers; default: the Podman socket, else Docker's"
     )
@@ -311,7 +313,9 @@ class Settings(BaseSettings):
     def _bootstrap_follows_port(self) -> Settings:
         """Without an explicit ``kafka_bootstrap``, clients use the embedded broker's ``kafka_port``."""
         if "kafka_bootstrap" not in self.model_fields_set:
-            self.kafka_bootstrap = f"127.0.0.1:{self.kafka_port}"
+            # frozen model: set the derived value directly (and mark it set, as an assignment would)
+            object.__setattr__(self, "kafka_bootstrap", f"127.0.0.1:{self.kafka_port}")
+            self.model_fields_set.add("kafka_bootstrap")
         return self
 
     def stream_topic(self, stream: str) -> str:
@@ -330,5 +334,8 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings (read once)."""
+    """The process-wide settings (read once).
+
+    Called only at entry points (CLI commands, ``python -m`` mains, ``migrations/env.py``, the
+    Streamlit app, benchmarks, tests); library code takes a :class:`Settings` argument."""
     return Settings()

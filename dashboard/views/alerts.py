@@ -18,13 +18,13 @@ import streamlit as st
 from dashboard import catchup, charts, queries
 from dashboard.ui import client_id, current_user, sessions
 from subscriptions.service import SubscriptionService
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 LIMIT = 500
 
 
-def _filters(username: str) -> None:
-    subs = SubscriptionService(sessions()).list(username, include_deleted=True)
+def _filters(settings: Settings, username: str) -> None:
+    subs = SubscriptionService(sessions(settings), settings=settings).list(username, include_deleted=True)
     names = {str(s.id): s.name + (" (deleted)" if s.state == "deleted" else "") for s in subs}
     cols = st.columns([3, 2, 2])
     cols[0].multiselect(
@@ -34,19 +34,19 @@ def _filters(username: str) -> None:
     cols[2].multiselect("Kind", ["ENTER", "EXIT"], key="alerts_kinds")
 
 
-def _live() -> None:
+def _live(settings: Settings) -> None:
     user = current_user()
-    sm = sessions()
+    sm = sessions(settings)
     sub_ids = [uuid.UUID(x) for x in st.session_state.get("alerts_subs", [])]
     key = st.session_state.get("alerts_key") or None
     kinds = st.session_state.get("alerts_kinds") or None
     with sm() as s:
-        cursor = catchup.get_cursor(s, user.username, client_id())
+        cursor = catchup.get_cursor(s, user.username, client_id(settings))
     rows = queries.alerts(sm, user.username, subscription_ids=sub_ids, key=key, kinds=kinds, limit=LIMIT)
     new = sum(1 for r in rows if r.seq > cursor)
     st.caption(
         f"{len(rows)} alert(s) shown, {new} new since you last looked; refreshed every "
-        f"{get_settings().dashboard_refresh_s:g} s."
+        f"{settings.dashboard_refresh_s:g} s."
     )
     if rows:
         last = rows[0]
@@ -64,11 +64,11 @@ def _live() -> None:
     if unfiltered and rows:
         pending = queries.count_after(sm, user.username, cursor)
         if pending <= new:  # every alert after the cursor is on screen now
-            catchup.acknowledge(sm, user.username, client_id(), rows[0].seq)
+            catchup.acknowledge(sm, user.username, client_id(settings), rows[0].seq)
 
 
-def render() -> None:
+def render(settings: Settings) -> None:
     user = current_user()
-    _filters(user.username)
-    every = timedelta(seconds=get_settings().dashboard_refresh_s)
-    st.fragment(run_every=every)(_live)()
+    _filters(settings, user.username)
+    every = timedelta(seconds=settings.dashboard_refresh_s)
+    st.fragment(run_every=every)(_live)(settings)

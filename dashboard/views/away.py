@@ -12,6 +12,7 @@ import streamlit as st
 from dashboard import catchup
 from dashboard.catchup import Catchup
 from dashboard.ui import CATCHUP, client_id, current_user, go, sessions
+from tidewatch.settings import Settings
 
 #: keys of a current result set listed on the page
 CURRENT_LIMIT = 200
@@ -33,11 +34,11 @@ def result_line(r: catchup.ResultRow) -> str:
     return line + (f"  {catchup.format_values(r.values)}" if r.values else "")
 
 
-def render() -> None:
+def render(settings: Settings) -> None:
     user = current_user()
     snap = st.session_state.get(CATCHUP)
     if not isinstance(snap, Catchup) or snap.username != user.username:
-        snap = catchup.catch_up(sessions(), user.username, client_id())
+        snap = catchup.catch_up(sessions(settings), user.username, client_id(settings))
         st.session_state[CATCHUP] = snap
     if snap.has_news:
         st.subheader(f"{snap.total} alert(s) while you were away")
@@ -71,4 +72,4 @@ def render() -> None:
     st.button("Go to the live alerts", on_click=go, args=("Alerts",), key="away_done")
     # rendered: everything up to the snapshot's upto has been shown
     if snap.has_news:
-        catchup.acknowledge(sessions(), user.username, client_id(), snap.upto)
+        catchup.acknowledge(sessions(settings), user.username, client_id(settings), snap.upto)

@@ -7,10 +7,11 @@ import streamlit as st
 
 from dashboard import charts, queries
 from dashboard.ui import sessions
+from tidewatch.settings import Settings
 
 
-def render() -> None:
-    h = queries.health(sessions())
+def render(settings: Settings) -> None:
+    h = queries.health(sessions(settings), settings)
     {"ok": st.success, "behind": st.warning, "down": st.error}.get(h.status, st.info)(h.banner)
     cols = st.columns(5)
     cols[0].metric("events/s", "-" if h.events_per_s is None else f"{h.events_per_s:,.0f}")

@@ -18,12 +18,12 @@ from dashboard import charts, detail, queries
 from dashboard.catchup import format_values
 from dashboard.rules import thresholds, validate
 from dashboard.ui import current_user, plain, sessions
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 
-def render() -> None:
+def render(settings: Settings) -> None:
     user = current_user()
-    sm = sessions()
+    sm = sessions(settings)
     keys = queries.known_keys(sm, user.username)
     top = st.columns(2)
     picked = top[0].selectbox("Key", ["", *keys], key="detail_pick")
@@ -59,11 +59,10 @@ def render() -> None:
         key="detail_stream",
     )
     load = bool(st.session_state.get("detail_stream"))
-    settings = get_settings()
     span_ms = int(settings.dashboard_detail_minutes * 60_000)
     cache: dict[tuple[str, str, int], tuple[dict[str, Any], bool]] = {}
     for r in results:
-        v = validate(r.rule_text)
+        v = validate(r.rule_text, settings)
         if not v.ok or v.plan is None:
             continue
         plan = v.plan

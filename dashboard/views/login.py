@@ -6,23 +6,22 @@ import streamlit as st
 
 from dashboard import auth, catchup
 from dashboard.ui import CATCHUP, CLIENT, PAGE, TOKEN, client_address, plain, sessions
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 
-def _start(user: auth.LoggedIn, client: str) -> None:
+def _start(settings: Settings, user: auth.LoggedIn, client: str) -> None:
     """After a login: remember the token, and open "While you were away" when anything happened."""
     st.session_state[TOKEN] = user.token
     st.session_state[CLIENT] = client
     st.session_state["tw_user"] = user
-    snap = catchup.catch_up(sessions(), user.username, client)
+    snap = catchup.catch_up(sessions(settings), user.username, client)
     st.session_state[CATCHUP] = snap
     st.session_state[PAGE] = "While you were away" if snap.has_news else "Alerts"
 
 
-def render() -> None:
+def render(settings: Settings) -> None:
     st.title("Tidewatch")
     st.caption("Standing rules over live trade and packet streams.")
-    settings = get_settings()
     login_tab, signup_tab = st.tabs(["Log in", "Sign up"])
     with login_tab, st.form("login"):
         username = st.text_input("User name", key="login_username")
@@ -35,11 +34,14 @@ def render() -> None:
         )
         if st.form_submit_button("Log in", key="login_submit"):
             try:
-                user = auth.login(sessions(), username, password, client=client_address(), settings=settings)
+                user = auth.login(
+                    sessions(settings), username, password, client=client_address(), settings=settings
+                )
             except auth.AuthError as exc:
                 st.error(plain(exc))
             else:
                 _start(
+                    settings,
                     user,
                     (client or settings.dashboard_client_id).strip()[:128] or settings.dashboard_client_id,
                 )
@@ -53,12 +55,12 @@ def render() -> None:
                 st.error("the two passwords differ")
             else:
                 try:
-                    auth.sign_up(sessions(), username, password)
+                    auth.sign_up(sessions(settings), username, password)
                     user = auth.login(
-                        sessions(), username, password, client=client_address(), settings=settings
+                        sessions(settings), username, password, client=client_address(), settings=settings
                     )
                 except auth.AuthError as exc:
                     st.error(plain(exc))
                 else:
-                    _start(user, settings.dashboard_client_id)
+                    _start(settings, user, settings.dashboard_client_id)
                     st.rerun()

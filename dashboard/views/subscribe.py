@@ -16,14 +16,14 @@ from dashboard.rules import TEMPLATES, Validation, validate
 from dashboard.ui import current_user, flash, plain, sessions
 from subscriptions.errors import RuleError
 from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
-from tidewatch.settings import get_settings
+from tidewatch.settings import Settings
 
 BLANK = "(blank)"
 NEW = "(new subscription)"
 
 
-def _service() -> SubscriptionService:
-    return SubscriptionService(sessions())
+def _service(settings: Settings) -> SubscriptionService:
+    return SubscriptionService(sessions(settings), settings=settings)
 
 
 def _use_template() -> None:
@@ -38,17 +38,17 @@ def _pick(subs: dict[str, SubscriptionView]) -> None:
     st.session_state["sub_rule"] = sub.rule_text if sub else ""
 
 
-def _save(editing: SubscriptionView | None) -> None:
+def _save(settings: Settings, editing: SubscriptionView | None) -> None:
     user = current_user()
     name = st.session_state.get("sub_name", "").strip() or None
     rule = st.session_state.get("sub_rule", "")
     try:
         if editing is None:
-            sub = _service().create(user.username, rule, name=name)
+            sub = _service(settings).create(user.username, rule, name=name)
             flash("success", f"Subscribed: {sub.name}. Its first results arrive within one micro-batch.")
             st.session_state["sub_edit"] = str(sub.id)
         else:
-            sub = _service().update(user.username, editing.id, rule_text=rule, name=name)
+            sub = _service(settings).update(user.username, editing.id, rule_text=rule, name=name)
             flash("success", f"Saved {sub.name} (version {sub.version}).")
     except RuleError as err:
         flash("error", f"Not saved: line {err.line}, column {err.column}: {err.message}")
@@ -56,9 +56,9 @@ def _save(editing: SubscriptionView | None) -> None:
         flash("error", f"Not saved: {exc}")
 
 
-def _change(action: str, sub_id: str) -> None:
+def _change(settings: Settings, action: str, sub_id: str) -> None:
     user = current_user()
-    svc = _service()
+    svc = _service(settings)
     try:
         sub = getattr(svc, action)(user.username, sub_id)
     except SubscriptionError as exc:
@@ -72,10 +72,9 @@ def _change(action: str, sub_id: str) -> None:
         st.session_state["sub_confirm_delete"] = False
 
 
-def _preview(v: Validation) -> None:
+def _preview(settings: Settings, v: Validation) -> None:
     """Keys satisfying the (unsaved) rule now: the backtest evaluator over the stream's recent events."""
     assert v.plan is not None
-    settings = get_settings()
     lookback = v.plan.domain_ms or int(settings.dashboard_detail_minutes * 60_000)
     try:
         cols, truncated = detail.recent_events(v.plan.stream, v.plan.key, None, lookback, settings)
@@ -85,7 +84,7 @@ def _preview(v: Validation) -> None:
     except Exception as exc:  # noqa: BLE001 - any other failure: say so, keep the editor usable
         st.warning(f"Cannot read the {v.plan.stream} stream from Kafka: {type(exc).__name__}")
         return
-    keys, now = detail.preview_keys(v.plan, cols, settings.pane_ms)
+    keys, now = detail.preview_keys(v.plan, cols, settings.pane_ms, settings.ci_p)
     if now is None:
         st.caption(f"No {v.plan.stream} events in the last {lookback // 1000} s.")
         return
@@ -113,9 +112,9 @@ def _list(subs: list[SubscriptionView]) -> None:
     )
 
 
-def render() -> None:
+def render(settings: Settings) -> None:
     user = current_user()
-    subs = _service().list(user.username)
+    subs = _service(settings).list(user.username)
     by_id = {str(s.id): s for s in subs}
     _list(subs)
 
@@ -140,11 +139,11 @@ def render() -> None:
         "Rule",
         key="sub_rule",
         height=160,
-        max_chars=get_settings().max_rule_chars,
+        max_chars=settings.max_rule_chars,
         placeholder="SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDS > 1000",
     )
     text = st.session_state.get("sub_rule", "")
-    v = validate(text) if text.strip() else None
+    v = validate(text, settings) if text.strip() else None
     if v is None:
         st.info("Write a rule or pick a template; it is checked as you type.")
     elif v.ok:
@@ -155,7 +154,7 @@ def render() -> None:
             "Preview the keys that match now (reads the rule's window of the stream from Kafka)",
             key="sub_preview",
         ):
-            _preview(v)
+            _preview(settings, v)
     else:
         st.error(plain(v.summary))
         st.code(v.display, language=None)
@@ -165,23 +164,27 @@ def render() -> None:
         "Save changes" if editing else "Subscribe",
         disabled=not (v and v.ok),
         on_click=_save,
-        args=(editing,),
+        args=(settings, editing),
         key="sub_save",
     )
     if editing is not None:
         if editing.state == "active":
-            buttons[1].button("Pause", on_click=_change, args=("pause", str(editing.id)), key="sub_pause")
+            buttons[1].button(
+                "Pause", on_click=_change, args=(settings, "pause", str(editing.id)), key="sub_pause"
+            )
         else:
-            buttons[1].button("Resume", on_click=_change, args=("resume", str(editing.id)), key="sub_resume")
+            buttons[1].button(
+                "Resume", on_click=_change, args=(settings, "resume", str(editing.id)), key="sub_resume"
+            )
         confirm = buttons[3].checkbox("really delete", key="sub_confirm_delete")
         buttons[2].button(
             "Delete",
             disabled=not confirm,
             on_click=_change,
-            args=("delete", str(editing.id)),
+            args=(settings, "delete", str(editing.id)),
             key="sub_delete",
         )
-        with sessions()() as s:
+        with sessions(settings)() as s:
             current = [c for c in catchup.current_sets(s, user.username) if c.subscription_id == editing.id]
         st.subheader("Current result set")
         rows = current[0].rows if current else []

@@ -15,20 +15,24 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from engine.errors import EngineError
 from engine.evaluation.evaluator import Evaluator
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
 from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC, STREAMS
 
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
-class BacktestInputError(Exception):
+
+class BacktestInputError(EngineError):
     """An input that makes the run impossible (bad rules file, missing CSV columns, ...)."""
 
 
@@ -44,9 +48,18 @@ class RuleFileError(BacktestInputError):
         )
 
 
+class MalformedRows(BacktestInputError):
+    """``--strict`` was given and ``count`` CSV rows are malformed (the CLI exits 1, not 2)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        super().__init__(f"{count} malformed row(s) and --strict was given")
+
+
 # ---------------------------------------------------------------- rules
-def load_rules(path: str | Path) -> list[tuple[str, str, Plan]]:
-    """(name, text, plan) of each line of a RULES.jsonl file; RuleFileError / BacktestInputError."""
+def load_rules(path: str | Path, settings: Settings) -> list[tuple[str, str, Plan]]:
+    """(name, text, plan) of each line of a RULES.jsonl file (the rule language limits of
+    ``settings``); RuleFileError / BacktestInputError."""
     out: list[tuple[str, str, Plan]] = []
     seen: set[str] = set()
     for lineno, line in enumerate(Path(path).read_text().splitlines(), start=1):
@@ -67,7 +80,7 @@ def load_rules(path: str | Path) -> list[tuple[str, str, Plan]]:
             raise BacktestInputError(f"{path}:{lineno}: duplicate rule name {name!r}")
         seen.add(name)
         try:
-            plan = compile_rule(obj["rule"])
+            plan = compile_rule(obj["rule"], settings)
         except RuleError as err:
             raise RuleFileError(name, str(path), lineno, err) from None
         out.append((name, obj["rule"], plan))
@@ -339,9 +352,16 @@ def iter_alerts(
     strategy: str = "shared",
     progress: Callable[[int, int], None] | None = None,
     evaluator: Evaluator | None = None,
+    *,
+    ci_p: int | None = None,
 ) -> Iterator[tuple[int, str, str, str]]:
-    """(as_of, rule, key, kind) alerts in RULES.md order."""
-    ev = evaluator or Evaluator(strategy)
+    """(as_of, rule, key, kind) alerts in RULES.md order, from ``evaluator`` (default: a new
+    one of ``strategy`` with the CI-COUNT / CI-SUM parameter ``ci_p``, then required)."""
+    if evaluator is None:
+        if ci_p is None:
+            raise TypeError("iter_alerts needs an evaluator or ci_p")
+        evaluator = Evaluator(strategy, ci_p=ci_p)
+    ev = evaluator
     ev.add_rules((name, plan) for name, _text, plan in rules)
     taus = lookup_times(files, every)
     bounds = {f.stream: np.searchsorted(f.cols["ts"], taus, side="right") for f in files}
@@ -368,11 +388,14 @@ def run_backtest(
     on_malformed: Callable[[str, int, str], None] | None = None,
     strict: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    settings: Settings,
 ) -> BacktestResult:
-    """The whole backtest; raises BacktestInputError (incl. RuleFileError) on unusable input."""
+    """The whole backtest; raises BacktestInputError (incl. RuleFileError) on unusable input.
+    ``settings``: the rule language limits and the CI-COUNT / CI-SUM parameter ``ci_p``."""
     t_start = time.perf_counter()
     c_start = time.process_time()
-    rules = load_rules(rules_path)
+    rules = load_rules(rules_path, settings)
     streams = [s for s, _ in events]
     if len(set(streams)) != len(streams):
         raise BacktestInputError("each stream may be given once with --events")
@@ -384,10 +407,10 @@ def run_backtest(
             if on_malformed is not None:
                 on_malformed(str(p), line, reason)
     if strict and malformed:
-        raise BacktestInputError(f"{malformed} malformed row(s) and --strict was given")
+        raise MalformedRows(malformed)
     # lookups at multiples of ``every``: windows that are multiples of it are served from
     # (key, pane) rows of width ``every``, the others from raw events (identical answers)
-    ev = Evaluator(strategy, pane_ms=every)
+    ev = Evaluator(strategy, ci_p=settings.ci_p, pane_ms=every)
     t_eval = time.perf_counter()
     n_alerts = 0
     buf: list[str] = []

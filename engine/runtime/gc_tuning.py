@@ -3,10 +3,10 @@
 The engine keeps hundreds of thousands of long-lived Python objects (rules, current result sets,
 compiled plans) and allocates a few small ones per alert (its values dict, its record). With
 Python's default thresholds (700, 10, 10) a full collection -- a walk over every tracked object --
-ran every few hundred thousand allocations: 22 of them, 5.6 s of a 25 s alert-storm replay of
-10,000 rules (``bench/engine_bench.py --core-only``, measured with ``gc.callbacks``), each a pause
-of about 250 ms in the alert path. Nearly all these objects are freed by reference counting; the
-collector only matters for cycles, which the young generations still catch.
+runs every few hundred thousand allocations, each a pause in the alert path (measured in an
+alert storm of 10,000 rules: docs/measurements/engine.md, "Garbage collection and alert values").
+Nearly all these objects are freed by reference counting; the collector only matters for cycles,
+which the young generations still catch.
 
 :func:`tune_gc` raises the thresholds (``engine_gc_threshold``); :func:`freeze_state` moves what
 exists after start-up (the recovered state) out of the collector's reach (``gc.freeze``).

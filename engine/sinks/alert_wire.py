@@ -1,8 +1,9 @@
 """A batch's alerts as Kafka records, encoded column-wise: Avro ``alerts`` and ``results`` values
 and their keys, for the whole batch in one Numba kernel.
 
-What :mod:`engine.sinks.publish` produced record by record before (fastavro, ~35 µs per alert), with
-the same bytes (tests/engine/test_alert_wire.py checks them against fastavro): for alert i
+What :mod:`engine.sinks.publish` produced record by record before (fastavro per alert; the two
+side by side: docs/measurements/engine.md, "Alert delivery"), with the same bytes
+(tests/engine/sinks/test_alert_wire.py checks them against fastavro): for alert i
 
 * ``alerts``: key ``subscription_id``, value the framed Avro ``Alert`` (``values`` as the Avro
   ``map<null|double>``: one block of all entries, then the end block; COUNTs as doubles);
@@ -24,7 +25,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from engine.core import Alert
+from engine.messages import Alert
 from tidewatch.wire.avro import header, put_long, schema_id
 
 #: string columns of an alert, in the order the kernel takes them

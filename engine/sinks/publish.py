@@ -30,51 +30,41 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
-from engine.core import Alert
 from engine.dead_letter import DeadLetters
+from engine.messages import Alert
 from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
+from tidewatch.kafka.codes import COORDINATOR, error_code
+from tidewatch.kafka.topics import create_topics, topic_specs
 from tidewatch.kafka.txn import bounded, retrying
 from tidewatch.wire.avro import encode
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
 
 T = TypeVar("T")
 
 
-def ensure_topics(bootstrap: str, settings: Any) -> None:
-    """Create the engine's output topics when missing (``results`` compacted)."""
+def ensure_topics(bootstrap: str, settings: Settings) -> None:
+    """Create Tidewatch's topics when missing, as the ``engine`` principal, from the one topic
+    spec (:mod:`tidewatch.kafka.topics`; ``subscriptions`` and ``results`` compacted)."""
     admin = AdminClient(librdkafka_config(settings, "engine", bootstrap))
-    want = [
-        NewTopic(settings.topic_alerts, settings.topic_partitions, 1),
-        NewTopic(settings.topic_results, settings.topic_partitions, 1, config={"cleanup.policy": "compact"}),
-        NewTopic(settings.topic_dead_letter, settings.topic_partitions, 1),
-    ]
-    for topic in (settings.topic_trades, settings.topic_packets):
-        want.append(NewTopic(topic, settings.topic_partitions, 1))
-    want.append(NewTopic(settings.topic_subscriptions, 1, 1, config={"cleanup.policy": "compact"}))
-    existing = set(admin.list_topics(timeout=30).topics)
-    todo = [t for t in want if t.topic not in existing]
-    if not todo:
-        return
-    for name, fut in admin.create_topics(todo).items():
-        try:
-            fut.result()
+    for name, status in create_topics(admin, topic_specs(settings)).items():
+        if status == "created":
             log.info("created topic %s", name)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
 
 
 class Publisher:
     """Transactional producer of the engine's Kafka output (see module docstring)."""
 
-    def __init__(self, bootstrap: str, settings: Any, engine_id: str = "default") -> None:
+    def __init__(self, bootstrap: str, settings: Settings, engine_id: str = "default") -> None:
         self.settings = settings
         self.bootstrap = bootstrap
         self.marker_tp = TopicPartition(settings.topic_alerts, 0)
@@ -129,7 +119,7 @@ class Publisher:
                 return -1 if got.offset < 0 else got.offset - 1
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
-                retriable = bool(getattr(err, "retriable", lambda: False)()) or "COORDINATOR" in str(exc)
+                retriable = bool(getattr(err, "retriable", lambda: False)()) or error_code(exc) in COORDINATOR
                 if not retriable or time.monotonic() > deadline:
                     raise
                 log.info("Kafka group coordinator not ready (%s); retrying", err)
@@ -223,7 +213,7 @@ def _produce_alerts_per_record(
     p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
 ) -> None:
     """The alert loop before :func:`produce_alerts`: a dict and two fastavro encodings per alert.
-    Kept as the reference of tests/engine/test_alert_wire.py and ``bench/delivery_bench.py``."""
+    Kept as the reference of tests/engine/sinks/test_alert_wire.py and ``bench/delivery_bench.py``."""
     for a in alerts:
         rec = _alert_record(a, batch_id, now)
         p.produce(s.topic_alerts, key=rec["subscription_id"].encode(), value=encode("alerts", rec))

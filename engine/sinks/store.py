@@ -3,14 +3,15 @@
 A micro-batch is committed by inserting its id into ``engine_batches`` in the same
 transaction as its alerts (primary key: the stable alert id) and its changes to
 ``current_results``; a batch id already present means the batch was committed
-before (a re-run after a crash) and nothing is written again (DESIGN.md,
-"Delivery").  Metrics go to ``engine_metrics`` in the same transaction.
+before (a re-run after a crash) and nothing is written again (docs/ARCHITECTURE.md,
+"Exactly once, end to end").  Metrics go to ``engine_metrics`` in the same transaction.
 
 The alerts of a batch (thousands while many rules' windows fill) are written by
 :func:`write_copy`: one ``COPY`` of the batch (CSV made by Arrow) into a temporary table of the
 session, then ``INSERT … SELECT`` into ``alerts`` and the net change of every (subscription, key)
 into ``current_results`` -- the rows the array-bound statements of :func:`_write_unnest` wrote,
-for less (figures: docs/engine.md, "Alert delivery: COPY and one Avro kernel").
+for less (docs/engine.md, "Alert delivery: COPY and one Avro kernel"; figures in
+docs/measurements/engine.md).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from engine.core import Alert, BatchOutput
+from engine.messages import Alert, BatchOutput
 from tidewatch.db.models import Alert as AlertRow
 from tidewatch.db.models import CurrentResult, EngineBatch, EngineMetric
 
@@ -176,7 +177,7 @@ values_json = _json_encoder()
 #: the batch's alerts staged by COPY: a temporary table per session, emptied by every commit
 _STAGE = (
     "SET LOCAL client_min_messages = warning; "  # no NOTICE "already exists" per batch
-    "SET LOCAL work_mem = '64MB'; "  # the batch's sorts in memory (4 MB spilled at 20,000 alerts)
+    "SET LOCAL work_mem = '64MB'; "  # the batch's sorts in memory (the default 4 MB spills them)
     "CREATE TEMP TABLE IF NOT EXISTS tw_alerts_in (ord integer, id text, sid uuid, key text, kind text, "
     "ms bigint, vals jsonb) ON COMMIT DELETE ROWS"
 )
@@ -224,7 +225,7 @@ def write_copy(conn: Connection, out: BatchOutput) -> None:
     them into ``alerts`` (``ON CONFLICT DO NOTHING``: an alert id written before is kept) and
     apply each (subscription, key)'s last change to ``current_results``.
 
-    Writes what :func:`_write_unnest` writes (tests/engine/test_store_copy.py): the same columns,
+    Writes what :func:`_write_unnest` writes (tests/engine/sinks/test_store_copy.py): the same columns,
     ``to_timestamp(ms / 1000.0)`` timestamps computed by the server, the same JSON text of the
     values; ``alerts.seq`` in ``as_of`` order, ties in batch order."""
     raw: Any = conn.connection.dbapi_connection  # psycopg2's own: COPY is not in the DB-API

@@ -5,26 +5,26 @@
 :meth:`engine.app.EngineApp.on_batch`; that is the shape that scales with executors on a
 cluster (docs/engine.md, "Scale").  On a single small machine the same records cost far more
 in Spark's JVM than in a consumer inside the driver: in the 10,000-rule live run
-(``bench/engine_bench.py --live``, 6,005,000 trades in 120 s on 2 cores) Spark's JVM used
-72-86 CPU-seconds to read the records, more than the whole evaluation and delivery in the
-driver (43-51 CPU-seconds), and the read of a micro-batch took 0.7-1.5 s while alerts stormed;
-p99 alert latency was 2.05-2.68 s with this source, 2.37-5.82 s with Spark's (docs/engine.md).
-This source gives the engine the same batches -- an Arrow table of
-:data:`engine.app.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
-:meth:`EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
+(``bench/engine_bench.py --live``) Spark's JVM spent more CPU reading the records than the whole
+evaluation and delivery in the driver, and its read of a micro-batch slowed while alerts stormed
+(docs/ARCHITECTURE.md, "Where we departed from the design brief"; the figures in
+docs/measurements/engine.md, "Direct ingest on one machine").  This source gives the engine the
+same batches -- an Arrow table of
+:data:`engine.sources.readers.RECORD_COLUMNS`, the shape of Spark's ``toArrow()`` -- through
+:meth:`engine.app.EngineApp.accept`, so decoding, evaluation, output and recovery are the same code.
 The records are read by :class:`engine.sources.fetch_consumer.FetchConsumer`, which speaks Kafka's
 Fetch API itself and parses the record batches into the Arrow buffers in a Numba kernel (no
 allocation per record), or -- with a security protocol, or ``engine_kafka_client='librdkafka'``
 -- by :class:`engine.sources.native_consumer.NativeConsumer`, which drives librdkafka and copies its
-messages out in Numba kernels (confluent-kafka's ``Message`` objects had capped this source at
-about 300,000 records/s); metadata and end offsets go through a confluent-kafka client of their
-own.
+messages out in Numba kernels (confluent-kafka's ``Message`` objects, one per record, had capped
+this source: docs/measurements/engine.md, "The native consumer"); metadata and end offsets go
+through a confluent-kafka client of their own.
 
 Exactly once without Spark's checkpoint: before a batch is handed over, the Kafka positions
 after it (next offset of every assigned partition) are written to
 ``<checkpoint>/tidewatch/positions/<batch>.json``, then the app writes the batch's offset log
-(``batches/<batch>.json``) as it does for Spark.  On start, :meth:`EngineApp.recover` brings the
-state to the last committed batch and finishes every logged batch; the source then resumes
+(``batches/<batch>.json``) as it does for Spark.  On start, :meth:`engine.app.EngineApp.recover`
+brings the state to the last committed batch and finishes every logged batch; the source then resumes
 from the positions of the newest logged batch, with the next batch id.  A positions file whose
 batch has no offset log was never handed over: its records are read again as that batch.
 """
@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -49,9 +49,10 @@ from engine.sources.native_consumer import (
     Chunk,
     NativeConsumer,
 )
+from engine.sources.readers import engine_consumer, engine_consumer_config, offset_ranges
 
 if TYPE_CHECKING:
-    from engine.app import EngineApp
+    from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -61,11 +62,31 @@ CONSUME_CHUNK = 50_000
 ALIGN_WAIT_S = 5.0
 
 
-def positions_dir(app: EngineApp) -> Path:
+class RecordSink(Protocol):
+    """What :class:`DirectSource` needs of the app it feeds (:class:`engine.app.EngineApp`)."""
+
+    bootstrap: str
+    settings: Settings
+    engine_id: str
+    topics: dict[str, str]  # role (trades, packets, subscriptions) -> topic
+    state_dir: Path
+
+    def accept(
+        self,
+        tbl: pa.Table,
+        batch_id: int,
+        read_s: float,
+        ranges: dict[str, dict[str, list[int]]] | None = None,
+    ) -> None: ...
+    def busy(self) -> bool: ...
+    def drain(self, output: bool = False) -> None: ...
+
+
+def positions_dir(app: RecordSink) -> Path:
     return app.state_dir / "positions"
 
 
-def resume_point(app: EngineApp) -> tuple[int, dict[str, dict[str, int]]]:
+def resume_point(app: RecordSink) -> tuple[int, dict[str, dict[str, int]]]:
     """(next batch id, ``{topic: {partition: next offset}}``) after the newest logged batch.
 
     The newest positions file whose batch has an offset log gives the positions; logged
@@ -97,7 +118,7 @@ def resume_point(app: EngineApp) -> tuple[int, dict[str, dict[str, int]]]:
 
 class DirectSource:
     """Reads ``trades``, ``packets`` and ``subscriptions`` with one librdkafka consumer
-    (``read_committed``) and hands batches to an :class:`EngineApp`; looks like a Spark
+    (``read_committed``) and hands batches to a :class:`RecordSink`; looks like a Spark
     ``StreamingQuery`` to its callers (``isActive``, ``exception()``, ``stop()``,
     ``awaitTermination()``).
 
@@ -108,7 +129,7 @@ class DirectSource:
 
     def __init__(
         self,
-        app: EngineApp,
+        app: RecordSink,
         trigger_s: float,
         max_records: int | None = None,
         available_now: bool = False,
@@ -156,8 +177,6 @@ class DirectSource:
     def _consumer(self) -> NativeConsumer | FetchConsumer:
         """The Fetch-API consumer (``engine_kafka_client`` 'fetch', plaintext listeners), else
         the librdkafka one."""
-        from engine.app import engine_consumer_config
-
         conf = engine_consumer_config(
             self.app.bootstrap,
             self.app.settings,
@@ -179,8 +198,9 @@ class DirectSource:
                 **conf,
                 "queued.max.messages.kbytes": 64 << 10,
                 # prefetch up to a whole batch per partition (the default, 100,000 records,
-                # halved the read rate of a backlog: bench/kafka_consume_probe.py), and when
-                # the queue is full, fetch again soon rather than after librdkafka's 1 s
+                # slowed the read of a backlog: bench/kafka_consume_probe.py, figures in
+                # docs/measurements/engine.md), and when the queue is full, fetch again soon
+                # rather than after librdkafka's 1 s
                 "queued.min.messages": 1_000_000,
                 "fetch.queue.backoff.ms": 20,
             }
@@ -200,8 +220,8 @@ class DirectSource:
     def _end_offset(self, topic: str, part: int, timeout_s: float) -> int:
         """The end offset of a partition asked of the broker now (``read_committed``: the last
         stable offset).  Asked through a client of its own: on the consumer's connection the
-        request would queue behind fetch responses of up to ``fetch.max.bytes`` (measured:
-        100-480 ms once per batch while a backlog was read)."""
+        request would queue behind fetch responses of up to ``fetch.max.bytes``, once per batch
+        while a backlog is read (docs/measurements/engine.md, "The native consumer")."""
         from confluent_kafka import KafkaException, TopicPartition
 
         give_up = time.monotonic() + float(getattr(self.app.settings, "engine_kafka_retry_s", 300.0))
@@ -226,8 +246,6 @@ class DirectSource:
         return {(t, p): self._end_offset(t, p, 30) for t, p in self._parts}
 
     def _run(self) -> None:
-        from engine.app import engine_consumer, offset_ranges
-
         c: NativeConsumer | FetchConsumer | None = None
         try:
             # metadata and end offsets, through a client of its own (see _end_offset)

@@ -3,11 +3,11 @@
 The direct source's librdkafka consumer (:mod:`engine.sources.native_consumer`) hands records over
 without a Python object each, but librdkafka itself still makes one message (an allocated
 ``rd_kafka_op_t``) per record in its fetch thread, queues it, and frees it when the engine has
-copied it: at 10 rules that was about two thirds of the engine process's CPU per event
-(``bench/engine_bench.py``; docs/engine.md "The fetch consumer").  This consumer speaks the
-Fetch API (v4, the oldest a Kafka 4 broker serves; ``isolation_level`` since v4) on a socket of
-its own to each partition leader and parses the v2 record batches of the response in one Numba
-kernel, with no per-record allocation:
+copied it: at 10 rules, most of the engine process's CPU per event (``bench/engine_bench.py``;
+docs/engine.md "The fetch consumer", the figures in docs/measurements/engine.md).  This consumer
+speaks the Fetch API (v4, the oldest a Kafka 4 broker serves; ``isolation_level`` since v4) on a
+socket of its own to each partition leader and parses the v2 record batches of the response in
+one Numba kernel, with no per-record allocation:
 
 * a batch's header is read in Python (one per producer batch: thousands of records); LZ4 and
   gzip bodies are decompressed whole;
@@ -23,7 +23,8 @@ The interface is :class:`engine.sources.native_consumer.NativeConsumer`'s (``ass
 included, so :class:`engine.sources.direct.DirectSource` takes either.  Metadata (partition
 leaders) and the offsets ``OFFSET_BEGINNING`` resolves to come from a confluent-kafka client,
 which also validates the configuration.  Plaintext listeners only: with ``security.protocol``
-set to anything else the engine keeps the librdkafka consumer (``engine.app.engine_consumer``).
+set to anything else the engine keeps the librdkafka consumer
+(``engine.sources.readers.engine_consumer``).
 """
 
 from __future__ import annotations

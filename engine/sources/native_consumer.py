@@ -2,10 +2,10 @@
 
 The direct source (:mod:`engine.sources.direct`) first read Kafka with confluent-kafka's
 ``Consumer.consume``, which makes one ``Message`` object per record; then the engine's Arrow
-table was built from their getters.  ``bench/kafka_consume_probe.py`` measured that at
-292-312 k records/s on this machine -- 3.3 us per record of Python, four times the engine
-core's whole cost per event at 10 rules (``bench/engine_bench.py --core-only``: 1.2 M events/s,
-Avro decode included).  This consumer drives the same librdkafka (the one bundled with
+table was built from their getters: several times the engine core's whole cost per event at
+10 rules, Avro decode included (``bench/kafka_consume_probe.py`` against
+``bench/engine_bench.py --core-only``; the figures in docs/measurements/engine.md, "The native
+consumer").  This consumer drives the same librdkafka (the one bundled with
 confluent-kafka) through ``ctypes`` for the per-call API and two Numba kernels for the
 per-record part:
 
@@ -44,6 +44,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from engine.errors import EngineError
+
 #: ``RD_KAFKA_OFFSET_BEGINNING``
 OFFSET_BEGINNING = -2
 #: ``RD_KAFKA_RESP_ERR__PARTITION_EOF``: the consumer reached the end of a partition
@@ -58,7 +60,7 @@ W_ERR, W_RKT, W_PARTITION, W_PAYLOAD, W_LEN, W_KEY, W_KEY_LEN, W_OFFSET = range(
 _vp = ctypes.c_void_p
 
 
-class NativeConsumerError(RuntimeError):
+class NativeConsumerError(EngineError, RuntimeError):
     """librdkafka refused a setting or a call."""
 
 
@@ -292,7 +294,7 @@ class Chunk:
         return len(self.offset)
 
     def table(self) -> pa.Table:
-        """The records as :data:`engine.app.RECORD_COLUMNS` (``topic`` a string column)."""
+        """The records as :data:`engine.sources.readers.RECORD_COLUMNS` (``topic`` a string column)."""
         names = pa.array(self.topics, pa.string())
         topic = pa.DictionaryArray.from_arrays(pa.array(self.topic, pa.int32()), names).cast(pa.string())
         return pa.table(

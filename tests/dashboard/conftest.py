@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dash_helpers import PASSWORD, unique
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import auth
 from subscriptions.service import SubscriptionService
+from tests.dashboard.support import PASSWORD, unique
 from tidewatch.db import migrate
 from tidewatch.db.session import session_factory
 from tidewatch.settings import get_settings
@@ -62,4 +62,4 @@ def new_user(sm: sessionmaker[Session]) -> Any:
 
 @pytest.fixture
 def svc(sm: sessionmaker[Session]) -> SubscriptionService:
-    return SubscriptionService(sm)
+    return SubscriptionService(sm, settings=get_settings())

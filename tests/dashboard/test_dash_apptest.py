@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dash_helpers import PASSWORD, RULE, add_alerts, subscribe
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
 from dashboard import auth, catchup
 from subscriptions.service import SubscriptionService
+from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
+from tidewatch.settings import get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ def app() -> AppTest:
 def logged_in(sm: sessionmaker[Session], username: str, page: str | None = None) -> AppTest:
     """An app whose browser session holds a live token of ``username`` (as after the login form)."""
     at = app()
-    at.session_state["tw_token"] = auth.login(sm, username, PASSWORD).token
+    at.session_state["tw_token"] = auth.login(sm, username, PASSWORD, settings=get_settings()).token
     if page:
         at.session_state["tw_page"] = page
     return at.run()
@@ -53,7 +54,7 @@ def test_without_a_session_only_the_login_page_is_shown(app_env: str) -> None:
 
 
 def test_sign_up_through_the_form_then_log_out(app_env: str, sm: sessionmaker[Session]) -> None:
-    from dash_helpers import unique
+    from tests.dashboard.support import unique
 
     name = unique("form")
     at = app().run()

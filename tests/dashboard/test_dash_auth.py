@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
-from dash_helpers import PASSWORD, unique
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import auth
+from tests.dashboard.support import PASSWORD, unique
 from tidewatch.db.models import LoginAttempt, User, UserSession
-from tidewatch.settings import Settings
+from tidewatch.settings import Settings, get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def test_sign_up_stores_an_argon2_hash_and_login_opens_a_session(sm: sessionmake
     with sm() as s:
         stored = s.scalar(sa.select(User.password_hash).where(User.id == uid))
     assert stored and stored.startswith("$argon2id$") and PASSWORD not in stored
-    user = auth.login(sm, name, PASSWORD, client="10.0.0.1")
+    user = auth.login(sm, name, PASSWORD, client="10.0.0.1", settings=get_settings())
     assert user.username == name and len(user.token) >= 40
     with sm() as s:
         hashes = list(s.scalars(sa.select(UserSession.token_hash).where(UserSession.user_id == uid)))
@@ -34,9 +34,9 @@ def test_wrong_password_unknown_user_and_forged_token(sm: sessionmaker[Session])
     name = unique()
     auth.sign_up(sm, name, PASSWORD)
     with pytest.raises(auth.AuthError, match="wrong user name or password"):
-        auth.login(sm, name, PASSWORD + "x")
+        auth.login(sm, name, PASSWORD + "x", settings=get_settings())
     with pytest.raises(auth.AuthError, match="wrong user name or password"):
-        auth.login(sm, unique("ghost"), PASSWORD)
+        auth.login(sm, unique("ghost"), PASSWORD, settings=get_settings())
     assert auth.resolve(sm, "not-a-token") is None
     assert auth.resolve(sm, None) is None
 
@@ -60,7 +60,7 @@ def test_password_rules_and_taken_names(sm: sessionmaker[Session]) -> None:
     auth.sign_up(sm, name, PASSWORD)
     with pytest.raises(auth.AuthError, match="taken"):
         auth.sign_up(sm, name, PASSWORD + "2")
-    auth.login(sm, name, PASSWORD)  # the first password still works
+    auth.login(sm, name, PASSWORD, settings=get_settings())  # the first password still works
 
 
 def test_a_password_less_cli_user_claims_the_account_by_signing_up(sm: sessionmaker[Session]) -> None:
@@ -68,9 +68,9 @@ def test_a_password_less_cli_user_claims_the_account_by_signing_up(sm: sessionma
     with sm.begin() as s:
         s.add(User(username=name, password_hash=None))
     with pytest.raises(auth.AuthError):
-        auth.login(sm, name, "")  # no password set: no login
+        auth.login(sm, name, "", settings=get_settings())  # no password set: no login
     auth.sign_up(sm, name, PASSWORD)
-    assert auth.login(sm, name, PASSWORD).username == name
+    assert auth.login(sm, name, PASSWORD, settings=get_settings()).username == name
 
 
 def test_rate_limit_per_user_name_and_client(sm: sessionmaker[Session]) -> None:
@@ -108,7 +108,7 @@ def test_rate_limit_per_user_name_and_client(sm: sessionmaker[Session]) -> None:
 def test_expired_sessions_do_not_resolve(sm: sessionmaker[Session]) -> None:
     name = unique()
     auth.sign_up(sm, name, PASSWORD)
-    user = auth.login(sm, name, PASSWORD)
+    user = auth.login(sm, name, PASSWORD, settings=get_settings())
     with sm.begin() as s:
         s.execute(
             sa.update(UserSession)

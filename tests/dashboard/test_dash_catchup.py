@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dash_helpers import add_alerts, subscribe
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import catchup
 from subscriptions.service import SubscriptionService
+from tests.dashboard.support import add_alerts, subscribe
 from tidewatch.db.models import ClientCursor
 
 pytestmark = pytest.mark.integration

@@ -9,6 +9,7 @@ import pytest
 
 from dashboard.detail import aggregate_series, detail_frames, longest_window_ms, lookup_times, preview_keys
 from subscriptions.compiler import compile_rule
+from tidewatch.settings import get_settings
 
 RULE = (
     "SELECT symbol FROM trades WHERE exchange = 'NASDAQ' GROUP BY symbol HAVING "
@@ -59,7 +60,7 @@ def _brute(ev: dict[str, np.ndarray], text: str, tau: int) -> float:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_aggregate_matches_brute_force(seed: int) -> None:
-    plan = compile_rule(RULE)
+    plan = compile_rule(RULE, get_settings())
     ev = _events(seed)
     taus = lookup_times(0, 62_000, 1000)
     assert len(plan.aggs) == 8
@@ -77,7 +78,9 @@ def test_lookup_times_are_pane_aligned_and_thinned() -> None:
 
 
 def test_detail_frames_cover_the_span() -> None:
-    plan = compile_rule("SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 5")
+    plan = compile_rule(
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 5", get_settings()
+    )
     ev = _events(7, 50)
     frames = detail_frames("trades", ev, plan.aggs, span_ms=20_000, pane_ms=1000)
     (df,) = frames.values()
@@ -87,7 +90,9 @@ def test_detail_frames_cover_the_span() -> None:
 
 
 def test_detail_frames_run_to_now_so_a_quiet_key_falls_back() -> None:
-    plan = compile_rule("SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 5")
+    plan = compile_rule(
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 5", get_settings()
+    )
     cols = {
         "symbol": np.array(["A", "A"], dtype=object),
         "ts": np.array([100_100, 100_200], np.int64),
@@ -105,7 +110,8 @@ def test_detail_frames_run_to_now_so_a_quiet_key_falls_back() -> None:
 
 def test_preview_keys_run_the_evaluator_at_the_last_pane() -> None:
     plan = compile_rule(
-        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 1000"
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 10 SECONDS > 1000",
+        get_settings(),
     )
     cols = {
         "symbol": np.array(["A", "B", "A", "C"], dtype=object),
@@ -115,5 +121,8 @@ def test_preview_keys_run_the_evaluator_at_the_last_pane() -> None:
         "side": np.array(["BID"] * 4, dtype=object),
         "exchange": np.array(["X"] * 4, dtype=object),
     }
-    assert preview_keys(plan, cols, 1000) == (["A"], 9000)  # C's trade is after the lookup at 9000
-    assert preview_keys(plan, {}, 1000) == ([], None)
+    assert preview_keys(plan, cols, 1000, get_settings().ci_p) == (
+        ["A"],
+        9000,
+    )  # C's trade is after the lookup at 9000
+    assert preview_keys(plan, {}, 1000, get_settings().ci_p) == ([], None)

@@ -13,12 +13,13 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from dash_helpers import produce_trades
+from confluent_kafka.admin import AdminClient
 
 from dashboard.detail import KafkaUnavailable, preview_keys, recent_events
 from subscriptions.compiler import compile_rule
-from tidewatch.settings import Settings
+from tests.dashboard.support import produce_trades
+from tidewatch.kafka.topics import create_topics, stream_topic_spec
+from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -32,7 +33,7 @@ def test_key_detail_reads_again_after_a_kafka_broker_restart(restartable_kafka: 
     assert bootstrap is not None
     topic = f"dash-trades-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    create_topics(admin, [stream_topic_spec(topic, 2)])
     del admin
     now = int(time.time() * 1000)
     produce_trades(
@@ -69,9 +70,10 @@ def test_key_detail_reads_again_after_a_kafka_broker_restart(restartable_kafka: 
     assert aapl() == [now - 3000, now - 1000, later]
     every, _ = recent_events("trades", "symbol", None, 600_000, settings, timeout_s=8)
     wide = compile_rule(
-        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 60 SECONDS > 800"
+        "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 60 SECONDS > 800",
+        get_settings(),
     )
-    assert preview_keys(wide, every, 1000)[0] == ["AAPL"]
+    assert preview_keys(wide, every, 1000, get_settings().ci_p)[0] == ["AAPL"]
     print(
         f"\nreads while down failed in {', '.join(f'{s:.1f}' for s in reads_down)} s with KafkaUnavailable; "
         f"outage {outage:.1f} s; first read after the restart {first_read:.1f} s; "

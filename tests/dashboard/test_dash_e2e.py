@@ -47,10 +47,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dash_helpers import PASSWORD
 
 from dashboard.catchup import format_values
 from dashboard.cli import streamlit_command
+from tests.dashboard.support import PASSWORD
 from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineMetric, Subscription
 from tidewatch.settings import get_settings
 

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from dash_helpers import add_alerts, subscribe
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import queries
 from subscriptions.service import NotFound, SubscriptionService
+from tests.dashboard.support import add_alerts, subscribe
 from tidewatch.db.models import EngineMetric
 from tidewatch.settings import Settings
 

@@ -14,18 +14,21 @@ from dashboard.catchup import NO_VALUES, AlertRow, as_values, format_values
 from dashboard.queries import classify, escape_like
 from dashboard.rules import TEMPLATES, Threshold, thresholds, validate
 from dashboard.ui import plain
-from tidewatch.settings import Settings
+from tidewatch.settings import Settings, get_settings
 
 
 @pytest.mark.parametrize("name", list(TEMPLATES))
 def test_every_template_compiles(name: str) -> None:
-    v = validate(TEMPLATES[name])
+    v = validate(TEMPLATES[name], get_settings())
     assert v.ok, v.display
     assert "driver" in v.explain and "post-check" in v.explain
 
 
 def test_validation_reports_line_column_and_expected() -> None:
-    v = validate("SELECT symbol FROM trades\nGROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDZ > 1000")
+    v = validate(
+        "SELECT symbol FROM trades\nGROUP BY symbol HAVING SUM(size) OVER LAST 300 SECONDZ > 1000",
+        get_settings(),
+    )
     assert not v.ok
     assert (v.line, v.column) == (2, 48)
     assert "SECONDZ" in v.message
@@ -34,18 +37,20 @@ def test_validation_reports_line_column_and_expected() -> None:
 
 
 def test_validation_of_an_unfinished_rule_names_the_end() -> None:
-    v = validate("SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS >")
+    v = validate(
+        "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS >", get_settings()
+    )
     assert not v.ok and "end of the rule" in v.message
 
 
 @pytest.mark.parametrize("text", ["", "   \n", "x" * 100_000, "(" * 3000, "SELECT " * 600])
 def test_empty_and_huge_inputs_are_refused_with_a_message(text: str) -> None:
-    v = validate(text)
+    v = validate(text, get_settings())
     assert not v.ok and v.message and v.line >= 1 and v.column >= 1
 
 
 def test_script_in_rule_text_is_an_error_not_markup() -> None:
-    v = validate("<script>alert(1)</script>")
+    v = validate("<script>alert(1)</script>", get_settings())
     assert not v.ok and (v.line, v.column) == (1, 1)
     assert "<script>" in v.display  # shown verbatim (in a code block) by the page
 
@@ -54,7 +59,8 @@ def test_thresholds_put_the_aggregate_on_the_left() -> None:
     v = validate(
         "SELECT symbol FROM trades GROUP BY symbol HAVING 1000 < SUM(size) OVER LAST 5 MINUTES "
         "AND LAST(price) OVER LAST 5 MINUTES BETWEEN 20 AND 200 AND NOT (COUNT(*) OVER LAST 1 MINUTE > 9) "
-        "AND NOT (AVG(size) OVER LAST 1 MINUTE > 7)"
+        "AND NOT (AVG(size) OVER LAST 1 MINUTE > 7)",
+        get_settings(),
     )
     assert v.ok and v.plan is not None
     got = {(t.aggregate, t.op, t.value) for t in thresholds(v.plan)}

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from dash_helpers import PASSWORD, RULE, add_alerts, subscribe
 from sqlalchemy.orm import Session, sessionmaker
-from test_dash_apptest import app, frames, logged_in, shown, texts
 
 from dashboard.catchup import NO_VALUES, format_values
 from subscriptions.service import NAME_MAX, SubscriptionService
+from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
+from tests.dashboard.test_dash_apptest import app, frames, logged_in, shown, texts
 from tidewatch.db.models import EngineMetric, LoginAttempt, User
 from tidewatch.settings import get_settings
 

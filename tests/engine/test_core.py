@@ -5,25 +5,30 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engine.core import EngineCore, SubscriptionChange, parse_subscription_change
+from engine.core import EngineCore
+from engine.evaluation.rules import Changes
+from engine.messages import SubscriptionChange, parse_subscription_change
 from tidewatch.wire.avro import encode_batch
 
 G = 1000
 
 
 class BruteCount:
-    """Evaluator stand-in: rule 'COUNT(*) OVER LAST T > k', kept as raw events (brute force)."""
+    """Evaluator stand-in (``engine.core.RuleEvaluator``): rule 'COUNT(*) OVER LAST T > k', kept
+    as raw events (brute force)."""
 
     def __init__(self) -> None:
         self.rules: dict[str, tuple[int, int]] = {}
         self.keys: list[str] = []
         self.ts: list[int] = []
+        self.prev: dict[str, set[str]] = {}  # each rule's result at its last step
 
     def add_rule(self, name: str, plan: tuple[int, int]) -> None:
         self.rules[name] = plan
 
     def remove_rule(self, name: str) -> None:
         del self.rules[name]
+        self.prev.pop(name, None)
 
     def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None:
         assert np.all(np.diff(batch["ts"]) >= 0)
@@ -33,6 +38,35 @@ class BruteCount:
 
     def lookup(self, now: int) -> dict[str, set[str]]:
         return {name: brute(self.keys, self.ts, now, T, k) for name, (T, k) in self.rules.items()}
+
+    def step(self, now: int) -> Changes:
+        """Every rule's changes since its previous step (a new rule's: from an empty result)."""
+        changes = Changes(now)
+        for name, cur in self.lookup(now).items():
+            old = self.prev.get(name, set())
+            for keys, kind in ((sorted(cur - old), "ENTER"), (sorted(old - cur), "EXIT")):
+                changes.add(np.full(len(keys), name, dtype=object), np.array(keys, dtype=object), kind)
+            self.prev[name] = cur
+        return changes
+
+    def evaluate_now(self, name: str, now: int) -> set[str]:
+        T, k = self.rules[name]
+        return brute(self.keys, self.ts, now, T, k)
+
+    def current_ids(self, name: str) -> list[str]:
+        return sorted(self.prev.get(name, set()))
+
+    def values(self, name: str, keys: object, now: int) -> dict[str, dict[str, float | int | str | None]]:
+        return {}  # no values: the alerts carry none
+
+    def values_many(
+        self, wanted: dict[str, list[str]], now: int
+    ) -> dict[str, dict[str, dict[str, float | int | str | None]]]:
+        return {name: {} for name in wanted}
+
+    @property
+    def nbytes(self) -> int:
+        return 0
 
 
 def brute(keys: list[str], ts: list[int], now: int, T: int, k: int) -> set[str]:

@@ -6,12 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.core import EngineCore, SubscriptionChange
+from engine.core import EngineCore
+from engine.evaluation.backtest import EventFile, iter_alerts
+from engine.evaluation.evaluator import Evaluator
+from engine.messages import SubscriptionChange
+from subscriptions.compiler import compile_rule
+from tidewatch.settings import get_settings
 from tidewatch.wire.avro import encode_batch
-
-pytest.importorskip("engine.evaluation.evaluator")
-from engine.evaluation.backtest import EventFile, iter_alerts  # noqa: E402
-from subscriptions.compiler import compile_rule  # noqa: E402
 
 G = 1000
 RULES = {
@@ -53,20 +54,14 @@ def kafka_records(cols: dict[str, np.ndarray], lo: int, hi: int) -> pa.Table:
 
 
 def _compile(text: str, plan: object) -> tuple[object, str]:
-    p = compile_rule(text)
+    p = compile_rule(text, get_settings())
     return p, p.stream
 
 
 def _evaluator(panes: bool, **kw: object) -> object:
-    import inspect
-
-    from engine.evaluation.evaluator import Evaluator
-
     if panes:
-        if "pane_ms" not in inspect.signature(Evaluator).parameters:
-            pytest.skip("the evaluator takes no pane rows yet")
         kw["pane_ms"] = G
-    return Evaluator("shared", **kw)  # type: ignore[arg-type]
+    return Evaluator("shared", ci_p=2, **kw)  # type: ignore[arg-type]
 
 
 def _window_value(cols: dict[str, np.ndarray], key: str, now: int, T: int, field: str | None) -> float:
@@ -95,16 +90,14 @@ def test_engine_core_equals_backtest(seed: int, panes: bool) -> None:
         alerts += out.alerts
         if b == 11:  # snapshot / restore half-way: nothing changes
             core = EngineCore.from_bytes(core.to_bytes(), compile_rule=_compile)
-    rules = [(n, t, compile_rule(t)) for n, t in RULES.items()]
+    rules = [(n, t, compile_rule(t, get_settings())) for n, t in RULES.items()]
     until = core.applied_until
     assert until is not None
-    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], G) if r[0] <= until]
+    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], G, ci_p=2) if r[0] <= until]
     assert len(expect) > 50
     assert sorted(got) == sorted(expect)
     assert {r[1] for r in expect} == set(RULES)
     # every alert carries the values that made it fire, equal to brute force over the raw events
-    if not hasattr(core.evaluator, "values"):
-        return
     checked = 0
     for a in alerts:
         if a.subscription_id == "count":
@@ -123,15 +116,13 @@ def test_engine_core_equals_backtest(seed: int, panes: bool) -> None:
 
 
 def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
-    from engine.evaluation.evaluator import Evaluator
-
     cols = trades(3000, 3)
     # the evaluator keeps 60 s of raw history, so a new 20 s rule sees all it needs (PSoup)
     core = EngineCore(
         pane_ms=G,
         allowed_lateness_ms=1500,
         max_future_ms=10**12,
-        evaluator_factory=lambda: Evaluator("shared", history_ms=60_000),
+        evaluator_factory=lambda: Evaluator("shared", ci_p=2, history_ms=60_000),
         compile_rule=_compile,
     )
     core.process(
@@ -147,9 +138,9 @@ def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
         [SubscriptionChange("sum", "upsert", "s", RULES["sum"])],
     )
     first = {a.key for a in out.alerts if a.subscription_id == "sum" and a.as_of == tau and a.kind == "ENTER"}
-    rules = [("sum", RULES["sum"], compile_rule(RULES["sum"]))]
+    rules = [("sum", RULES["sum"], compile_rule(RULES["sum"], get_settings()))]
     ref: set[str] = set()
-    for as_of, _, key, kind in iter_alerts(rules, [EventFile("trades", cols)], G):
+    for as_of, _, key, kind in iter_alerts(rules, [EventFile("trades", cols)], G, ci_p=2):
         if as_of > tau:
             break
         ref = ref | {key} if kind == "ENTER" else ref - {key}
@@ -160,14 +151,12 @@ def test_rule_added_mid_stream_gets_results_from_old_data() -> None:
     got += [(a.as_of, a.subscription_id, a.key, a.kind) for a in out.alerts if a.subscription_id == "sum"]
     until = core.applied_until
     assert until is not None
-    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], G) if tau < r[0] <= until]
+    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], G, ci_p=2) if tau < r[0] <= until]
     assert sorted(got) == sorted(expect)
 
 
 def test_snapshot_of_every_structure_kind() -> None:
     """COUNT DISTINCT, MIN/MAX, CI indexes: the snapshot round-trips and continuing is exact."""
-    from engine.evaluation.evaluator import Evaluator
-
     rules = {
         **RULES,
         "distinct": "SELECT symbol FROM trades GROUP BY symbol HAVING "
@@ -180,7 +169,7 @@ def test_snapshot_of_every_structure_kind() -> None:
             pane_ms=G,
             allowed_lateness_ms=1500,
             max_future_ms=10**12,
-            evaluator_factory=lambda: Evaluator("shared"),
+            evaluator_factory=lambda: Evaluator("shared", ci_p=2),
             compile_rule=_compile,
         )
         got = []
@@ -220,9 +209,9 @@ def test_lookups_every_L_equal_backtest_every_L() -> None:
         got += [(a.as_of, a.subscription_id, a.key, a.kind) for a in out.alerts]
         lookups += out.lookups
     assert lookups and all(t % L == 0 for t in lookups) and np.all(np.diff(lookups) == L)
-    rules = [(n, t, compile_rule(t)) for n, t in RULES.items()]
+    rules = [(n, t, compile_rule(t, get_settings())) for n, t in RULES.items()]
     until = core.applied_until
     assert until is not None
-    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], L) if r[0] <= until]
+    expect = [r for r in iter_alerts(rules, [EventFile("trades", cols)], L, ci_p=2) if r[0] <= until]
     assert len(expect) > 30
     assert sorted(got) == sorted(expect)

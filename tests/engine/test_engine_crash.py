@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine
-from test_engine_integration import engine_settings, fresh_database, topics_of, wait_for  # noqa: I001
-from tests_engine_support import (
+
+from tests.engine.support import (
     RULES,
     G,
     backtest,
@@ -29,6 +29,7 @@ from tests_engine_support import (
     read_topic,
     start_engine,
 )
+from tests.engine.test_engine_integration import engine_settings, fresh_database, topics_of, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -35,8 +35,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import sessionmaker
-from test_engine_integration import engine_settings, fresh_database, wait_for  # noqa: I001
-from tests_engine_support import (
+
+from dashboard import catchup
+from subscriptions.service import SubscriptionService
+from tests.engine.support import (
     RULES,
     G,
     backtest,
@@ -48,11 +50,9 @@ from tests_engine_support import (
     read_topic,
     start_engine,
 )
-
-from dashboard import catchup
-from subscriptions.service import SubscriptionService
-from tidewatch.db.session import make_engine
-from tidewatch.settings import Settings
+from tests.engine.test_engine_integration import engine_settings, fresh_database, wait_for
+from tidewatch.db.session import make_db_engine
+from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
 from tidewatch.stack import postgres_server as postgres
 from tidewatch.wire.csv_io import write_csv
@@ -75,7 +75,7 @@ class Run:
 
 
 def _rows(db: str, sql: str) -> list[Any]:
-    eng = make_engine(db)
+    eng = make_db_engine(db)
     try:
         with eng.connect() as conn:
             return list(conn.execute(text(sql)))
@@ -109,9 +109,9 @@ def _run_through(
 
     ensure_topics(bootstrap, s)
     # the dashboard's side: a user owning the subscriptions the engine gets through Kafka
-    db_engine = make_engine(db)
+    db_engine = make_db_engine(db)
     sm = sessionmaker(bind=db_engine, expire_on_commit=False)
-    svc = SubscriptionService(sm)
+    svc = SubscriptionService(sm, settings=get_settings())
     user = f"faults{run}"
     svc.ensure_user(user)
     sc = make_scenario(n_trades=N_TRADES, n_packets=0, seed=23)

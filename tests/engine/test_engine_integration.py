@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 pytestmark = pytest.mark.integration
 
-from tests_engine_support import (  # noqa: E402
+from tests.engine.support import (  # noqa: E402
     LATE_RULE,
     RULES,
     G,
@@ -30,6 +30,7 @@ from tests_engine_support import (  # noqa: E402
     produce_rules,
     read_topic,
 )
+from tidewatch.settings import Settings  # noqa: E402
 
 
 def fresh_database(pg_url: str) -> str:
@@ -48,7 +49,7 @@ def fresh_database(pg_url: str) -> str:
     return url
 
 
-def engine_settings(run: str, checkpoint: Path, **extra: Any) -> Any:
+def engine_settings(run: str, checkpoint: Path, **extra: Any) -> Settings:
     from tidewatch.settings import get_settings
 
     return get_settings().model_copy(
@@ -69,7 +70,7 @@ def engine_settings(run: str, checkpoint: Path, **extra: Any) -> Any:
     )
 
 
-def topics_of(s: Any) -> dict[str, str]:
+def topics_of(s: Settings) -> dict[str, str]:
     return {"trades": s.topic_trades, "packets": s.topic_packets, "subscriptions": s.topic_subscriptions}
 
 

@@ -2,8 +2,7 @@
 
 Two proofs: (1) a brute-force evaluation of the two rules, written here from
 RULES.md's definitions, at every lookup second around each episode; (2) the
-platform's own ``tidewatch backtest`` on the exported CSV (skipped while that
-command is not available).
+platform's own ``tidewatch backtest`` on the exported CSV.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ingest.packets_gen import K_SYN_FLOOD, PacketConfig, PacketGenerator, demo_attacks
 from ingest.trades_gen import K_MOMENTUM, K_SURGE, TradeConfig, TradeGenerator, demo_episodes
 from tidewatch.wire.csv_io import write_csv
 
@@ -102,22 +102,7 @@ def test_each_episode_fires_its_rule_and_the_symbol_was_quiet_before(market) -> 
         assert first <= 60, f"{e.kind} fired only {first} s after the episode started"
 
 
-def _backtest_available() -> str | None:
-    try:
-        from tidewatch.cli import app
-    except Exception as exc:  # noqa: BLE001
-        return f"tidewatch.cli does not import: {exc}"
-    names = {c.name for c in app.registered_commands}
-    names |= {g.name for g in app.registered_groups}
-    if "backtest" not in names:
-        return "`tidewatch backtest` is not registered yet (subscriptions.cli / engine.evaluation.backtest missing)"
-    return None
-
-
 def test_backtest_reports_the_injected_episodes(market, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    why = _backtest_available()
-    if why:
-        pytest.skip(why)
     gen, eps, _, chunks = market
     trades = tmp_path / "trades.csv"
     write_csv(trades, iter(chunks), "trades")
@@ -180,11 +165,6 @@ PACKET_RULES = {
 
 
 def test_backtest_reports_the_injected_attacks(tmp_path: Path) -> None:
-    why = _backtest_available()
-    if why:
-        pytest.skip(why)
-    from ingest.packets_gen import K_SYN_FLOOD, PacketConfig, PacketGenerator, demo_attacks
-
     attacks = demo_attacks(START + 30_000, every_ms=60_000, count=3, seed=1)
     gen = PacketGenerator(PacketConfig(rate=1000), seed=1, attacks=list(attacks))
     packets = tmp_path / "packets.csv"

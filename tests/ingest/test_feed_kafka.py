@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from ingest.packets_gen import PacketConfig, PacketGenerator, demo_attacks
 from ingest.producer import KafkaFeed, ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator, demo_episodes
+from tidewatch.settings import get_settings
 from tidewatch.wire.avro import decode_batch, field_names
 from tidewatch.wire.csv_io import columns_to_frame, write_csv
 
@@ -60,7 +61,7 @@ def _source_frame(chunks: list[dict], stream: str) -> Any:
 @pytest.mark.parametrize("stream", ["trades", "packets"])
 def test_round_trip_through_kafka_is_identical(kafka_bootstrap: str, stream: str) -> None:
     topic = f"it-{stream}-{uuid.uuid4().hex[:8]}"
-    ensure_topic(kafka_bootstrap, topic, 2)
+    ensure_topic(get_settings(), kafka_bootstrap, topic, 2)
     if stream == "trades":
         gen: Any = TradeGenerator(TradeConfig(rate=20_000, n_symbols=500), seed=1)
         gen.episodes = demo_episodes(gen, 2_000, every_ms=2_000, count=2, duration_ms=4_000)
@@ -69,7 +70,7 @@ def test_round_trip_through_kafka_is_identical(kafka_bootstrap: str, stream: str
             PacketConfig(rate=10_000), seed=1, attacks=demo_attacks(1_000, every_ms=1_000, count=3)
         )
     chunks = list(gen.chunks(1_700_000_000_000, 1_700_000_005_000, 1000))
-    feed = KafkaFeed(stream, topic=topic, bootstrap=kafka_bootstrap)
+    feed = KafkaFeed(stream, settings=get_settings(), topic=topic, bootstrap=kafka_bootstrap)
     for c in chunks:
         feed.send(c)
     st = feed.close(timeout=60)
@@ -181,27 +182,32 @@ def test_a_restarted_demo_feed_backfills_only_what_the_topic_lacks(
     """``tidewatch down`` / ``up`` restarts the demo feed: its 31 min of history would all be
     older than what the engine has seen (every event a dead letter), so the backfill starts
     after the newest event already in the topic."""
-    from ingest import cli
+    from ingest import feed as ingest_feed
     from ingest.producer import newest_event_ms
 
     monkeypatch.setenv("TIDEWATCH_KAFKA_BOOTSTRAP", kafka_bootstrap)
     topic = f"it-newest-{uuid.uuid4().hex[:8]}"
-    assert newest_event_ms(kafka_bootstrap, topic, "trades", timeout=5) is None  # no such topic
-    ensure_topic(kafka_bootstrap, topic, 3)
-    assert newest_event_ms(kafka_bootstrap, topic, "trades", timeout=5) is None  # empty
+    assert (
+        newest_event_ms(get_settings(), kafka_bootstrap, topic, "trades", timeout=5) is None
+    )  # no such topic
+    ensure_topic(get_settings(), kafka_bootstrap, topic, 3)
+    assert newest_event_ms(get_settings(), kafka_bootstrap, topic, "trades", timeout=5) is None  # empty
     gen = TradeGenerator(TradeConfig(rate=2_000, n_symbols=50), seed=3)
     chunks = list(gen.chunks(1_700_000_000_000, 1_700_000_010_000, 1000))
-    feed = KafkaFeed("trades", topic=topic, bootstrap=kafka_bootstrap)
+    feed = KafkaFeed("trades", settings=get_settings(), topic=topic, bootstrap=kafka_bootstrap)
     for c in chunks:
         feed.send(c)
     assert feed.close(timeout=60).failed == 0
     newest = max(int(np.max(c["ts"])) for c in chunks)
-    assert newest_event_ms(kafka_bootstrap, topic, "trades") == newest
+    assert newest_event_ms(get_settings(), kafka_bootstrap, topic, "trades") == newest
     # history that reaches back past it is cut at it; history that ends before it is kept
     start = newest + 60_000
     assert (
-        cli._history_not_in_topic("trades", start, 31 * 60_000, topic, kafka_bootstrap) == start - newest - 1
+        ingest_feed._history_not_in_topic(
+            get_settings(), "trades", start, 31 * 60_000, topic, kafka_bootstrap
+        )
+        == start - newest - 1
     )
-    assert cli._history_not_in_topic(
-        "trades", newest + 120 * 60_000, 31 * 60_000, topic, kafka_bootstrap
+    assert ingest_feed._history_not_in_topic(
+        get_settings(), "trades", newest + 120 * 60_000, 31 * 60_000, topic, kafka_bootstrap
     ) == (31 * 60_000)

@@ -29,11 +29,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from topic_reader import read_topic
 
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tidewatch.settings import Settings
+from tests.ingest.support import read_topic
+from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
 from tidewatch.wire.avro import decode_batch, field_names
 from tidewatch.wire.csv_io import columns_to_frame, read_csv_chunks, write_csv
@@ -57,7 +57,7 @@ def test_feed_rides_out_a_broker_restart(restartable_kafka: Settings, tmp_path: 
     broker = restartable_kafka
     bootstrap = broker.kafka_bootstrap
     topic = f"it-restart-{uuid.uuid4().hex[:8]}"
-    ensure_topic(bootstrap, topic, 2)
+    ensure_topic(get_settings(), bootstrap, topic, 2)
     f = tmp_path / "trades.csv"
     write_csv(
         f, TradeGenerator(TradeConfig(rate=2000, n_symbols=200), seed=5).chunks(0, 2500, 1000), "trades"

@@ -22,10 +22,11 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pytest
-from topic_reader import read_topic
 
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tests.ingest.support import read_topic
+from tidewatch.settings import get_settings
 from tidewatch.wire.avro import decode_batch, field_names
 from tidewatch.wire.csv_io import read_csv_chunks, write_csv
 
@@ -92,7 +93,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
     kafka_bootstrap: str, trades_csv: Path, tmp_path: Path
 ) -> None:
     topic = f"it-resume-{uuid.uuid4().hex[:8]}"
-    ensure_topic(kafka_bootstrap, topic, 2)
+    ensure_topic(get_settings(), kafka_bootstrap, topic, 2)
     progress = tmp_path / "progress.json"
     src = _source(trades_csv)
     n = len(src)

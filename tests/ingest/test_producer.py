@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import ingest.producer as producer_mod
 from ingest.producer import KafkaFeed, Pacer
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tidewatch.settings import get_settings
 from tidewatch.wire.avro import decode
 
 
@@ -76,7 +77,7 @@ def _trades(n_ms: int = 2000, rate: float = 2000) -> list[dict]:
 
 def test_every_event_is_produced_once_in_order_keyed_by_symbol() -> None:
     fake = FakeProducer(buffer_error_every=97)
-    feed = KafkaFeed("trades", topic="t", producer=fake, poll_every=50)
+    feed = KafkaFeed("trades", settings=get_settings(), topic="t", producer=fake, poll_every=50)
     chunks = _trades()
     for c in chunks:
         feed.send(c)
@@ -93,7 +94,7 @@ def test_packets_are_keyed_by_the_configured_field() -> None:
     from ingest.packets_gen import PacketConfig, PacketGenerator
 
     fake = FakeProducer()
-    feed = KafkaFeed("packets", topic="p", producer=fake)
+    feed = KafkaFeed("packets", settings=get_settings(), topic="p", producer=fake)
     feed.send(PacketGenerator(PacketConfig(rate=500), seed=1).chunk(0, 2000))
     assert feed.key_field == "src_ip"
     assert all(k.decode() == decode(v)["src_ip"] for _, v, k in fake.sent)
@@ -101,7 +102,7 @@ def test_packets_are_keyed_by_the_configured_field() -> None:
 
 def test_failed_and_unconfirmed_deliveries_are_counted_not_lost() -> None:
     fake = FakeProducer(fail_every=10, never_confirm=True)
-    feed = KafkaFeed("trades", topic="t", producer=fake)
+    feed = KafkaFeed("trades", settings=get_settings(), topic="t", producer=fake)
     fake.on_delivery = feed._on_error
     n = sum(feed.send(c) for c in _trades(1000))
     st = feed.close(timeout=0.2)
@@ -112,7 +113,7 @@ def test_failed_and_unconfirmed_deliveries_are_counted_not_lost() -> None:
 
 def test_rate_limit_paces_the_sends() -> None:
     fake = FakeProducer()
-    feed = KafkaFeed("trades", topic="t", producer=fake, poll_every=20)
+    feed = KafkaFeed("trades", settings=get_settings(), topic="t", producer=fake, poll_every=20)
     chunk = _trades(1000, rate=600)[0] | {}
     n = len(chunk["ts"])
     t0 = time.monotonic()

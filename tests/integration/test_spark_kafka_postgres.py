@@ -65,11 +65,13 @@ def _produce(bootstrap: str, topic: str, trades: list[dict[str, object]]) -> Non
 
 @pytest.fixture()
 def trades_topic(kafka_bootstrap: str) -> Iterator[str]:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+
+    from tidewatch.kafka.topics import create_topics, stream_topic_spec
 
     name = f"trades-it-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])[name].result(30)
+    create_topics(admin, [stream_topic_spec(name, 2)])
     yield name
     admin.delete_topics([name])
 

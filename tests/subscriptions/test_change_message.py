@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engine.messages import parse_subscription_change
 from subscriptions.service import change_message
 from tidewatch.db.models import Subscription
 
@@ -16,7 +17,6 @@ RULE = "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300
 
 @pytest.mark.parametrize(("state", "op"), [("active", "upsert"), ("paused", "pause"), ("deleted", "delete")])
 def test_engine_parses_every_state(state, op):
-    core = pytest.importorskip("engine.core")
     sub = Subscription(
         id=uuid.uuid4(),
         owner="u",
@@ -28,7 +28,7 @@ def test_engine_parses_every_state(state, op):
     )
     msg = change_message(sub, "update", datetime(2026, 1, 1, tzinfo=UTC))
     assert msg["version"] == 3 and msg["subscription_id"] == str(sub.id)
-    change = core.parse_subscription_change(str(sub.id).encode(), json.dumps(msg).encode())
+    change = parse_subscription_change(str(sub.id).encode(), json.dumps(msg).encode())
     assert change.subscription_id == str(sub.id)
     assert change.op == op
     assert change.text == RULE and change.plan == {"stream": "trades"} and change.name == "n"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from subscriptions.compiler import Plan, compile_rule, explain
+from tidewatch.settings import get_settings
 
 HEAD = "SELECT symbol FROM trades GROUP BY symbol HAVING "
 
 
 def plan(cond: str, where: str = "") -> Plan:
     w = f" WHERE {where}" if where else ""
-    return compile_rule(f"SELECT symbol FROM trades{w} GROUP BY symbol HAVING {cond}")
+    return compile_rule(f"SELECT symbol FROM trades{w} GROUP BY symbol HAVING {cond}", get_settings())
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,8 @@ def test_where_and_filter_make_the_index_predicate() -> None:
     # the same predicate written in another order shares the structure
     q = compile_rule(
         "SELECT symbol FROM trades WHERE side = 'ASK' GROUP BY symbol "
-        "HAVING SUM(size) FILTER (WHERE exchange = 'NASDAQ') OVER LAST 1 MINUTE > 1000"
+        "HAVING SUM(size) FILTER (WHERE exchange = 'NASDAQ') OVER LAST 1 MINUTE > 1000",
+        get_settings(),
     )
     assert q.atoms[q.driver[0]].index == atom.index
 
@@ -108,7 +110,8 @@ def test_where_and_filter_make_the_index_predicate() -> None:
 def test_duplicate_aggregates_are_computed_once() -> None:
     p = compile_rule(
         HEAD + "LAST(price) OVER LAST 20 MINUTES BETWEEN 20 AND 200 "
-        "AND LAST(price) OVER LAST 20 MINUTES < 0.98 * FIRST(price) OVER LAST 20 MINUTES"
+        "AND LAST(price) OVER LAST 20 MINUTES < 0.98 * FIRST(price) OVER LAST 20 MINUTES",
+        get_settings(),
     )
     assert [a.text for a in p.aggs] == [
         "LAST(price) OVER LAST 20 MINUTES",

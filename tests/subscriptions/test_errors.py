@@ -424,7 +424,7 @@ def test_malformed_rule_is_refused_at_the_right_place(
     name: str, text: str, anchor: str, occurrence: int, offset: int, fragment: str
 ) -> None:
     with pytest.raises(RuleError) as info:
-        parse_rule(text)
+        parse_rule(text, get_settings())
     err = info.value
     assert (err.line, err.column) == expected_position(text, anchor, occurrence, offset), err.display()
     assert fragment.lower() in (err.message + " " + " ".join(err.expected)).lower(), err.display()
@@ -438,29 +438,30 @@ def test_malformed_rule_is_refused_at_the_right_place(
 def test_long_flat_chains_are_not_deep() -> None:
     """AND / OR chains are n-ary; long ones parse without hitting the depth limit or recursion."""
     text = HEAD + " OR ".join(["COUNT(*) OVER LAST 1 MINUTE > 5"] * 30)
-    parse_rule(text)
+    parse_rule(text, get_settings())
     where = " OR ".join(f"size = {i}" for i in range(250))
     parse_rule(
-        f"SELECT symbol FROM trades WHERE {where} GROUP BY symbol HAVING COUNT(*) OVER LAST 1 MINUTE > 5"
+        f"SELECT symbol FROM trades WHERE {where} GROUP BY symbol HAVING COUNT(*) OVER LAST 1 MINUTE > 5",
+        get_settings(),
     )
 
 
 def test_arithmetic_nesting_is_limited() -> None:
     deep = HEAD + "(" * 40 + "COUNT(*) OVER LAST 1 MINUTE" + " + 1)" * 40 + " > 5"
     with pytest.raises(RuleError, match="nests"):
-        parse_rule(deep)
+        parse_rule(deep, get_settings())
 
 
 def test_good_rule_of_the_corpus_parses() -> None:
-    parse_rule(GOOD)
-    parse_rule(_deep_not(LIMITS.max_rule_depth - 2))
-    parse_rule(_many_aggs(LIMITS.max_rule_aggregates))
+    parse_rule(GOOD, get_settings())
+    parse_rule(_deep_not(LIMITS.max_rule_depth - 2), get_settings())
+    parse_rule(_many_aggs(LIMITS.max_rule_aggregates), get_settings())
 
 
 def test_long_lines_are_shown_around_the_error() -> None:
     text = _many_aggs(LIMITS.max_rule_aggregates + 1)
     with pytest.raises(RuleError) as info:
-        parse_rule(text)
+        parse_rule(text, get_settings())
     lines = info.value.display().splitlines()
     assert len(lines[1]) < 120
     caret = lines[2].index("^")
@@ -469,9 +470,9 @@ def test_long_lines_are_shown_around_the_error() -> None:
 
 def test_expected_lists_are_readable() -> None:
     with pytest.raises(RuleError) as info:
-        parse_rule(HEAD + "COUNT(*) OVER LAST 1 MINUTE >")
+        parse_rule(HEAD + "COUNT(*) OVER LAST 1 MINUTE >", get_settings())
     assert "a number" in info.value.expected
     assert "COUNT" in info.value.expected
     with pytest.raises(RuleError) as info:
-        parse_rule(HEAD + "COUNT(*) OVER LAST 5 parsecs > 5")
+        parse_rule(HEAD + "COUNT(*) OVER LAST 5 parsecs > 5", get_settings())
     assert any("time unit" in e for e in info.value.expected)

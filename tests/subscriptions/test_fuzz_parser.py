@@ -115,7 +115,7 @@ def _check_refusal(text: str, err: RuleError) -> None:
 def outcome(text: str) -> Plan | RuleError:
     """Compile ``text``: a Plan or the RuleError; any other exception fails the test (the property)."""
     try:
-        return compile_rule(text)
+        return compile_rule(text, get_settings())
     except RuleError as err:
         _check_refusal(text, err)
         return err
@@ -154,7 +154,7 @@ def timed_outcome(text: str) -> Plan | RuleError:
 def _warm_parser() -> Iterator[None]:
     """Build the LALR tables once, outside the timed calls; report the slowest input at the end
     (``pytest -s`` shows it; the figure of docs/RELIABILITY.md)."""
-    compile_rule(SEEDS[0])
+    compile_rule(SEEDS[0], get_settings())
     yield
     wall, text = SLOWEST[0]
     print(f"\nslowest rule text: {wall * 1000:.2f} ms ({len(text)} chars)")
@@ -344,7 +344,7 @@ def test_mutated_examples_parse_or_are_refused_with_a_position(text: str) -> Non
 def test_generated_well_typed_rules_compile_and_round_trip(text: str) -> None:
     res = timed_outcome(text)
     assert isinstance(res, Plan), f"well-typed rule refused: {res}\n{text}"
-    again = parse_rule(A.rule_text(res.rule))
+    again = parse_rule(A.rule_text(res.rule), get_settings())
     assert again == res.rule
 
 
@@ -482,7 +482,7 @@ def _events(n: int = 400) -> EventFile:
 
 
 def _alerts(plans: list[tuple[str, str, Plan]], strategy: str) -> list[tuple[int, str, str, str]]:
-    return list(iter_alerts(plans, [_events()], 1000, strategy))
+    return list(iter_alerts(plans, [_events()], 1000, strategy, ci_p=2))
 
 
 def test_accepted_extreme_rules_are_evaluated_as_rules_md_says() -> None:
@@ -498,7 +498,7 @@ def test_accepted_extreme_rules_are_evaluated_as_rules_md_says() -> None:
     texts["ms"] = HEAD + "COUNT(*) OVER LAST 1 MILLISECOND >= 1"
     plans = []
     for name, text in texts.items():
-        plan = compile_rule(text)
+        plan = compile_rule(text, get_settings())
         plans.append((name, text, plan))
     shared = _alerts(plans, "shared")
     naive = _alerts(plans, "naive")

@@ -9,6 +9,7 @@ import pytest
 from subscriptions import rule_ast as A
 from subscriptions.compiler import Plan, compile_rule, explain
 from subscriptions.rule_parser import parse_rule
+from tidewatch.settings import get_settings
 
 HEAD = "SELECT symbol FROM trades GROUP BY symbol HAVING "
 C1 = "COUNT(*) OVER LAST 1 MINUTE"
@@ -33,7 +34,7 @@ GROUP BY dst_ip HAVING COUNT(*) OVER LAST 10 SECONDS > 500""",
 
 
 def having(text: str) -> A.Cond:
-    return parse_rule(HEAD + text).having
+    return parse_rule(HEAD + text, get_settings()).having
 
 
 def agg(text: str) -> A.Agg:
@@ -44,7 +45,7 @@ def agg(text: str) -> A.Agg:
 
 @pytest.mark.parametrize("text", RULES_MD_EXAMPLES)
 def test_rules_md_examples_parse_compile_and_explain(text: str) -> None:
-    plan = compile_rule(text)
+    plan = compile_rule(text, get_settings())
     assert explain(plan)
     data = plan.to_json()
     back = Plan.from_json(json.loads(json.dumps(data)))
@@ -54,12 +55,12 @@ def test_rules_md_examples_parse_compile_and_explain(text: str) -> None:
 
 @pytest.mark.parametrize("text", RULES_MD_EXAMPLES)
 def test_canonical_text_round_trips(text: str) -> None:
-    rule = parse_rule(text)
-    assert parse_rule(A.rule_text(rule)) == rule
+    rule = parse_rule(text, get_settings())
+    assert parse_rule(A.rule_text(rule), get_settings()) == rule
 
 
 def test_rules_md_example_structures() -> None:
-    r = parse_rule(RULES_MD_EXAMPLES[1])
+    r = parse_rule(RULES_MD_EXAMPLES[1], get_settings())
     assert r.stream == "trades" and r.key == "symbol"
     assert r.where == A.RowCmp("exchange", "=", "NASDAQ")
     assert isinstance(r.having, A.And) and len(r.having.items) == 3
@@ -69,11 +70,11 @@ def test_rules_md_example_structures() -> None:
     ask = r.having.items[2]
     assert isinstance(ask, A.Cmp) and ask.op == ">="
     assert ask.left == A.Agg("SUM", "size", False, A.RowCmp("side", "=", "ASK"), A.TimeWindow(120_000))
-    hist = parse_rule(RULES_MD_EXAMPLES[3]).having
+    hist = parse_rule(RULES_MD_EXAMPLES[3], get_settings()).having
     assert isinstance(hist, A.Cmp) and hist.left == A.Agg(
         "AVG", "size", False, None, A.TimeWindow(120_000, 60_000)
     )
-    pkt = parse_rule(RULES_MD_EXAMPLES[5])
+    pkt = parse_rule(RULES_MD_EXAMPLES[5], get_settings())
     assert pkt.having.left == A.Agg("COUNT", "dst_port", True, None, A.TimeWindow(60_000))  # type: ignore[union-attr]
 
 
@@ -153,14 +154,15 @@ def test_filter_clause() -> None:
     ],
 )
 def test_row_conditions(where: str, expect: A.RowCond) -> None:
-    r = parse_rule(f"SELECT symbol FROM trades WHERE {where} GROUP BY symbol HAVING {C1} > 1")
+    r = parse_rule(f"SELECT symbol FROM trades WHERE {where} GROUP BY symbol HAVING {C1} > 1", get_settings())
     assert r.where == expect
 
 
 def test_packets_fields_and_keys() -> None:
     r = parse_rule(
         "SELECT dst_ip FROM packets WHERE protocol = 'TCP' AND tcp_flags = '' AND dst_port IN (80, 443) "
-        "GROUP BY dst_ip HAVING SUM(length) OVER LAST 1 MINUTE > 1 AND MAX(src_port) OVER LAST 3 ROWS > 0"
+        "GROUP BY dst_ip HAVING SUM(length) OVER LAST 1 MINUTE > 1 AND MAX(src_port) OVER LAST 3 ROWS > 0",
+        get_settings(),
     )
     assert (r.stream, r.key) == ("packets", "dst_ip")
 
@@ -184,9 +186,10 @@ def test_between_in_having() -> None:
 
 def test_comments_and_layout() -> None:
     a = parse_rule(
-        f"-- a comment\nSELECT symbol\n  FROM trades -- trailing\nGROUP BY symbol\nHAVING {C1}\n > 5\n"
+        f"-- a comment\nSELECT symbol\n  FROM trades -- trailing\nGROUP BY symbol\nHAVING {C1}\n > 5\n",
+        get_settings(),
     )
-    assert a == parse_rule(HEAD + f"{C1} > 5")
+    assert a == parse_rule(HEAD + f"{C1} > 5", get_settings())
 
 
 # ---------------------------------------------------------------- precedence
@@ -232,34 +235,39 @@ def test_arithmetic_precedence_and_associativity() -> None:
 
 def test_row_condition_precedence() -> None:
     r = parse_rule(
-        f"SELECT symbol FROM trades WHERE side = 'ASK' OR side = 'BID' AND size > 5 GROUP BY symbol HAVING {C1} > 0"
+        f"SELECT symbol FROM trades WHERE side = 'ASK' OR side = 'BID' AND size > 5 GROUP BY symbol HAVING {C1} > 0",
+        get_settings(),
     )
     assert isinstance(r.where, A.RowOr) and isinstance(r.where.items[1], A.RowAnd)
     r = parse_rule(
-        f"SELECT symbol FROM trades WHERE NOT side = 'ASK' AND size > 5 GROUP BY symbol HAVING {C1} > 0"
+        f"SELECT symbol FROM trades WHERE NOT side = 'ASK' AND size > 5 GROUP BY symbol HAVING {C1} > 0",
+        get_settings(),
     )
     assert isinstance(r.where, A.RowAnd) and isinstance(r.where.items[0], A.RowNot)
 
 
 # ---------------------------------------------------------------- case
 def test_keywords_are_case_insensitive() -> None:
-    upper = parse_rule(RULES_MD_EXAMPLES[1])
+    upper = parse_rule(RULES_MD_EXAMPLES[1], get_settings())
     lower = parse_rule(RULES_MD_EXAMPLES[1].replace("NASDAQ", "@@").replace("ASK", "##").lower()
-                       .replace("@@", "NASDAQ").replace("##", "ASK"))  # fmt: skip
+                       .replace("@@", "NASDAQ").replace("##", "ASK"), get_settings())  # fmt: skip
     assert lower == upper
     mixed = "sElEcT symbol FrOm trades gRoUp By symbol HaViNg CoUnT(*) oVeR lAsT 1 mInUtE > 5 AnD nOt SuM(size) OvEr 2 MiNuTeS tO 1 mInUtE aGo < 3"
-    assert parse_rule(mixed) == parse_rule(
-        mixed.upper().replace("SIZE", "size").replace("SYMBOL", "symbol").replace("TRADES", "trades")
+    assert parse_rule(mixed, get_settings()) == parse_rule(
+        mixed.upper().replace("SIZE", "size").replace("SYMBOL", "symbol").replace("TRADES", "trades"),
+        get_settings(),
     )
 
 
 def test_names_are_case_insensitive_but_strings_are_not() -> None:
-    a = parse_rule(f"SELECT SYMBOL FROM Trades WHERE Exchange = 'Nasdaq' GROUP BY Symbol HAVING {C1} > 1")
+    a = parse_rule(
+        f"SELECT SYMBOL FROM Trades WHERE Exchange = 'Nasdaq' GROUP BY Symbol HAVING {C1} > 1", get_settings()
+    )
     assert (a.stream, a.key) == ("trades", "symbol")
     assert a.where == A.RowCmp("exchange", "=", "Nasdaq")
 
 
 def test_plan_json_is_plain_json() -> None:
     for text in RULES_MD_EXAMPLES:
-        data = compile_rule(text).to_json()
+        data = compile_rule(text, get_settings()).to_json()
         assert json.loads(json.dumps(data)) == data

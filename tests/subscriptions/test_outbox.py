@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from sqlalchemy import create_engine, pool, select
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,8 @@ from subscriptions.outbox import OutboxRelay, RelayBusy, pending_count
 from subscriptions.service import SubscriptionService
 from tidewatch.db import migrate
 from tidewatch.db.models import Outbox
+from tidewatch.kafka.topics import create_topics, spec_for
+from tidewatch.settings import Settings, get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +44,15 @@ def db_url(pg_url):
 def topic(kafka_bootstrap):
     name = f"test-subscriptions-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    fut = admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)])[name]
-    fut.result(30)
+    # the subscriptions topic's spec (one partition, compacted) under a scratch name
+    create_topics(admin, [spec_for(name, Settings(topic_subscriptions=name))])
     yield name
     admin.delete_topics([name])
 
 
 @pytest.fixture()
 def svc(db_url, topic):
-    s = SubscriptionService(url=db_url, topic=topic)
+    s = SubscriptionService(settings=get_settings(), url=db_url, topic=topic)
     s.ensure_user("outbox-user")
     return s
 

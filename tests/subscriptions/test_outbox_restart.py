@@ -20,12 +20,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from test_outbox import RULE, _assert_exactly_once, _read_topic, _rows
+from confluent_kafka.admin import AdminClient
 
 from subscriptions.outbox import pending_count
 from subscriptions.service import SubscriptionService
-from tidewatch.settings import Settings
+from tests.subscriptions.test_outbox import RULE, _assert_exactly_once, _read_topic, _rows
+from tidewatch.kafka.topics import create_topics, spec_for
+from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -84,9 +85,9 @@ def _setup(kafka_s: Settings, db: str) -> tuple[str, SubscriptionService, dict[s
     assert bootstrap is not None
     topic = f"subscriptions-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})
-    admin.create_topics([new])[topic].result(30)
-    svc = SubscriptionService(url=db, topic=topic)
+    # the subscriptions topic's spec (one partition, compacted) under a scratch name
+    create_topics(admin, [spec_for(topic, Settings(topic_subscriptions=topic))])
+    svc = SubscriptionService(settings=get_settings(), url=db, topic=topic)
     svc.ensure_user(USER)
     env = {
         **os.environ,

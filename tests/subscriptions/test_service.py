@@ -11,6 +11,7 @@ from subscriptions.errors import RuleError
 from subscriptions.service import InvalidName, NameTaken, NotFound, SubscriptionService
 from tidewatch.db import migrate
 from tidewatch.db.models import Outbox, Subscription, SubscriptionVersion
+from tidewatch.settings import get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def db_url(pg_url):
 
 @pytest.fixture()
 def svc(db_url):
-    return SubscriptionService(url=db_url, topic=f"test-subs-{uuid.uuid4().hex[:8]}")
+    return SubscriptionService(settings=get_settings(), url=db_url, topic=f"test-subs-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture()

@@ -12,6 +12,7 @@ from subscriptions import store_cli
 from subscriptions.service import SubscriptionService
 from tidewatch.cli import app
 from tidewatch.db import migrate
+from tidewatch.settings import get_settings
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ RULE = "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 300
 @pytest.fixture()
 def cli(pg_url, monkeypatch):
     migrate.upgrade(pg_url)
-    svc = SubscriptionService(url=pg_url, topic=f"test-cli-{uuid.uuid4().hex[:8]}")
+    svc = SubscriptionService(settings=get_settings(), url=pg_url, topic=f"test-cli-{uuid.uuid4().hex[:8]}")
     monkeypatch.setattr(store_cli, "_service", lambda: svc)
     runner = CliRunner()
     return lambda *args: runner.invoke(app, list(args))

@@ -5,38 +5,40 @@ from __future__ import annotations
 from alembic import command
 from alembic.config import Config
 
-from tidewatch.settings import PROJECT_ROOT, get_settings
+from tidewatch.settings import PROJECT_ROOT
 
 
 def alembic_config(url: str | None = None) -> Config:
-    """An Alembic config for ``url`` (default: the settings' URL), independent of the cwd."""
+    """An Alembic config for ``url``, independent of the cwd (without a URL, ``migrations/env.py``
+    reads the settings' URL; :func:`head` needs none)."""
     ini = PROJECT_ROOT / "alembic.ini"
     cfg = Config(str(ini)) if ini.exists() else Config()
     cfg.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
-    cfg.attributes["url"] = url or get_settings().sqlalchemy_url
+    if url:
+        cfg.attributes["url"] = url
     cfg.attributes["configure_logger"] = False
     return cfg
 
 
-def upgrade(url: str | None = None, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def downgrade(url: str | None = None, revision: str = "base") -> None:
+def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def current(url: str | None = None) -> str | None:
+def current(url: str) -> str | None:
     """The revision the database is at (``None`` when unversioned)."""
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import create_engine, pool
 
-    engine = create_engine(url or get_settings().sqlalchemy_url, poolclass=pool.NullPool)
+    db_engine = create_engine(url, poolclass=pool.NullPool)
     try:
-        with engine.connect() as conn:
+        with db_engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
-        engine.dispose()
+        db_engine.dispose()
 
 
 def head() -> str | None:

@@ -9,7 +9,7 @@ Who writes what:
 * the engine: ``alerts``, ``current_results``, ``engine_batches``, ``engine_metrics`` --
   idempotent per micro-batch: an alert's primary key is its stable id
   (subscription, key, kind, as_of), so writing the same batch twice changes nothing
-  (DESIGN.md, "Delivery").
+  (the design brief's "Delivery" semantics; docs/ARCHITECTURE.md, "Exactly once, end to end").
 
 ``alerts`` and ``current_results`` carry no foreign key to ``subscriptions`` on purpose:
 the engine writes them from its own state and must never fail a batch on a subscription

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 
 #: SASL mechanism of the opt-in ``kafka_security = "scram"`` mode
 SCRAM = "SCRAM-SHA-512"
@@ -14,7 +14,7 @@ SCRAM = "SCRAM-SHA-512"
 ADMIN = "admin"
 
 
-def scram_enabled(settings: Any) -> bool:
+def scram_enabled(settings: Settings) -> bool:
     """True in the opt-in SASL/SCRAM + ACL mode (``TIDEWATCH_KAFKA_SECURITY=scram``)."""
     mode = str(getattr(settings, "kafka_security", "plaintext")).lower()
     if mode not in ("plaintext", "scram"):
@@ -27,7 +27,7 @@ def password_variable(principal: str) -> str:
     return f"TIDEWATCH_KAFKA_{principal.upper()}_PASSWORD"
 
 
-def _password(settings: Any, principal: str) -> str:
+def _password(settings: Settings, principal: str) -> str:
     password = getattr(settings, f"kafka_{principal}_password", None)
     if not password:
         raise RuntimeError(
@@ -44,7 +44,7 @@ def _password(settings: Any, principal: str) -> str:
 PRINCIPALS = ("feed", "engine", "dashboard", "relay")
 
 
-def client_config(settings: Any, principal: str = ADMIN) -> dict[str, str]:
+def client_config(settings: Settings, principal: str = ADMIN) -> dict[str, str]:
     """librdkafka settings to connect as ``principal`` (``admin`` or one of :data:`PRINCIPALS`);
     empty in the plaintext mode.  A missing password raises, naming the variable to set."""
     if principal != ADMIN and principal not in PRINCIPALS:
@@ -60,7 +60,7 @@ def client_config(settings: Any, principal: str = ADMIN) -> dict[str, str]:
 
 
 def librdkafka_config(
-    settings: Any, principal: str, bootstrap: str | None = None, /, **conf: Any
+    settings: Settings, principal: str, bootstrap: str | None = None, /, **conf: Any
 ) -> dict[str, Any]:
     """The full librdkafka config of an app client: ``bootstrap.servers`` (default
     ``settings.kafka_bootstrap``), the principal's credentials (:func:`client_config`), then ``conf``.
@@ -76,7 +76,7 @@ def _jaas_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def spark_options(settings: Any, principal: str = "engine") -> dict[str, str]:
+def spark_options(settings: Settings, principal: str = "engine") -> dict[str, str]:
     """Options of Spark's Kafka source for ``principal``: the Java client's SASL/SCRAM settings
     (``kafka.``-prefixed) and ``groupIdPrefix`` (the source's generated consumer group ids then
     start with the principal's :data:`ID_PREFIX`, which its ACLs allow); empty in the plaintext mode."""
@@ -152,9 +152,7 @@ def acls(settings: Settings) -> dict[str, list[tuple[str, str, str, str]]]:
     return out
 
 
-def ensure_principals(
-    settings: Settings | None = None, timeout: float = 30.0, bootstrap: str | None = None
-) -> list[str]:
+def ensure_principals(settings: Settings, timeout: float = 30.0, bootstrap: str | None = None) -> list[str]:
     """Create (or update) the SCRAM credentials of every principal with a password, and its ACLs.
 
     Runs as ``admin`` against ``bootstrap`` (default ``settings.kafka_bootstrap``); returns the
@@ -172,7 +170,7 @@ def ensure_principals(
         UserScramCredentialUpsertion,
     )
 
-    s = settings or get_settings()
+    s = settings
     if not scram_enabled(s):
         return []
     admin = AdminClient(librdkafka_config(s, ADMIN, bootstrap))

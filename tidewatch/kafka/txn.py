@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
+from tidewatch.errors import TidewatchError
+
 T = TypeVar("T")
 
 #: refusals no new producer can get past (credentials, ACLs): raised at once, never retried
@@ -46,7 +48,7 @@ def refused(exc: BaseException) -> bool:
     return err.code() in REFUSED or "AUTHORIZATION_FAILED" in str(err)
 
 
-class KafkaStalled(RuntimeError):
+class KafkaStalled(TidewatchError, RuntimeError):
     """A call of a Kafka client did not return within its deadline (see :func:`bounded`)."""
 
 

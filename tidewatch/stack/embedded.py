@@ -230,9 +230,8 @@ def _start_kafka(s: Settings) -> process.ProcessRecord:
     return rec
 
 
-def start_services(s: Settings | None = None, *, migrate: bool = True, topics: bool = True) -> None:
+def start_services(s: Settings, *, migrate: bool = True, topics: bool = True) -> None:
     """PostgreSQL and Kafka (in parallel), then the migrations and the topics."""
-    s = s or get_settings()
     with ThreadPoolExecutor(max_workers=2) as pool:
         fut_pg = pool.submit(pg_service.start, s)
         fut_kafka = pool.submit(_start_kafka, s)
@@ -268,14 +267,13 @@ def seed_demo(s: Settings) -> None:
     The demo feed injects the episodes these rules look for, so alerts arrive within a minute
     of `tidewatch up`; log in to the dashboard as ``settings.demo_user``.
     """
-    from dashboard.auth import sign_up
-    from dashboard.rules import TEMPLATES
-    from subscriptions.service import SubscriptionService
+    from dashboard import TEMPLATES, sign_up  # the packages' public API (their __all__)
+    from subscriptions import SubscriptionService
 
     if _user_exists(s):  # seeded before; what the user changed since stays as it is
         return
     service = SubscriptionService(settings=s)
-    sign_up(service._sessions, s.demo_user, s.demo_password)
+    sign_up(service.sessions, s.demo_user, s.demo_password)
     trade_rules = {name: text for name, text in TEMPLATES.items() if " FROM trades" in text}
     for name, text in trade_rules.items():
         service.create(s.demo_user, text, name=name)
@@ -299,10 +297,9 @@ def _running(s: Settings) -> set[str]:
     return {r.name for r in process.all_records(s.run_dir) if process.is_running(r)}
 
 
-def stop_all(s: Settings | None = None, *, only: set[str] | None = None) -> list[str]:
+def stop_all(s: Settings, *, only: set[str] | None = None) -> list[str]:
     """Stop recorded processes (all, or the names in ``only``): apps in reverse start order,
     anything else recorded, then Kafka, then PostgreSQL."""
-    s = s or get_settings()
     wanted = (lambda name: True) if only is None else (lambda name: name in only)
     stopped = []
     for app in reversed(APPS):
@@ -386,8 +383,7 @@ def _short(path: str) -> str:
         return path
 
 
-def status_rows(s: Settings | None = None) -> list[dict[str, str]]:
-    s = s or get_settings()
+def status_rows(s: Settings) -> list[dict[str, str]]:
     rows = []
     names = [pg_service.NAME, kafka_service.NAME, *(a.name for a in APPS)]
     names += [r.name for r in process.all_records(s.run_dir) if r.name not in names]
@@ -423,7 +419,7 @@ def status() -> None:
     table = Table(title="tidewatch status")
     for col in ("component", "state", "pid", "port", "health", "log"):
         table.add_column(col)
-    for r in status_rows():
+    for r in status_rows(get_settings()):
         colour = (
             "green"
             if r["state"] == "running" and r["health"] == "ok"
@@ -443,8 +439,9 @@ def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
     """Migrate the database up to REVISION (default head)."""
     from tidewatch.db import migrate as db_migrate
 
-    db_migrate.upgrade(revision=revision)
-    out.print(f"database at {db_migrate.current()}")
+    url = get_settings().sqlalchemy_url
+    db_migrate.upgrade(url, revision=revision)
+    out.print(f"database at {db_migrate.current(url)}")
 
 
 @db_app.command("downgrade")
@@ -452,8 +449,9 @@ def db_downgrade(revision: Annotated[str, typer.Argument(help="target revision, 
     """Migrate the database down to REVISION."""
     from tidewatch.db import migrate as db_migrate
 
-    db_migrate.downgrade(revision=revision)
-    out.print(f"database at {db_migrate.current()}")
+    url = get_settings().sqlalchemy_url
+    db_migrate.downgrade(url, revision=revision)
+    out.print(f"database at {db_migrate.current(url)}")
 
 
 @db_app.command("current")
@@ -461,7 +459,7 @@ def db_current() -> None:
     """Print the revision the database is at."""
     from tidewatch.db import migrate as db_migrate
 
-    out.print(str(db_migrate.current()))
+    out.print(str(db_migrate.current(get_settings().sqlalchemy_url)))
 
 
 def register(app: typer.Typer) -> None:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from tidewatch import jars as kafka_dist
 from tidewatch.kafka.client import ADMIN, SCRAM, _jaas_quote, _password, client_config, scram_enabled
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 from tidewatch.stack import processes as process
 
 NAME = "kafka"
 
 
-def kafka_dir(settings: Settings | None = None) -> Path:
-    return (settings or get_settings()).run_dir / "kafka"
+def kafka_dir(settings: Settings) -> Path:
+    return settings.run_dir / "kafka"
 
 
 def _admin_password(settings: Settings) -> str:
@@ -141,9 +141,9 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def prepare(settings: Settings | None = None) -> Path:
+def prepare(settings: Settings) -> Path:
     """Write the config files and format the storage once; return the properties path."""
-    s = settings or get_settings()
+    s = settings
     kafka_dist.ensure_kafka(s)
     d = kafka_dir(s)
     (d / "data").mkdir(parents=True, exist_ok=True)
@@ -177,9 +177,9 @@ def prepare(settings: Settings | None = None) -> Path:
     return props
 
 
-def healthy(settings: Settings | None = None, timeout: float = 3.0) -> bool:
+def healthy(settings: Settings, timeout: float = 3.0) -> bool:
     """The broker answers a metadata request on its client port."""
-    s = settings or get_settings()
+    s = settings
     if not process.port_open("127.0.0.1", s.kafka_port):
         return False
     from confluent_kafka.admin import AdminClient
@@ -194,9 +194,9 @@ def healthy(settings: Settings | None = None, timeout: float = 3.0) -> bool:
     return bool(md.brokers)
 
 
-def start(settings: Settings | None = None) -> process.ProcessRecord:
+def start(settings: Settings) -> process.ProcessRecord:
     """Start the broker (if not running) and wait until it answers."""
-    s = settings or get_settings()
+    s = settings
     rec = process.read_record(s.run_dir, NAME)
     if process.is_running(rec):
         assert rec is not None
@@ -236,7 +236,7 @@ def _alive_or_raise(rec: process.ProcessRecord, d: Path) -> bool:
     return True
 
 
-def stop(settings: Settings | None = None, *, timeout: float = 30.0) -> bool:
+def stop(settings: Settings, *, timeout: float = 30.0) -> bool:
     """Controlled shutdown on SIGTERM; SIGKILL after ``timeout``."""
-    s = settings or get_settings()
+    s = settings
     return process.stop(s.run_dir, NAME, timeout=timeout)

@@ -23,15 +23,15 @@ from pathlib import Path
 import psycopg2
 from psycopg2 import sql
 
-from tidewatch.settings import Settings, get_settings
+from tidewatch.settings import Settings
 from tidewatch.stack import processes as process
 
 NAME = "postgres"
 
 
-def find_bin_dir(settings: Settings | None = None) -> Path | None:
+def find_bin_dir(settings: Settings) -> Path | None:
     """The folder holding ``initdb`` and ``pg_ctl``: the setting, else the newest Debian one, else PATH."""
-    s = settings or get_settings()
+    s = settings
     if s.pg_bin_dir is not None:
         return s.pg_bin_dir
     candidates = sorted(
@@ -56,8 +56,8 @@ class PgLayout:
     log: Path
 
 
-def layout(settings: Settings | None = None) -> PgLayout:
-    s = settings or get_settings()
+def layout(settings: Settings) -> PgLayout:
+    s = settings
     root = s.run_dir / "postgres"
     return PgLayout(root=root, data=root / "data", sock=root / "sock", log=root / "postgres.log")
 
@@ -82,9 +82,9 @@ def _chown_tree(path: Path, user: str) -> None:
                 shutil.chown(os.path.join(dirpath, n), user=user)
 
 
-def init(settings: Settings | None = None) -> bool:
+def init(settings: Settings) -> bool:
     """``initdb`` the data dir if it is not a cluster yet; return whether it did."""
-    s = settings or get_settings()
+    s = settings
     lay = layout(s)
     if (lay.data / "PG_VERSION").exists():
         return False
@@ -122,7 +122,7 @@ def init(settings: Settings | None = None) -> bool:
     return True
 
 
-def postmaster_pid(settings: Settings | None = None) -> int | None:
+def postmaster_pid(settings: Settings) -> int | None:
     try:
         first = (layout(settings).data / "postmaster.pid").read_text().splitlines()[0]
         return int(first)
@@ -130,13 +130,13 @@ def postmaster_pid(settings: Settings | None = None) -> int | None:
         return None
 
 
-def is_running(settings: Settings | None = None) -> bool:
-    return process.is_running(process.read_record((settings or get_settings()).run_dir, NAME))
+def is_running(settings: Settings) -> bool:
+    return process.is_running(process.read_record(settings.run_dir, NAME))
 
 
-def start(settings: Settings | None = None, *, timeout: float = 60.0) -> process.ProcessRecord:
+def start(settings: Settings, *, timeout: float = 60.0) -> process.ProcessRecord:
     """Init if needed, start the server, create the app role and database; record its PID."""
-    s = settings or get_settings()
+    s = settings
     rec = process.read_record(s.run_dir, NAME)
     if process.is_running(rec):
         assert rec is not None
@@ -179,15 +179,15 @@ def start(settings: Settings | None = None, *, timeout: float = 60.0) -> process
     return rec
 
 
-def superuser_connect(settings: Settings | None = None, dbname: str = "postgres"):  # type: ignore[no-untyped-def]
+def superuser_connect(settings: Settings, dbname: str = "postgres"):  # type: ignore[no-untyped-def]
     """A psycopg2 connection as the cluster's superuser over the private Unix socket."""
-    s = settings or get_settings()
+    s = settings
     return psycopg2.connect(host=str(layout(s).sock), port=s.pg_port, user=_server_user(), dbname=dbname)
 
 
-def allow_createdb(settings: Settings | None = None) -> None:
+def allow_createdb(settings: Settings) -> None:
     """Let the application role create databases (tests and benchmarks make one per run)."""
-    s = settings or get_settings()
+    s = settings
     conn = superuser_connect(s)
     try:
         conn.autocommit = True
@@ -197,9 +197,9 @@ def allow_createdb(settings: Settings | None = None) -> None:
         conn.close()
 
 
-def ensure_app_database(settings: Settings | None = None) -> None:
+def ensure_app_database(settings: Settings) -> None:
     """Create ``settings.pg_user`` (with its password) and ``settings.pg_database`` if missing."""
-    s = settings or get_settings()
+    s = settings
     conn = superuser_connect(s)
     try:
         conn.autocommit = True
@@ -270,9 +270,9 @@ def process_url(settings: Settings, process: str) -> str | None:
     return url.render_as_string(hide_password=False)
 
 
-def healthy(settings: Settings | None = None) -> bool:
+def healthy(settings: Settings) -> bool:
     """The app role can log in over TCP and run a query."""
-    s = settings or get_settings()
+    s = settings
     try:
         conn = psycopg2.connect(
             host=s.pg_host,
@@ -292,9 +292,9 @@ def healthy(settings: Settings | None = None) -> bool:
         conn.close()
 
 
-def stop(settings: Settings | None = None, *, timeout: float = 30.0) -> bool:
+def stop(settings: Settings, *, timeout: float = 30.0) -> bool:
     """Fast shutdown (SIGINT to the postmaster, which stops its children); SIGKILL after ``timeout``."""
     import signal
 
-    s = settings or get_settings()
+    s = settings
     return process.stop(s.run_dir, NAME, sig=signal.SIGINT, timeout=timeout)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from tidewatch.errors import TidewatchError
+
 
 @dataclass
 class ProcessRecord:
@@ -186,7 +188,7 @@ def stop(run_dir: Path, name: str, *, sig: int = signal.SIGTERM, timeout: float 
     return proc is not None
 
 
-class StartupFailed(RuntimeError):
+class StartupFailed(TidewatchError, RuntimeError):
     """A service died while we waited for it; stops :func:`wait_until` at once."""
 
 

@@ -44,6 +44,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from tidewatch.errors import TidewatchError
+
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 MAGIC = 0
 HEADER_LEN = 5
@@ -54,7 +56,7 @@ _PRIMITIVE_KIND = {"string": K_STRING, "long": K_LONG, "int": K_LONG, "double": 
 _PRIMITIVE_KIND["boolean"] = K_BOOL
 
 
-class AvroDecodeError(ValueError):
+class AvroDecodeError(TidewatchError, ValueError):
     """A payload that is not a framed Tidewatch Avro record."""
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidewatch.errors import TidewatchError
 from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC
 from tidewatch.wire.avro import Coded, field_names
 
@@ -55,7 +56,7 @@ FIELD_KINDS: dict[str, dict[str, str]] = {
 }
 
 
-class CsvError(ValueError):
+class CsvError(TidewatchError, ValueError):
     """A CSV file that cannot be read at all (missing file, header without the stream's fields)."""
 
 

@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 import pytest
-from algo_brute import ALGO_SETTINGS, INT64_MIN, Stream, feed, in_range, streams
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.algorithms import CICount, CISum, RInt, exact_count, exact_sum, post_check_count, post_check_sum
+from tests.engine.algorithms.brute import ALGO_SETTINGS, INT64_MIN, Stream, feed, in_range, streams
 
 
 def _random_range(rng: np.random.Generator, scale: float):

@@ -3,11 +3,11 @@ against brute force."""
 
 import numpy as np
 import pytest
-from algo_brute import ALGO_SETTINGS, Stream, feed, random_lo, sel_rows, sel_time, streams
 from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.algorithms import DistinctCount, MinMax
+from tests.engine.algorithms.brute import ALGO_SETTINGS, Stream, feed, random_lo, sel_rows, sel_time, streams
 
 
 def _check_minmax(r: MinMax, s: Stream, rng: np.random.Generator, expired: int, n_queries: int = 6):

@@ -2,7 +2,11 @@
 
 import numpy as np
 import pytest
-from algo_brute import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.algorithms import RInt
+from tests.engine.algorithms.brute import (
     ALGO_SETTINGS,
     INT64_MIN,
     Stream,
@@ -13,10 +17,6 @@ from algo_brute import (
     sel_time,
     streams,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from engine.algorithms import RInt
 
 
 def _apply(s: Stream):

@@ -1,0 +1,19 @@
+"""The root of the ``engine`` package's errors.
+
+:class:`EngineError` (under :class:`tidewatch.errors.TidewatchError`) is the root of every
+error of the engine: the backtest's refusals of its input
+(:class:`engine.evaluation.backtest.BacktestInputError` and its subclasses), librdkafka's
+refusals in the engine's own Kafka consumers
+(:class:`engine.sources.native_consumer.NativeConsumerError`,
+:class:`engine.sources.fetch_consumer.FetchConsumerError`).
+"""
+
+from __future__ import annotations
+
+from tidewatch.errors import TidewatchError
+
+__all__ = ["EngineError"]
+
+
+class EngineError(TidewatchError):
+    """The root of every error of the ``engine`` package."""

@@ -1,0 +1,214 @@
+"""The rules the evaluator holds, the groups they are looked up in, and a lookup's changes.
+
+* :class:`Rule`: a registered rule -- its plan (:mod:`subscriptions.compiler`), its
+  :class:`engine.evaluation.state.KeyState`, the shared structures of its aggregates and of its
+  driving atoms' collective indexes, and its result at its previous lookup.
+* :class:`Group`: rules that are a single threshold atom and share (index, window), and rules
+  ``driver AND further aggregate-vs-constant atoms``, looked up together: one index lookup at
+  the loosest threshold, one exact pass, per-rule ranges (Arasu & Widom 2004, section 4: one
+  collective index serves every indexable atom on it); the other atoms are checked on the
+  group's (rule, key) pairs, each distinct aggregate read once for the keys of all rules using
+  it (:func:`extra_atoms`, the tables of :class:`Group`) -- Arasu & Widom's sharing carried
+  over to the post-check.
+* :class:`Changes`: result changes of one lookup, blocks of (rule names, key values) that
+  entered / exited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.evaluation.batches import compare
+from engine.evaluation.state import KeyState, Structure
+from subscriptions import rule_ast as A
+from subscriptions.compiler import AggSpec, Atom, Plan
+
+if TYPE_CHECKING:
+    from engine.evaluation.lookup import Lookup
+
+
+@dataclass
+class Rule:
+    name: str
+    plan: Plan
+    uid: int
+    state: KeyState
+    agg_structs: list[Structure]  # by AggSpec id
+    index_structs: dict[int, Structure]  # atom id -> CI structure (driving atoms)
+    prev: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # sorted key ids
+    group: tuple[Any, ...] | None = None
+
+
+@dataclass
+class _ExtraTable:
+    """The extra threshold atoms of a group's members that read one aggregate (structure,
+    function, window): per member (sorted by rule uid, at most one atom each) the operator, the
+    constant, which side the aggregate is on and whether the atom is negated."""
+
+    struct: Structure
+    spec: AggSpec
+    uids: np.ndarray  # sorted rule uids
+    ops: np.ndarray  # object array of "<", "<=", ">", ">=", "=", "!="
+    consts: np.ndarray  # float64
+    agg_left: np.ndarray  # bool: aggregate op constant (else constant op aggregate)
+    negated: np.ndarray  # bool
+
+    def check(self, ctx: Lookup, uid_of: np.ndarray, key_of: np.ndarray) -> np.ndarray | None:
+        """Indices of the pairs (rule uid, key id) of this table's rules that fail their atom
+        (None: the table has no pair); the aggregate is computed once per distinct key."""
+        pos = np.minimum(np.searchsorted(self.uids, uid_of), self.uids.shape[0] - 1)
+        sel = np.flatnonzero(self.uids[pos] == uid_of)
+        if sel.shape[0] == 0:
+            return None
+        keys, inv = np.unique(key_of[sel], return_inverse=True)
+        v = ctx._agg(self.spec, self.struct, keys)[inv]
+        j = pos[sel]
+        ok = np.empty(sel.shape[0], bool)
+        ops, c, left = self.ops[j], self.consts[j], self.agg_left[j]
+        for op in np.unique(ops):
+            m = ops == op
+            a = np.where(left[m], v[m], c[m])
+            b = np.where(left[m], c[m], v[m])
+            with np.errstate(invalid="ignore"):
+                r = np.asarray(compare(a, str(op), b), dtype=bool)
+                if op == "!=":  # as Lookup._atom: NULL (NaN) compares false
+                    r = r & ~np.isnan(a) & ~np.isnan(b)
+            ok[m] = r
+        ok ^= self.negated[j]
+        return sel[~ok]
+
+
+def _extra_tables(
+    extras: dict[str, list[tuple[Structure, AggSpec, Atom]]], uids: dict[str, int]
+) -> list[_ExtraTable]:
+    """Group the extra atoms of a group's members into tables, one per aggregate read (a rule
+    with two atoms on the same aggregate puts the second into a second table)."""
+    rows: dict[tuple[Any, ...], list[tuple[int, Structure, AggSpec, Atom]]] = {}
+    for name, items in extras.items():
+        seen: dict[tuple[Any, ...], int] = {}
+        for s, spec, atom in items:
+            sig = (id(s), spec.func, spec.window)
+            k = seen.get(sig, 0)
+            seen[sig] = k + 1
+            rows.setdefault((*sig, k), []).append((uids[name], s, spec, atom))
+    out = []
+    for table in rows.values():
+        table.sort(key=lambda r: r[0])
+        out.append(
+            _ExtraTable(
+                struct=table[0][1],
+                spec=table[0][2],
+                uids=np.array([r[0] for r in table], np.int64),
+                ops=np.array([r[3].op for r in table], dtype=object),
+                consts=np.array([_const_side(r[3])[0] for r in table], np.float64),
+                agg_left=np.array([_const_side(r[3])[1] for r in table], bool),
+                negated=np.array([r[3].negated for r in table], bool),
+            )
+        )
+    return out
+
+
+def _const_side(atom: Atom) -> tuple[float, bool]:
+    """(the constant, True if the aggregate is the left side) of an aggregate-vs-constant atom."""
+    if isinstance(atom.right, A.Num):
+        return float(atom.right.value), True
+    assert isinstance(atom.left, A.Num)
+    return float(atom.left.value), False
+
+
+def extra_atoms(plan: Plan) -> list[Atom] | None:
+    """The atoms besides the driver when the condition is ``driver AND a1 AND ...`` with every
+    ``ai`` an aggregate compared to a constant (looked up with the driver's group); else None."""
+    if len(plan.driver) != 1 or plan.cond[0] != "and":
+        return None
+    parts = plan.cond[1]
+    if any(p[0] != "atom" for p in parts) or ("atom", plan.driver[0]) not in parts:
+        return None
+    out = []
+    for p in parts:
+        if p[1] == plan.driver[0]:
+            continue
+        a = plan.atoms[p[1]]
+        if not (
+            (isinstance(a.left, A.Agg) and isinstance(a.right, A.Num))
+            or (isinstance(a.right, A.Agg) and isinstance(a.left, A.Num))
+        ):
+            return None
+        out.append(a)
+    return out
+
+
+@dataclass
+class Group:
+    """Threshold rules driven by one (index, window), looked up together: single-atom rules and
+    rules ``driver AND more threshold atoms`` (the latter in :attr:`extras`)."""
+
+    state: KeyState
+    index: Structure
+    exact: Structure  # R-INT with the exact counts / sums
+    sum_kind: bool
+    T: int
+    members: dict[str, Atom] = field(default_factory=dict)  # rule name -> its atom
+    uids: dict[str, int] = field(default_factory=dict)
+    prev_pairs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    arrays: tuple[Any, ...] | None = None  # per-member ranges, rebuilt when members change
+    #: members whose condition is the driving atom AND further threshold atoms: rule name ->
+    #: those atoms (aggregate structure, its spec, the atom), checked on the group's pairs
+    extras: dict[str, list[tuple[Structure, AggSpec, Atom]]] = field(default_factory=dict)
+    extra_tables: list[_ExtraTable] | None = None  # extras by (structure, aggregate), rebuilt with arrays
+
+    def prepare(self) -> None:
+        names = sorted(self.members, key=lambda n: self.uids[n])  # ascending uids: sorted pairs
+        atoms = [self.members[n] for n in names]
+        los = np.array([a.lo for a in atoms], np.float64)  # indexable atoms always have lo
+        his = np.array([np.inf if a.hi is None else a.hi for a in atoms], np.float64)
+        lo_strict = np.array([a.lo_strict for a in atoms], bool)
+        hi_strict = np.array([a.hi_strict for a in atoms], bool)
+        uids = np.array([self.uids[n] for n in names], np.int64)
+        loosest = float(los.min())
+        ls = bool(np.all(lo_strict[los == loosest]))
+        if np.all(np.isfinite(his)):
+            top = float(his.max())
+            hi_arg: float | None = top
+            hs = bool(np.all(hi_strict[his == top]))
+        else:
+            hi_arg, hs = None, True
+        self.arrays = (names, los, his, lo_strict, hi_strict, uids, (loosest, ls, hi_arg, hs))
+        order = np.argsort(uids)
+        self._uid_sorted = uids[order]
+        self._name_sorted = np.array(names, dtype=object)[order]
+        self.extra_tables = _extra_tables(self.extras, self.uids)
+
+    def name_of(self, uids: np.ndarray) -> np.ndarray:
+        """Rule names (object array) of an array of rule uids of this group."""
+        if self.arrays is None:
+            self.prepare()
+        return self._name_sorted[np.searchsorted(self._uid_sorted, uids)]
+
+
+@dataclass
+class Changes:
+    """Result changes of one lookup: blocks of (rule names, key values) that entered / exited."""
+
+    def __init__(self, as_of: int) -> None:
+        self.as_of = as_of
+        self.parts: list[tuple[np.ndarray, np.ndarray, str]] = []
+
+    def add(self, names: np.ndarray, keys: np.ndarray, kind: str) -> None:
+        if keys.shape[0]:
+            self.parts.append((names, keys, kind))
+
+    def rows(self) -> list[tuple[int, str, str, str]]:
+        """(as_of, rule, key, kind) ordered by rule, then key (string order)."""
+        items: list[tuple[str, str, str]] = []
+        for names, keys, kind in self.parts:
+            items.extend(zip(names.tolist(), keys.tolist(), [kind] * keys.shape[0], strict=True))
+        items.sort()
+        t = self.as_of
+        return [(t, n, k, kind) for n, k, kind in items]
+
+    def __len__(self) -> int:
+        return sum(int(k.shape[0]) for _, k, _ in self.parts)

@@ -1,0 +1,114 @@
+"""The engine's messages: subscription changes in, alerts and a micro-batch's output out.
+
+* :class:`SubscriptionChange` -- one record of the ``subscriptions`` topic (JSON from the
+  outbox relay, :mod:`subscriptions.outbox`), parsed by :func:`parse_subscription_change`;
+  applied before anything else in its micro-batch (PSoup, Chandrasekaran & Franklin 2002,
+  section 3).
+* :class:`RuleInfo` -- an active subscription as the engine knows it.
+* :class:`Alert` -- a change of one subscription's result set at one lookup time (``ENTER`` /
+  ``EXIT``), with the stable id ``subscription|key|kind|as_of`` the sinks deduplicate on.
+* :class:`BatchOutput` -- everything one micro-batch produced (:meth:`engine.core.EngineCore.process`),
+  what the sinks write (:mod:`engine.sinks.store`, :mod:`engine.sinks.publish`).
+
+Plain data, no Spark, no I/O: imported by the core, the sinks and the sources alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.dead_letter import DeadLetters
+
+
+@dataclass
+class RuleInfo:
+    """An active subscription as the engine knows it."""
+
+    subscription_id: str
+    name: str
+    text: str
+    stream: str
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A change of one subscription's result set at one lookup time."""
+
+    subscription_id: str
+    rule_name: str
+    stream: str
+    key: str
+    kind: str  # ENTER | EXIT
+    as_of: int
+    #: the aggregates the rule compares, for this key at ``as_of`` (what made it fire):
+    #: aggregate text -> value (None for NULL); empty when the evaluator cannot say
+    values: dict[str, float | int | None] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.subscription_id}|{self.key}|{self.kind}|{self.as_of}"
+
+
+@dataclass(frozen=True)
+class SubscriptionChange:
+    """One record of the ``subscriptions`` topic, parsed.
+
+    ``op`` is ``upsert`` (new or changed rule, active), ``pause`` or ``delete``.
+    """
+
+    subscription_id: str
+    op: str
+    name: str = ""
+    text: str = ""
+    plan: Any = None
+    version: int | None = None  # the subscription's version; a replay of an older one is ignored
+
+
+def parse_subscription_change(key: bytes | None, value: bytes | None) -> SubscriptionChange:
+    """Parse a ``subscriptions`` topic record (JSON from the outbox relay; null value = delete).
+
+    Accepted value fields: ``id`` / ``subscription_id``, ``name``, ``rule`` / ``text``,
+    ``plan`` (the compiled plan's JSON, optional), ``op`` (upsert | delete | pause) or
+    ``status`` / ``active``.
+    """
+    sid = key.decode() if key else ""
+    if value is None:
+        return SubscriptionChange(sid, "delete")
+    doc = json.loads(value)
+    sid = str(doc.get("subscription_id") or doc.get("id") or sid)
+    if not sid:
+        raise ValueError("subscription change without an id")
+    op = str(doc.get("op") or "").lower()
+    status = str(doc.get("status") or "").lower()
+    if op in ("delete", "deleted", "remove") or status in ("deleted", "delete"):
+        op = "delete"
+    elif op == "pause" or status in ("paused", "inactive") or doc.get("active") is False:
+        op = "pause"
+    else:
+        op = "upsert"
+    version = doc.get("version")
+    return SubscriptionChange(
+        sid,
+        op,
+        str(doc.get("name") or sid),
+        str(doc.get("rule") or doc.get("rule_text") or doc.get("text") or ""),
+        doc.get("plan"),
+        None if version is None else int(version),
+    )
+
+
+@dataclass
+class BatchOutput:
+    """Everything one micro-batch produced."""
+
+    batch_id: int
+    alerts: list[Alert] = field(default_factory=list)
+    dead: DeadLetters = field(default_factory=DeadLetters)
+    lookups: list[int] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # subscriptions deleted / paused
+    changed: set[str] = field(default_factory=set)  # subscriptions whose result set changed
+    events: dict[str, int] = field(default_factory=dict)  # valid events per stream
+    rule_errors: list[tuple[str, str]] = field(default_factory=list)

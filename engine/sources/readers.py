@@ -1,0 +1,110 @@
+"""Kafka records as the engine reads them: Arrow tables of :data:`RECORD_COLUMNS`.
+
+:data:`RECORD_COLUMNS` is the shape ``toArrow()`` of Spark's Kafka source gives the engine
+(:meth:`engine.app.EngineApp.on_batch`); the direct source (:mod:`engine.sources.direct`) and
+the restart replay (:func:`read_ranges`) build the same tables from confluent-kafka messages
+(:func:`records_table`).  The engine's consumers read ``read_committed`` as the ``engine``
+principal and commit nothing (:func:`engine_consumer_config`): where to read lives in the
+engine's checkpoint, whose per-batch offset logs are :func:`offset_ranges` of each batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tidewatch.kafka.client import client_config
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
+
+RECORD_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
+
+
+def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:
+    """``{topic: {partition: [first, last]}}`` of a batch of Kafka records (one Arrow group-by)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    if tbl.num_rows == 0:
+        return out
+    g = tbl.select(["topic", "partition", "offset"]).group_by(["topic", "partition"])
+    agg = g.aggregate([("offset", "min"), ("offset", "max")]).to_pydict()
+    for t, p, lo, hi in zip(
+        agg["topic"], agg["partition"], agg["offset_min"], agg["offset_max"], strict=True
+    ):
+        out.setdefault(str(t), {})[str(int(p))] = [int(lo), int(hi)]
+    return out
+
+
+def read_ranges(
+    bootstrap: str, ranges: dict[str, dict[str, list[int]]], timeout_s: float = 60.0, *, settings: Settings
+) -> pa.Table:
+    """The Kafka records ``{topic: {partition: [first, last]}}`` (inclusive) as an Arrow table
+    (read as the ``engine`` principal of ``settings``)."""
+    from confluent_kafka import TopicPartition
+
+    kept: list[Any] = []
+    todo = {(t, int(p)): (a, b) for t, ps in ranges.items() for p, (a, b) in ps.items()}
+    if todo:
+        c = engine_consumer(bootstrap, settings, "tidewatch-engine-replay")
+        try:
+            c.assign([TopicPartition(t, p, a) for (t, p), (a, _) in todo.items()])
+            left = dict(todo)
+            deadline = time.monotonic() + timeout_s
+            while left and time.monotonic() < deadline:
+                for m in c.consume(10_000, 1.0):
+                    if m.error():
+                        continue
+                    tp = (m.topic(), m.partition())
+                    if tp not in left:
+                        continue
+                    a, b = left[tp]
+                    off = int(m.offset() or 0)
+                    if a <= off <= b:
+                        kept.append(m)
+                    if off >= b:
+                        del left[tp]
+                        c.pause([TopicPartition(*tp)])
+            if left:
+                raise RuntimeError(f"replay could not read offsets {left} within {timeout_s} s")
+        finally:
+            c.close()
+    return records_table(kept)
+
+
+def engine_consumer_config(bootstrap: str, settings: Settings, group_id: str, **extra: Any) -> dict[str, Any]:
+    """librdkafka settings of a ``read_committed`` consumer as the ``engine`` principal
+    (SASL/SCRAM in the scram mode) that commits nothing: where to read lives in the engine's
+    checkpoint, not in Kafka."""
+    return {
+        "bootstrap.servers": bootstrap,
+        **client_config(settings, "engine"),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        **extra,
+    }
+
+
+def engine_consumer(bootstrap: str, settings: Settings, group_id: str, **extra: Any) -> Any:
+    """A confluent-kafka ``Consumer`` of :func:`engine_consumer_config`."""
+    from confluent_kafka import Consumer
+
+    return Consumer(engine_consumer_config(bootstrap, settings, group_id, **extra))
+
+
+def records_table(msgs: list[Any]) -> pa.Table:
+    """confluent-kafka messages (no errors among them) as an Arrow table of
+    :data:`RECORD_COLUMNS` -- the shape ``toArrow()`` of Spark's Kafka source gives the engine
+    (``timestamp`` in epoch ms)."""
+    return pa.table(
+        {
+            "topic": pa.array([m.topic() for m in msgs], pa.string()),
+            "partition": pa.array([m.partition() for m in msgs], pa.int32()),
+            "offset": pa.array([m.offset() for m in msgs], pa.int64()),
+            "timestamp": pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
+            "key": pa.array([m.key() for m in msgs], pa.binary()),
+            "value": pa.array([m.value() for m in msgs], pa.binary()),
+        }
+    )

@@ -1,0 +1,74 @@
+"""Real Kafka (the embedded broker of ``restartable_kafka``): a batch published with the batch
+encoder lands, partition by partition, as the per-alert fastavro loop it replaced landed it --
+alerts, results, EXIT tombstones, keys -- and consumers see it once, read_committed."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from engine.messages import Alert
+from engine.sinks import publish
+from tests.engine.support import read_topic
+from tidewatch.settings import Settings
+from tidewatch.wire.avro import decode
+
+pytestmark = pytest.mark.integration
+
+
+def _records(bootstrap: str, topic: str) -> dict[int, list[tuple[Any, Any]]]:
+    """``{partition: [(key, value or None), ...]}`` of the committed records of ``topic``."""
+    out: dict[int, list[tuple[Any, Any]]] = {}
+    for p, k, v in read_topic(bootstrap, topic, None, messages=True):
+        out.setdefault(p, []).append((k, v))
+    return out
+
+
+def _alerts(n: int) -> list[Alert]:
+    subs = [str(uuid.UUID(int=i + 1)) for i in range(40)]
+    return [
+        Alert(subs[i % 40], f"r{i % 40}", "trades", f"S{i % 13}", "ENTER" if i % 3 else "EXIT",
+              1_763_900_000_000 + 1000 * (i // 50), {"COUNT(*)": i, "AVG(price)": None if i % 7 == 0 else i / 3})
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_kafka: Settings) -> None:
+    bootstrap = restartable_kafka.kafka_bootstrap
+    alerts = _alerts(2500)
+    n_exit = sum(a.kind == "EXIT" for a in alerts)
+    got = {}
+    for name, produce in (("old", publish._produce_alerts_per_record), ("new", publish.produce_alerts)):
+        run = uuid.uuid4().hex[:6]
+        s = restartable_kafka.model_copy(
+            update={
+                f"topic_{t}": f"pub-{name}-{t.replace('_', '-')}-{run}"
+                for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
+            }
+        )
+        publish.ensure_topics(bootstrap, s)
+        pub = publish.Publisher(bootstrap, s, f"pub-test-{name}-{run}")
+        pub.produce_alerts = produce
+        try:
+            pub.publish(0, alerts)
+            assert pub.last_published() == 0
+        finally:
+            pub.close()
+        got[name] = (
+            _records(bootstrap, s.topic_alerts),
+            _records(bootstrap, s.topic_results),
+        )
+    (old_alerts, old_results), (new_alerts, new_results) = got["old"], got["new"]
+    assert sum(map(len, old_alerts.values())) == len(alerts)
+    assert sum(map(len, old_results.values())) == len(alerts) + n_exit
+    assert new_results == old_results  # byte for byte, tombstones in place
+    assert sum(v is None for recs in new_results.values() for _, v in recs) == n_exit
+
+    def strip(recs: dict[int, list[tuple[Any, Any]]]) -> dict[int, list[tuple[Any, Any]]]:
+        # emitted_at is the wall clock of each transaction: the rest must match
+        return {p: [(k, {**decode(v, "alerts"), "emitted_at": 0}) for k, v in r] for p, r in recs.items()}
+
+    assert strip(new_alerts) == strip(old_alerts)
+    assert sorted(d["id"] for r in strip(new_alerts).values() for _, d in r) == sorted(a.id for a in alerts)

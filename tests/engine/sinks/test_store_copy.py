@@ -1,0 +1,123 @@
+"""The engine's batch commit through ``COPY`` writes, row for row, what the array-bound statements
+it replaced wrote; a re-commit of a batch id writes nothing (real PostgreSQL: the embedded server
+of the ``restartable_pg`` fixture, one fresh database per path)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+from engine.messages import Alert, BatchOutput
+from engine.sinks.store import Store, _write_unnest, write_copy
+from tidewatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_763_900_000_123  # ms: not a whole second, so the fractional part is checked too
+METRICS = {"events_per_s": 1.0, "batch_ms": 2.0, "lag_ms": 3.0, "alerts": 0, "dead_letters": 0}
+SUBS = [str(uuid.UUID(int=i + 1)) for i in range(5)] + ["not-a-uuid", "déjà vu"]
+#: keys a CSV or text COPY could get wrong
+KEYS = ["AAPL", "", "a,b", 'q"uote', "tab\there", "new\nline", "cr\rlf", "back\\slash", "\\N", "NULL", "ünï"]
+VALUES: list[dict[str, Any]] = [
+    {"COUNT(*) OVER LAST 10 SECONDS": 13},
+    {"SUM(size) OVER LAST 20 SECONDS": 912.5, "AVG(price) OVER LAST 30 SECONDS": None},
+    {},
+    {"MAX(price) - MIN(price)": 1e-7, 'weird "key"\n\\': -3.25},
+    {"é": 2**40},
+]
+
+
+def _batches() -> list[BatchOutput]:
+    """Three batches: ENTER/EXIT churn of the same keys within a batch, equal as_of ties, every
+    awkward key; then a deleted subscription; then a batch repeating alerts already logged."""
+    out = []
+    n = 0
+    for b in range(2):
+        alerts = []
+        for i in range(400):
+            sid = SUBS[(i + b) % len(SUBS)]
+            key = KEYS[(i * 7 + b) % len(KEYS)]
+            kind = "ENTER" if (i // 3 + b) % 2 == 0 else "EXIT"
+            as_of = T0 + 1000 * ((i + 400 * b) // 5) + (i % 5) // 2  # in order, with runs of ties
+            alerts.append(Alert(sid, f"rule {sid}", "trades", key, kind, as_of, VALUES[n % len(VALUES)]))
+            n += 1
+        out.append(BatchOutput(batch_id=b + 1, alerts=alerts, events={"trades": 10 * b}))
+    out[1].removed = [SUBS[0], "not-a-uuid"]
+    # batch 3 re-sends alerts of batch 2 (ids already in the log: kept as they are) plus new ones
+    again = out[1].alerts[:50] + [
+        Alert(SUBS[2], "r", "packets", "10.0.0.1", "ENTER", T0 + 999_999, {"SUM(length)": 7000})
+    ]
+    out.append(BatchOutput(batch_id=3, alerts=again))
+    return out
+
+
+def _tables(eng: Engine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row the engine writes, minus the columns that differ by construction (identity
+    numbers, commit times); alerts in ``seq`` order.  Checks created_at / updated_at = commit time."""
+    q = {
+        "alerts": "SELECT a.alert_id, a.subscription_id, a.key, a.kind, a.as_of, a.values::text, a.batch_id, "
+        "a.created_at = b.committed_at FROM alerts a JOIN engine_batches b USING (batch_id) ORDER BY a.seq",
+        "current_results": "SELECT subscription_id, key, since, values::text, "
+        "updated_at IN (SELECT committed_at FROM engine_batches) FROM current_results ORDER BY 1, 2",
+        "engine_batches": "SELECT batch_id, watermark, events, alerts FROM engine_batches ORDER BY 1",
+        "engine_metrics": "SELECT batch_id, events_per_s, batch_ms, lag_ms, alerts, dead_letters "
+        "FROM engine_metrics ORDER BY batch_id",
+    }
+    with eng.connect() as conn:
+        return {t: [tuple(r) for r in conn.execute(text(sql))] for t, sql in q.items()}
+
+
+def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
+    restartable_pg: Settings,
+) -> None:
+    from tests.engine.test_engine_integration import fresh_database
+
+    got: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
+    for name, write in (("arrays", _write_unnest), ("copy", write_copy)):
+        eng = create_engine(fresh_database(restartable_pg.sqlalchemy_url))
+        store = Store(eng)
+        try:
+            for out in _batches():
+                assert store.commit(out, watermark=T0 + out.batch_id, metrics=METRICS, write=write)
+            got[name] = _tables(eng)
+            # the same batch ids again (a re-run after a crash): nothing is written
+            for out in _batches():
+                assert not store.commit(out, watermark=0, metrics=METRICS, write=write)
+            assert _tables(eng) == got[name]
+        finally:
+            eng.dispose()
+    arrays, copy = got["arrays"], got["copy"]
+    assert len(arrays["alerts"]) == 801  # 400 + 400 + 1 new one in batch 3
+    assert all(r[-1] for r in arrays["alerts"]) and all(r[-1] for r in arrays["current_results"])
+    assert {r[2] for r in arrays["alerts"]} == {*KEYS, "10.0.0.1"}
+    assert arrays["current_results"] and len(arrays["engine_metrics"]) == 3
+    for table in arrays:
+        assert copy[table] == arrays[table], table
+
+
+def test_the_default_commit_is_copy_and_a_batch_rolls_back_whole(restartable_pg: Settings) -> None:
+    """``Store.commit`` uses :func:`write_copy`; an alert the database refuses fails the batch with
+    SQLAlchemy's error and leaves nothing of it (not even its batch id), on the pool's next use too."""
+    from sqlalchemy.exc import IntegrityError
+
+    from tests.engine.test_engine_integration import fresh_database
+
+    eng = create_engine(fresh_database(restartable_pg.sqlalchemy_url), pool_size=1)
+    store = Store(eng)
+    try:
+        bad = BatchOutput(batch_id=1, alerts=[Alert(SUBS[1], "r", "trades", "K", "MAYBE", T0, {})])
+        with pytest.raises(IntegrityError):  # CHECK (kind IN ('ENTER', 'EXIT'))
+            store.commit(bad, watermark=T0, metrics=METRICS)
+        assert store.last_committed() == -1
+        good = BatchOutput(batch_id=1, alerts=[Alert(SUBS[1], "r", "trades", "K", "ENTER", T0, {"x": 1})])
+        assert store.commit(good, watermark=T0, metrics=METRICS)
+        assert [a["key"] for a in store.alerts_of_batch(1)] == ["K"]
+        with eng.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM current_results")).scalar() == 1
+            # the staging table is empty after the commit
+            assert conn.execute(text("SELECT count(*) FROM tw_alerts_in")).scalar() == 0
+    finally:
+        eng.dispose()

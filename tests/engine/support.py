@@ -1,0 +1,267 @@
+"""A reproducible engine scenario shared by the integration tests and the crash test.
+
+Events, bad records and rules; helpers to produce them to Kafka, to run the backtest on the
+same events, and to read the engine's Kafka output back with ``read_committed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy.pool import NullPool
+
+from tidewatch.settings import Settings
+from tidewatch.wire.avro import decode, encode, encode_batch
+
+G = 1000
+RULES = {
+    "count": "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS > 12",
+    "sum": "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 20 SECONDS >= 900",
+    "ask": "SELECT symbol FROM trades WHERE side = 'ASK' GROUP BY symbol "
+    "HAVING SUM(size) OVER LAST 5 SECONDS > 200 AND AVG(price) OVER LAST 30 SECONDS < 55",
+    "range": "SELECT symbol FROM trades GROUP BY symbol HAVING MAX(price) OVER LAST 15 SECONDS "
+    "- MIN(price) OVER LAST 15 SECONDS > 20",
+    "drop": "SELECT symbol FROM trades GROUP BY symbol HAVING LAST(price) OVER LAST 8 SECONDS "
+    "< FIRST(price) OVER LAST 8 SECONDS",
+    "scan": "SELECT src_ip FROM packets GROUP BY src_ip HAVING COUNT(DISTINCT dst_port) OVER LAST 10 SECONDS > 8",
+    "heavy": "SELECT src_ip FROM packets WHERE protocol = 'TCP' GROUP BY src_ip "
+    "HAVING SUM(length) OVER LAST 5 SECONDS > 6000",
+}
+LATE_RULE = ("late", "SELECT symbol FROM trades GROUP BY symbol HAVING SUM(size) OVER LAST 30 SECONDS > 1500")
+
+
+@dataclass
+class Scenario:
+    t0: int
+    trades: dict[str, np.ndarray]
+    packets: dict[str, np.ndarray]
+    bad_trades: list[tuple[bytes, str]]  # (raw value, expected reason)
+    sub_ids: dict[str, str] = field(default_factory=dict)  # rule name -> subscription id (uuid)
+
+    @property
+    def max_ts(self) -> int:
+        return int(max(s["ts"].max() for s in (self.trades, self.packets) if len(s["ts"])))
+
+
+def make_scenario(n_trades: int = 6000, n_packets: int = 4000, seconds: int = 150, seed: int = 0) -> Scenario:
+    rng = np.random.default_rng(seed)
+    t0 = (int(time.time() * 1000) - 20 * 60_000) // G * G  # 20 minutes ago: never "future"
+    ts = t0 + np.sort(rng.integers(1, seconds * G, n_trades))
+    trades = {
+        "symbol": np.array([f"S{i}" for i in rng.integers(0, 12, n_trades)], dtype=object),
+        "ts": ts.astype(np.int64),
+        "price": np.round(rng.uniform(30, 80, n_trades), 2),
+        "size": rng.integers(0, 100, n_trades).astype(np.int64),
+        "side": rng.choice(np.array(["BID", "ASK"], dtype=object), n_trades),
+        "exchange": np.array(["NASDAQ"] * n_trades, dtype=object),
+    }
+    pts = t0 + np.sort(rng.integers(1, seconds * G, n_packets))
+    packets = {
+        "ts": pts.astype(np.int64),
+        "src_ip": np.array([f"10.0.0.{i}" for i in rng.integers(0, 8, n_packets)], dtype=object),
+        "dst_ip": np.array([f"10.1.0.{i}" for i in rng.integers(0, 4, n_packets)], dtype=object),
+        "src_port": rng.integers(1024, 65000, n_packets).astype(np.int64),
+        "dst_port": rng.integers(1, 40, n_packets).astype(np.int64),
+        "protocol": rng.choice(np.array(["TCP", "UDP"], dtype=object), n_packets),
+        "length": rng.integers(40, 1500, n_packets).astype(np.int64),
+        "tcp_flags": np.array(["S"] * n_packets, dtype=object),
+    }
+    base = {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in trades.items()}
+    bad = [
+        (b"\x00\x00\x00\x00\x01garbage", "undecodable"),
+        (b"not avro at all", "undecodable"),
+        (encode("trades", {**base, "size": -5}), "invalid"),
+        (encode("trades", {**base, "price": float("nan")}), "invalid"),
+        (encode("trades", {**base, "symbol": ""}), "invalid"),
+        (encode("trades", {**base, "ts": int(time.time() * 1000) + 3_600_000}), "future"),
+    ]
+    return Scenario(t0, trades, packets, bad)
+
+
+def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
+    """Subscribe every rule of :data:`RULES` (JSON records on the subscriptions topic)."""
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for name, text in RULES.items():
+        sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
+        p.produce(
+            topic,
+            key=sid.encode(),
+            value=json.dumps({"id": sid, "name": name, "rule": text, "status": "active"}).encode(),
+        )
+    p.flush()
+
+
+def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
+    """Trades (bad records mixed in) and packets, keyed by their key field, sent merged in
+    event-time order as live feeds would send them: the engine's watermark is shared by the
+    streams, so sending one whole stream before the other would make the second one late.
+
+    One transaction: the engine reads ``read_committed``, so every partition's records appear
+    at once.  Sent plainly, the producer's per-partition batches reached the broker one
+    partition at a time, and a fast engine (the direct source) could read a whole batch of
+    packets before any trade existed in Kafka: partitions it has never seen do not hold the
+    watermark back, so the trades sent after were late (a race of the test, found by the
+    SIGKILL test in a clean-clone run)."""
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "transactional.id": f"scenario-{uuid.uuid4().hex[:8]}",
+        }
+    )
+    p.init_transactions(30)
+    p.begin_transaction()
+    tv = encode_batch("trades", sc.trades).messages()
+    pv = encode_batch("packets", sc.packets).messages()
+    rows = [(int(t), 0, i) for i, t in enumerate(sc.trades["ts"])]
+    rows += [(int(t), 1, i) for i, t in enumerate(sc.packets["ts"])]
+    rows.sort()
+    every = len(tv) // (len(sc.bad_trades) + 1)
+    bad = list(sc.bad_trades)
+    for n, (_, stream, i) in enumerate(rows):
+        if stream == 0:
+            p.produce(topics["trades"], key=str(sc.trades["symbol"][i]).encode(), value=tv[i])
+            if i and i % every == 0 and bad:
+                p.produce(topics["trades"], key=b"S0", value=bad.pop(0)[0])
+        else:
+            p.produce(topics["packets"], key=str(sc.packets["src_ip"][i]).encode(), value=pv[i])
+        if n % 1000 == 0:
+            p.poll(0)
+    p.commit_transaction(60)
+
+
+def add_rule(sc: Scenario, bootstrap: str, topic: str, name: str, text: str) -> str:
+    sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topic, key=sid.encode(), value=json.dumps({"id": sid, "name": name, "rule": text}).encode())
+    p.flush()
+    return sid
+
+
+def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str, str, str, int]]:
+    """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <= until."""
+    from engine.evaluation.backtest import EventFile, iter_alerts
+    from subscriptions.compiler import compile_rule
+    from tidewatch.settings import get_settings
+
+    plans = [(sc.sub_ids[n], t, compile_rule(t, get_settings())) for n, t in rules.items()]
+    files = [EventFile("trades", dict(sc.trades)), EventFile("packets", dict(sc.packets))]
+    return sorted(
+        (rule, key, kind, int(as_of))
+        for as_of, rule, key, kind in iter_alerts(plans, files, G, ci_p=2)
+        if as_of <= until
+    )
+
+
+def read_topic(
+    bootstrap: str, topic: str, schema: str | None, timeout: float = 20.0, *, messages: bool = False
+) -> list[Any]:
+    """Every committed record of a topic (decoded when ``schema`` is given), read_committed; with
+    ``messages``, every one as ``(partition, key, value)``, tombstones (value None) included."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    # end offsets from a read_uncommitted client: with read_committed, ListOffsets answers the
+    # last stable offset, which stays at a transaction's first record until the coordinator has
+    # written its commit markers -- asynchronously, after commit_transaction returned
+    hw = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    md = hw.list_topics(topic, timeout=10).topics[topic]
+    ends = {}
+    for p in md.partitions:
+        lo, hi = hw.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        ends[p] = hi
+    hw.close()
+    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    out: list[Any] = []
+    done = {p for p, hi in ends.items() if hi == 0}
+    deadline = time.monotonic() + timeout
+    while len(done) < len(ends) and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            if m.error():
+                continue
+            if messages:
+                out.append((m.partition(), m.key(), m.value()))
+            elif m.value() is not None:
+                out.append(decode(m.value(), schema) if schema else m.value())
+            if m.offset() >= ends[m.partition()] - 1:
+                done.add(m.partition())
+        # transaction markers: the last offset may be a control record
+        for p, hi in ends.items():
+            pos = c.position([TopicPartition(topic, p)])[0].offset
+            if pos >= hi:
+                done.add(p)
+    c.close()
+    return out
+
+
+def engine_env(s: Settings, bootstrap: str, db: str) -> dict[str, str]:
+    """Environment of ``tidewatch engine run`` for the settings ``s`` of a test (its topics,
+    checkpoint, small micro-batches)."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "TIDEWATCH_KAFKA_BOOTSTRAP": bootstrap,
+            "TIDEWATCH_DATABASE_URL": db,
+            "TIDEWATCH_TOPIC_TRADES": s.topic_trades,
+            "TIDEWATCH_TOPIC_PACKETS": s.topic_packets,
+            "TIDEWATCH_TOPIC_SUBSCRIPTIONS": s.topic_subscriptions,
+            "TIDEWATCH_TOPIC_ALERTS": s.topic_alerts,
+            "TIDEWATCH_TOPIC_RESULTS": s.topic_results,
+            "TIDEWATCH_TOPIC_DEAD_LETTER": s.topic_dead_letter,
+            "TIDEWATCH_ALLOWED_LATENESS_MS": str(s.allowed_lateness_ms),
+            "TIDEWATCH_ENGINE_HISTORY_MS": str(s.engine_history_ms),
+            "TIDEWATCH_SNAPSHOT_EVERY_BATCHES": "2",
+            "TIDEWATCH_ENGINE_MAX_OFFSETS_PER_TRIGGER": "400",
+            "TIDEWATCH_TRIGGER_SECONDS": "0.2",
+            "TIDEWATCH_CHECKPOINT_DIR": str(s.checkpoint_dir),
+            "TIDEWATCH_SPARK_MASTER": "local[2]",
+        }
+    )
+    return env
+
+
+def start_engine(env: dict[str, str], log: Path, run: str) -> subprocess.Popen[bytes]:
+    """``tidewatch engine run`` in a subprocess of its own process group, output appended to ``log``."""
+    cmd = [sys.executable, "-m", "tidewatch.cli", "engine", "run", "--engine-id", run]
+    return subprocess.Popen(
+        cmd, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def kill_engine(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the engine's process group (Spark's JVM included) and wait for it."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def progress(db: str) -> tuple[int, int | None]:
+    """(committed batches, newest watermark in ms) of the engine's database."""
+    eng = sa.create_engine(db, poolclass=NullPool)
+    try:
+        with eng.connect() as conn:
+            n, wm = conn.execute(sa.text("SELECT count(*), max(watermark) FROM engine_batches")).one()
+    finally:
+        eng.dispose()
+    return int(n), None if wm is None else round(wm.timestamp() * 1000)

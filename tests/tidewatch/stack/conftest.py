@@ -1,0 +1,51 @@
+"""Fixtures of the stack tests (tidewatch.stack: the embedded services, ``tidewatch up``)."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services import free_port
+from tidewatch.kafka import client as kafka_client
+from tidewatch.settings import Settings, get_settings
+from tidewatch.stack import embedded as stack
+from tidewatch.stack import postgres_server as postgres
+from tidewatch.stack import processes as process
+
+
+@pytest.fixture(scope="session")
+def scram_stack() -> Iterator[Settings]:
+    """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way
+    ``tidewatch up`` starts them (:func:`tidewatch.stack.embedded.start_services`): Kafka with SCRAM and
+    the principals' users and ACLs, PostgreSQL migrated, the topics created as ``admin``.
+    Free ports, a temporary run dir, random passwords; everything is stopped at the end."""
+    base = get_settings()
+    root = Path(tempfile.mkdtemp(prefix="tidewatch-scram-test-"))
+    root.chmod(0o755)  # the postgres user must reach its data dir
+    kp = free_port()
+    s = Settings(
+        run_dir=root / "run",
+        cache_dir=base.cache_dir,
+        kafka_port=kp,
+        kafka_bootstrap=f"127.0.0.1:{kp}",
+        kafka_controller_port=free_port(),
+        pg_port=free_port(),
+        kafka_security="scram",
+        kafka_admin_password=secrets.token_urlsafe(16),
+        **{f"kafka_{p}_password": secrets.token_urlsafe(16) for p in kafka_client.PRINCIPALS},  # type: ignore[arg-type]
+    )
+    if postgres.find_bin_dir(s) is None:
+        pytest.fail("PostgreSQL binaries missing: run scripts/setup.sh")
+    try:
+        stack.check_kafka_secrets(s, list(kafka_client.PRINCIPALS))
+        stack.start_services(s)
+        yield s
+    finally:
+        stack.stop_all(s)
+        assert process.all_records(s.run_dir) == []
+        shutil.rmtree(root, ignore_errors=True)
