@@ -361,7 +361,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     settings = run_settings(
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
-        engine_lookup_every_ms=a.lookup_every_ms, engine_source=a.source,
+        engine_lookup_every_ms=a.lookup_every_ms,
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
         engine_snapshot_in_child=not a.snapshot_in_thread,
     )  # fmt: skip
@@ -372,7 +372,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         stream, int(a.rate * min(a.live, 600)), a.keys, a.rate, int(time.time() * 1000), seed=99
     )
     texts = make_mixed_rules(a.rules, stream, sample, min(a.live, 600))
-    spark = build_spark(settings, "tidewatch-engine-live") if a.source == "spark" else None
+    spark = build_spark(settings, "tidewatch-engine-live")
     db = fresh_database(a.database_url or base.sqlalchemy_url)
     app = EngineApp(settings, bootstrap=bootstrap, pg_url=db, engine_id=run)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
@@ -448,8 +448,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     stop.set()
     th.join(5)
     app.close()
-    if spark is not None:
-        spark.stop()
+    spark.stop()
     lat = np.array(latencies) / 1000.0
     late_b = batches[n_before:]
     # the rate the engine kept up with: events applied while the feed ran / feed seconds
@@ -458,7 +457,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     rate_kept = (kept[-1][1] - kept[0][1]) / (kept[-1][0] - kept[0][0]) if len(kept) > 1 else 0.0
     jvm_peak = max((s[3] for s in samples), default=0)
     print(
-        f"live {stream} ({a.source} source): {a.rules:,} rules, {a.keys:,} keys, feed {a.rate:,.0f} events/s for {t_prod:.0f} s "
+        f"live {stream}: {a.rules:,} rules, {a.keys:,} keys, feed {a.rate:,.0f} events/s for {t_prod:.0f} s "
         f"({produced:,} events); engine applied {drained:,} ({rate_kept:,.0f} events/s while the feed ran, "
         f"{len(late_b)} batches, median batch {np.median([b[1] - b[0] for b in late_b]) if late_b else 0:.2f} s); "
         f"alerts {len(lat):,}, latency produce->alerts p50 {np.percentile(lat, 50) if len(lat) else float('nan'):.2f} s "
@@ -491,26 +490,6 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         )
     pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
     return {"p50": pct(50), "p99": pct(99), "events_per_s": rate_kept, "alerts": len(lat), "cpu_s": cpu}
-
-
-def run_live_sources(a: argparse.Namespace) -> None:
-    """``--live`` once per ``--source`` (comma-separated), one after the other in this run, then
-    the figures side by side."""
-    sources = [x for x in a.source.split(",") if x]
-    res = {}
-    for src in sources:
-        one = argparse.Namespace(**(vars(a) | {"source": src}))
-        if a.json and len(sources) > 1:
-            one.json = a.json.with_name(f"{a.json.stem}-{src}{a.json.suffix}")
-        res[src] = run_live(one)
-    if len(res) > 1:
-        print("side by side, same feed and rules, one after the other:")
-        for src, r in res.items():
-            print(
-                f"  {src:>6} source: p50 {r['p50']:.2f} s, p99 {r['p99']:.2f} s, {r['events_per_s']:,.0f} events/s, "
-                f"{r['alerts']:,} alerts, CPU s " + ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_s"].items())
-            )
-    print("command:", " ".join(sys.argv))
 
 
 def run_core(a: argparse.Namespace) -> None:
@@ -655,12 +634,6 @@ def main() -> None:
         help="the engine core alone, no Spark/Kafka/PostgreSQL (--events, --rules, --keys, --stream, "
         "--rate; --max-offsets is the batch size)",
     )
-    ap.add_argument(
-        "--source",
-        default="spark",
-        help="how Tidewatch reads Kafka: spark (Spark's Kafka source) or direct (a consumer in the driver; "
-        "engine_source); live mode: a comma-separated list runs each in turn and compares them",
-    )
     ap.add_argument("--stream", choices=["trades", "packets"], default="trades", help="live mode: the feed")
     ap.add_argument("--keys", type=int, default=5000, help="live mode: symbols / source IPs")
     ap.add_argument("--trigger", type=float, default=0.5, help="live mode: the engine's trigger interval (s)")
@@ -688,7 +661,8 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if a.live:
-        run_live_sources(a)
+        run_live(a)
+        print("command:", " ".join(sys.argv))
         return
     if a.core_only:
         run_core(a)
@@ -701,7 +675,7 @@ def main() -> None:
     base = get_settings()
     bootstrap = a.bootstrap or base.kafka_bootstrap
     run = uuid.uuid4().hex[:8]
-    settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms, engine_source=a.source)
+    settings = run_settings(base, "bench", run, allowed_lateness_ms=a.lateness_ms)
     from engine.sinks.publish import ensure_topics
 
     ensure_topics(bootstrap, settings)

@@ -14,16 +14,12 @@ TYPE_CHECKING = False  # not typing's: importing typing costs more than this pac
 if TYPE_CHECKING:
     from engine.app import EngineApp
     from engine.evaluation.backtest import BacktestInputError, MalformedRows, RuleFileError, run_backtest
-    from engine.sources.fetch_consumer import FetchConsumerError
-    from engine.sources.native_consumer import NativeConsumerError
 
 __all__ = [
     "BacktestInputError",
     "EngineApp",
     "EngineError",
-    "FetchConsumerError",
     "MalformedRows",
-    "NativeConsumerError",
     "RuleFileError",
     "run_backtest",
 ]
@@ -33,9 +29,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "BacktestInputError": "engine.evaluation.backtest",
         "EngineApp": "engine.app",
-        "FetchConsumerError": "engine.sources.fetch_consumer",
         "MalformedRows": "engine.evaluation.backtest",
-        "NativeConsumerError": "engine.sources.native_consumer",
         "RuleFileError": "engine.evaluation.backtest",
         "run_backtest": "engine.evaluation.backtest",
     },

@@ -3,9 +3,7 @@
 Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/measurements/engine.md):
 
 * Spark reads ``trades``, ``packets`` and ``subscriptions`` with its Kafka source; every
-  micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).  On one machine,
-  ``engine_source = "direct"`` reads them with a consumer in the driver instead
-  (:mod:`engine.sources.direct`) and hands the same batches to :meth:`EngineApp.accept`.
+  micro-batch goes to :meth:`EngineApp.on_batch` (``foreachBatch``).
 * The batch's records reach the driver as Arrow (``DataFrame.toArrow``); they are decoded
   column-wise by the Numba kernel (:mod:`engine.decode`), bad records become dead letters,
   and :class:`engine.core.EngineCore` applies subscription changes first (PSoup), feeds the
@@ -21,8 +19,7 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
-  from PostgreSQL.  Spark's own checkpoint then re-delivers the first uncommitted batch (the
-  direct source resumes after the newest logged batch, from the positions logged with it).
+  from PostgreSQL.  Spark's own checkpoint then re-delivers the first uncommitted batch.
 """
 
 from __future__ import annotations
@@ -256,18 +253,10 @@ class EngineApp:
         tbl = df.select(*RECORD_COLUMNS).toArrow()
         self.accept(tbl, int(batch_id), time.perf_counter() - t0)
 
-    def accept(
-        self,
-        tbl: pa.Table,
-        batch_id: int,
-        read_s: float,
-        ranges: dict[str, dict[str, list[int]]] | None = None,
-    ) -> None:
+    def accept(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
         """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
-        to reach the driver: log its offset ranges durably (``ranges``: :func:`offset_ranges`
-        of ``tbl`` when the caller has them), then handle it here, or (pipelined) hand it to the
-        evaluation thread.  Called by :meth:`on_batch` (Spark's Kafka source) and by
-        :class:`engine.sources.direct.DirectSource`."""
+        to reach the driver: log its offset ranges durably (:func:`offset_ranges`), then handle
+        it here, or (pipelined) hand it to the evaluation thread.  Called by :meth:`on_batch`."""
         self.read_s = read_s
         pipelined = getattr(self.settings, "engine_pipeline", False)
         if pipelined:
@@ -275,7 +264,7 @@ class EngineApp:
             batch: pa.Table | dict[str, Any] = self._prepare(tbl)  # overlaps the batch in flight
             self.read_s = read_s = read_s + time.perf_counter() - t0
             self.drain()
-        atomic_write(self._batch_log(int(batch_id)), json.dumps(ranges or offset_ranges(tbl)).encode())
+        atomic_write(self._batch_log(int(batch_id)), json.dumps(offset_ranges(tbl)).encode())
         if not pipelined:
             self.handle(tbl, int(batch_id))
             return
@@ -285,11 +274,6 @@ class EngineApp:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
             self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-output")
         self._inflight = self._worker.submit(self._handle_pipelined, batch, int(batch_id), self.read_s)
-
-    def busy(self) -> bool:
-        """Pipelined mode: a batch is still being evaluated (the next one would wait for it)."""
-        fut = self._inflight
-        return fut is not None and not fut.done()
 
     def drain(self, output: bool = False) -> None:
         """Wait for the batch being evaluated (pipelined mode) and, with ``output``, for the
@@ -400,9 +384,7 @@ class EngineApp:
         max_offsets_per_trigger: int | None = None,
         available_now: bool = False,
     ) -> Any:
-        """Recover, then start the streaming query; returns the ``StreamingQuery`` (with
-        ``engine_source = "direct"``: a :class:`engine.sources.direct.DirectSource` that looks like
-        one, and ``spark`` is not used).
+        """Recover, then start the streaming query; returns the ``StreamingQuery``.
 
         ``available_now``: process what is in Kafka now (in batches of at most
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
@@ -412,10 +394,6 @@ class EngineApp:
         freeze_state()
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
-        if getattr(self.settings, "engine_source", "spark") == "direct":
-            from engine.sources.direct import DirectSource
-
-            return DirectSource(self, trig, max_offsets_per_trigger, available_now).start()
         reader = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.bootstrap)

@@ -120,19 +120,13 @@ def register(app: typer.Typer) -> None:
         max_offsets_per_trigger: Annotated[
             int | None, typer.Option(help="cap on Kafka records per micro-batch")
         ] = None,
-        source: Annotated[
-            str | None,
-            typer.Option(
-                help="how to read Kafka: 'spark' (Spark's Kafka source, scales with executors) or "
-                "'direct' (a Kafka consumer in the driver: one machine, less CPU)"
-            ),
-        ] = None,
         run_seconds: Annotated[
             float | None, typer.Option(help="stop after this many seconds (default: until Ctrl-C)")
         ] = None,
     ) -> None:
         """Run the engine until interrupted (SIGINT / SIGTERM stop it cleanly)."""
         from engine.app import EngineApp
+        from engine.spark_session import build_spark
         from tidewatch.settings import get_settings
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -148,18 +142,11 @@ def register(app: typer.Typer) -> None:
                 "checkpoint_dir": checkpoint,
                 "kafka_bootstrap": bootstrap,
                 "database_url": database_url,
-                "engine_source": source,
             }.items()
             if v is not None
         }
-        if source is not None and source not in ("spark", "direct"):
-            raise typer.BadParameter(f"--source must be 'spark' or 'direct', not {source!r}")
         settings = get_settings().model_copy(update=update)
-        spark = None
-        if settings.engine_source == "spark":
-            from engine.spark_session import build_spark
-
-            spark = build_spark(settings, "tidewatch-engine")
+        spark = build_spark(settings, "tidewatch-engine")
         app = EngineApp(settings, engine_id=engine_id)
         query = app.start(spark, max_offsets_per_trigger=max_offsets_per_trigger)
         stop = {"now": False}
@@ -178,8 +165,7 @@ def register(app: typer.Typer) -> None:
         finally:
             query.stop()
             app.close()
-            if spark is not None:
-                spark.stop()
+            spark.stop()
             typer.echo(
                 f"engine stopped: {int(app.totals['events'])} events, {int(app.totals['alerts'])} alerts, "
                 f"{int(app.totals['dead_letters'])} dead letters in {app.batches_done} batches"

@@ -1,11 +1,8 @@
 """The root of the ``engine`` package's errors.
 
 :class:`EngineError` (under :class:`tidewatch.errors.TidewatchError`) is the root of every
-error of the engine: the backtest's refusals of its input
-(:class:`engine.evaluation.backtest.BacktestInputError` and its subclasses), librdkafka's
-refusals in the engine's own Kafka consumers
-(:class:`engine.sources.native_consumer.NativeConsumerError`,
-:class:`engine.sources.fetch_consumer.FetchConsumerError`).
+error of the engine, e.g. the backtest's refusals of its input
+(:class:`engine.evaluation.backtest.BacktestInputError` and its subclasses).
 """
 
 from __future__ import annotations

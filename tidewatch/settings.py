@@ -203,17 +203,6 @@ class Settings(BaseSettings):
         description="an outbox relay Kafka transaction that has not returned after this long is "
         "given up and retried with a new producer (as engine_kafka_stall_s)",
     )
-    engine_source: Literal["spark", "direct"] = Field(
-        "spark",
-        description="how the engine reads Kafka: 'spark' (Spark's Kafka source; scales with executors) or "
-        "'direct' (a librdkafka consumer in the driver; one machine, less CPU; docs/engine.md)",
-    )
-    engine_kafka_client: Literal["fetch", "librdkafka"] = Field(
-        "fetch",
-        description="the direct source's Kafka reader: 'fetch' (Kafka's Fetch API parsed into columns by the "
-        "engine; plaintext listeners, none/gzip/lz4 batches) or 'librdkafka' (any security protocol and "
-        "codec; more CPU per record). With a security protocol set, librdkafka is used (docs/engine.md)",
-    )
     engine_pipeline: bool = Field(
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",

@@ -1,11 +1,12 @@
 """Kafka records as the engine reads them: Arrow tables of :data:`RECORD_COLUMNS`.
 
 :data:`RECORD_COLUMNS` is the shape ``toArrow()`` of Spark's Kafka source gives the engine
-(:meth:`engine.app.EngineApp.on_batch`); the direct source (:mod:`engine.sources.direct`) and
-the restart replay (:func:`read_ranges`) build the same tables from confluent-kafka messages
-(:func:`records_table`).  The engine's consumers read ``read_committed`` as the ``engine``
-principal and commit nothing (:func:`engine_consumer_config`): where to read lives in the
-engine's checkpoint, whose per-batch offset logs are :func:`offset_ranges` of each batch.
+(:meth:`engine.app.EngineApp.on_batch`), the only way the engine ingests a stream; the restart
+replay (:func:`read_ranges`) builds the same tables from confluent-kafka messages
+(:func:`records_table`) when it re-reads a logged batch's offset ranges.  Its consumer reads
+``read_committed`` as the ``engine`` principal and commits nothing
+(:func:`engine_consumer_config`): where to read lives in the engine's checkpoint, whose
+per-batch offset logs are :func:`offset_ranges` of each batch.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
 
     One transaction: the engine reads ``read_committed``, so every partition's records appear
     at once.  Sent plainly, the producer's per-partition batches reached the broker one
-    partition at a time, and a fast engine (the direct source) could read a whole batch of
+    partition at a time, and a fast engine could read a whole batch of
     packets before any trade existed in Kafka: partitions it has never seen do not hold the
     watermark back, so the trades sent after were late (a race of the test, found by the
     SIGKILL test in a clean-clone run)."""

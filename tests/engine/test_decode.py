@@ -133,7 +133,8 @@ def test_packets_invariants() -> None:
 
 
 def test_interleaved_partitions_are_decoded_in_arrival_order_with_their_own_keys_and_times() -> None:
-    """Chunks of two partitions interleaved, as the direct source hands them over: decoded in
+    """Chunks of two partitions interleaved, as a consumer hands them over (the restart replay's
+    :func:`engine.sources.readers.read_ranges`): decoded in
     (partition, offset) order without copying the payloads, and a bad record's key, bytes and
     Kafka timestamp are its own."""
     cols = _trades(40)

@@ -36,25 +36,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = int(os.environ.get("TIDEWATCH_TEST_KILLS", "3"))
 
 
-@pytest.mark.parametrize("source", ["spark", "direct"])
 def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path, source: str
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:
-    """With Spark's Kafka source (Spark's checkpoint says where to resume) and with the driver's
-    own consumer (the positions logged with each batch say it)."""
+    """Spark's Kafka source: Spark's checkpoint says where to resume, the engine's offset logs
+    and snapshots rebuild the state."""
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp_path / "ckpt", engine_source=source)
+    s = engine_settings(run, tmp_path / "ckpt")
     db = fresh_database(pg_url)
     from engine.sinks.publish import ensure_topics
 
     ensure_topics(kafka_bootstrap, s)
     # about 45 micro-batches of events for every three kills (each kill waits for three batches,
-    # then up to 0.8 s: the direct source runs a batch of this test in 50-150 ms, so a longer
-    # wait could reach the end of the events before the last kill)
+    # then up to 0.8 s: a longer wait could reach the end of the events before the last kill)
     scale = max(1, -(-KILLS // 3))
     sc = make_scenario(n_trades=12000 * scale, n_packets=6000 * scale, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
-    env = engine_env(s, kafka_bootstrap, db) | {"TIDEWATCH_ENGINE_SOURCE": source}
+    env = engine_env(s, kafka_bootstrap, db)
     log = tmp_path / "engine.log"
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     rng = random.Random(7)

@@ -95,15 +95,12 @@ def _alert_id(a: tuple[str, str, str, int]) -> str:
     return f"{a[0]}|{a[1]}|{a[2]}|{a[3]}"
 
 
-def _run_through(
-    fault: Callable[[], None], kafka_s: Settings, pg_s: Settings, tmp_path: Path, source: str = "spark"
-) -> Run:
-    """Engine (reading Kafka through ``source``) + feed through ``fault()`` (stops a service,
-    waits, starts it); then every check."""
+def _run_through(fault: Callable[[], None], kafka_s: Settings, pg_s: Settings, tmp_path: Path) -> Run:
+    """Engine + feed through ``fault()`` (stops a service, waits, starts it); then every check."""
     bootstrap = kafka_s.kafka_bootstrap
     assert bootstrap is not None
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp_path / "ckpt", engine_source=source)
+    s = engine_settings(run, tmp_path / "ckpt")
     db = fresh_database(pg_s.sqlalchemy_url)
     from engine.sinks.publish import ensure_topics
 
@@ -133,7 +130,7 @@ def _run_through(
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     elog, flog = tmp_path / "engine.log", tmp_path / "feed.log"
     t0 = time.monotonic()
-    proc = start_engine(engine_env(s, bootstrap, db) | {"TIDEWATCH_ENGINE_SOURCE": source}, elog, run)
+    proc = start_engine(engine_env(s, bootstrap, db), elog, run)
     feed: subprocess.Popen[bytes] | None = None
     try:
         wait_for(lambda: progress(db)[0] >= 1, 180, "the engine's first batch (the rules)")
@@ -203,19 +200,15 @@ def _run_through(
     return Run(engine_log, outage, batches_before, wall)
 
 
-@pytest.mark.parametrize("source", ["spark", "direct"])
 def test_engine_rides_out_a_kafka_broker_restart(
-    restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path, source: str
+    restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path
 ) -> None:
-    """``direct``: the direct source's fetch consumer loses its socket to the broker, reports
-    it, looks the leaders up again and reconnects (engine/sources/fetch_consumer.py)."""
-
     def restart() -> None:
         kafka.stop(restartable_kafka)  # controlled shutdown
         time.sleep(DOWN_S)
         kafka.start(restartable_kafka)
 
-    _run_through(restart, restartable_kafka, restartable_pg, tmp_path, source)
+    _run_through(restart, restartable_kafka, restartable_pg, tmp_path)
 
 
 def test_engine_rides_out_a_postgres_restart(

@@ -83,11 +83,11 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, source: str = "spark") -> None:
+def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     from engine.app import EngineApp
 
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp / "ckpt", engine_source=source)
+    s = engine_settings(run, tmp / "ckpt")
     db = fresh_database(pg_url)
     from engine.sinks.publish import ensure_topics
 
@@ -168,44 +168,9 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, source: str
     assert n_results == enter_minus_exit
 
 
-@pytest.mark.parametrize("source", ["spark", "direct"])
 def test_engine_equals_backtest_exactly_once(
-    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path, source: str
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:
-    """Both ways of reading Kafka (Spark's Kafka source; the driver's own consumer) give the
-    backtest's alert log, once each in Kafka, every dead letter, and PSoup's late rule."""
-    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path, source)
-
-
-def test_direct_source_available_now_drains_what_is_there_and_resumes(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path
-) -> None:
-    """The direct source's ``available_now``: a first start reads the rules and stops; a second
-    start, after the events were produced, resumes from the logged positions, drains them and
-    stops -- and the alert log equals the backtest."""
-    from engine.app import EngineApp
-    from engine.sinks.publish import ensure_topics
-
-    run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp_path / "ckpt", engine_source="direct")
-    db = fresh_database(pg_url)
-    ensure_topics(kafka_bootstrap, s)
-    sc = make_scenario()
-    produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
-    final = (sc.max_ts - s.allowed_lateness_ms) // G * G
-    for step in ("rules", "events"):
-        if step == "events":
-            produce(sc, kafka_bootstrap, topics_of(s))
-        app = EngineApp(s, bootstrap=kafka_bootstrap, pg_url=db, engine_id=run)
-        q = app.start(None, trigger_seconds=0.2, max_offsets_per_trigger=2500, available_now=True)
-        try:
-            assert q.awaitTermination(180), f"the direct source did not stop after reading the {step}"
-        finally:
-            q.stop()
-            app.close()
-        assert q.exception() is None
-        assert len(app.core.rules) == len(RULES)
-    assert app.core.applied_until == final
-    original = {sc.sub_ids[n] for n in RULES}
-    got = [a for a in app.store.alert_log() if a[0] in original]
-    assert sorted(got) == backtest(sc, RULES, final)
+    """Spark's Kafka source gives the backtest's alert log, once each in Kafka, every dead
+    letter, and PSoup's late rule."""
+    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path)

@@ -32,7 +32,6 @@ BUILTIN_BASES = {
     "tidewatch.stack.processes.StartupFailed": RuntimeError,
     "subscriptions.errors.RuleError": ValueError,
     "subscriptions.outbox.RelayBusy": RuntimeError,
-    "engine.sources.native_consumer.NativeConsumerError": RuntimeError,
     "ingest.pcap.PcapError": ValueError,
     "ingest.producer.ProgressMismatch": RuntimeError,
     "dashboard.detail.KafkaUnavailable": RuntimeError,

@@ -98,7 +98,7 @@ def spark_options(settings: Settings, principal: str = "engine") -> dict[str, st
 #: principal -> the prefix of its consumer group ids and transactional ids in the code
 #: (ingest/producer.py ``tidewatch-feed-<feed id>-<run>`` of ``--resume``, engine/sinks/publish.py
 #: ``tidewatch-engine-<id>`` and ``tidewatch-engine-<id>-progress``, engine/app.py
-#: ``tidewatch-engine-replay``, engine/sources/direct.py ``tidewatch-engine-<id>`` and Spark's ``tidewatch-engine-spark-*`` (:func:`spark_options`),
+#: ``tidewatch-engine-replay`` and Spark's ``tidewatch-engine-spark-*`` (:func:`spark_options`),
 #: dashboard/detail.py ``tidewatch-dashboard-<uuid>``, subscriptions/outbox.py
 #: ``tidewatch-outbox-relay:<topic>`` and ``tidewatch-outbox-relay-recovery``)
 ID_PREFIX = {
