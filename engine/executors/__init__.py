@@ -1,0 +1,16 @@
+"""Per-event work in Spark's executors: decode, validation, dead letters, (key, pane) pre-aggregation.
+
+* :mod:`engine.executors.preagg` -- what runs in the Python workers of ``mapInArrow`` over the
+  Kafka DataFrame: :class:`~engine.executors.preagg.Preaggregator` (picklable) maps Kafka
+  records to rows of one schema (:data:`~engine.executors.preagg.OUTPUT_SCHEMA`): partial pane
+  rows, dead letters, per-partition event-time maxima, raw events when asked, and the records
+  of topics that are not event streams (the subscriptions);
+* :mod:`engine.executors.merge` -- the driver's side: the exact merge of the partial pane rows of
+  several tasks and batches (:class:`~engine.executors.merge.PanePartial`) into the
+  :class:`engine.evaluation.panes.PaneRows` that ``Evaluator.apply_panes`` takes, and the rest of
+  a batch's executor output (:func:`~engine.executors.merge.merge_output`);
+* :mod:`engine.executors.reference` -- today's driver path on the same records (decode +
+  ``panes.aggregate`` in the driver), the oracle of the tests and the benchmark.
+
+Nothing is imported here (``import engine.executors`` stays light in a Python worker).
+"""

@@ -1,0 +1,710 @@
+"""The driver's side of the executors' output: the exact merge of partial pane rows.
+
+The tasks of a batch each send partial rows for the (stream, key field, key, pane, column set)
+they saw (:mod:`engine.executors.preagg`); the same pane may also be partial across batches
+(its events keep arriving until the watermark passes it).  :class:`PanePartial` holds the
+partial rows of one (stream, key field), dense (one row per (key, pane), every column set
+aligned with it), and merges them exactly -- vectorized (NumPy + one Numba pass per column set,
+no Python per row):
+
+* ``total`` and COUNT: integer sums;
+* SUM: the fixed128 words (:mod:`engine.algorithms.fixed128`) added modulo ``2**128`` --
+  integers, so any grouping gives the same words, and the float64 sum is the float nearest to
+  them (``to_float_many``), bit for bit what ``panes.aggregate`` gives for all the events at once;
+* MIN / MAX: the smallest / largest value of the parts (count > 0);
+* FIRST / LAST: the value of the part whose first (last) event is smallest (largest) in
+  (ts, batch, partition, offset) -- the driver's order: ``ts``, ties in arrival order, which
+  is (partition, offset) within a batch and older batches first across batches;
+* COUNT DISTINCT: (value, multiplicity) pairs, multiplicities added;
+* key order: a (key, pane)'s earliest event in (batch, partition, offset) order, the smallest
+  per key, so :meth:`PanePartial.pane_rows` orders keys as first seen, like ``aggregate``.
+
+The merge's contract: for events split in any way among tasks (and among batches, numbered in
+the order the driver reads them), ``PanePartial.merge`` of the parts, then
+:meth:`PanePartial.pane_rows`, equals ``panes.aggregate`` of all the events (decoded by
+:func:`engine.decode.decode_records`, batches concatenated oldest first) with the same column
+sets: same rows in the same order, same ``total``, counts, float sums, exact words, FIRST and
+LAST (bits), MIN and MAX (values).  Two things are canonical rather than order-dependent:
+
+* COUNT DISTINCT pairs within a row are sorted by value (``aggregate`` lists them in the order
+  values were first seen); the evaluator's COUNT DISTINCT over time windows reads whole panes,
+  so the order within a pane does not change an answer;
+* a MIN / MAX over values that compare equal but differ in sign (``0.0`` and ``-0.0``) may keep
+  the other zero (``aggregate``'s own result depends on the order it reduces in); they compare
+  equal, so no rule's answer changes.
+
+:meth:`PanePartial.split` cuts off the panes due at a lookup time (``pane <= tau``); the rest
+stays pending and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries
+pending rows over a change of the column sets (new sets from the executors re-run over the
+same records).  :func:`merge_output` turns a batch's whole
+executor output (``mapInArrow(...).toArrow()``) into what the driver needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.algorithms.fixed128 import add, to_float_many
+from engine.dead_letter import REASONS, DeadLetters
+from engine.decode import Decoded, arrival_order, column_numpy, empty
+from engine.evaluation.panes import PaneAggregates, PaneRows
+from engine.executors.preagg import (
+    DEAD_SCHEMA,
+    KINDS,
+    PARTITION_SCHEMA,
+    RECORD_SCHEMA,
+    TOTAL,
+    BatchParams,
+    KeySpec,
+    SetSpec,
+    event_schema,
+    ipc_table,
+)
+
+_PANE, _DISTINCT = KINDS.index("pane"), KINDS.index("distinct")
+_REASON_RANK = {r: i for i, r in enumerate(("undecodable", "invalid", "future", "late"))}
+assert set(_REASON_RANK) == set(REASONS)
+
+
+# ---------------------------------------------------------------- kernels
+@nb.njit(cache=True)
+def _less(a, b):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Lexicographic ``a < b`` of two int64 rows."""
+    for k in range(a.shape[0]):
+        if a[k] != b[k]:
+            return a[k] < b[k]
+    return False
+
+
+@nb.njit(cache=True)
+def _merge_set(gid, n_groups, count, hi, lo, mins, maxs, first, last, first_at, last_at):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """One column set's parts -> one row per group (parts with count 0 are skipped)."""
+    f1, f2, f3 = hi.shape[1], mins.shape[1], first.shape[1]
+    o_count = np.zeros(n_groups, np.int64)
+    o_hi = np.zeros((n_groups, f1), np.int64)
+    o_lo = np.zeros((n_groups, f1), np.int64)
+    o_min = np.full((n_groups, f2), np.nan)
+    o_max = np.full((n_groups, f2), np.nan)
+    o_first = np.full((n_groups, f3), np.nan)
+    o_last = np.full((n_groups, f3), np.nan)
+    o_fat = np.zeros((n_groups, first_at.shape[1]), np.int64)
+    o_lat = np.zeros((n_groups, last_at.shape[1]), np.int64)
+    for i in range(gid.shape[0]):
+        c = count[i]
+        if c == 0:
+            continue
+        g = gid[i]
+        seen = o_count[g] > 0
+        o_count[g] += c
+        for f in range(f1):
+            o_hi[g, f], o_lo[g, f] = add(o_hi[g, f], o_lo[g, f], hi[i, f], lo[i, f])
+        for f in range(f2):
+            v = mins[i, f]
+            if not seen or v < o_min[g, f]:
+                o_min[g, f] = v
+            v = maxs[i, f]
+            if not seen or v > o_max[g, f]:
+                o_max[g, f] = v
+        if f3:
+            if not seen or _less(first_at[i], o_fat[g]):
+                o_fat[g, :] = first_at[i]
+                o_first[g, :] = first[i]
+            if not seen or _less(o_lat[g], last_at[i]):
+                o_lat[g, :] = last_at[i]
+                o_last[g, :] = last[i]
+    return o_count, o_hi, o_lo, o_min, o_max, o_first, o_last, o_fat, o_lat
+
+
+@nb.njit(cache=True)
+def _merge_total(gid, n_groups, total, at):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Totals added; the lexicographically smallest ``at`` row per group."""
+    o_total = np.zeros(n_groups, np.int64)
+    o_at = np.zeros((n_groups, at.shape[1]), np.int64)
+    seen = np.zeros(n_groups, np.bool_)
+    for i in range(gid.shape[0]):
+        g = gid[i]
+        o_total[g] += total[i]
+        if not seen[g] or _less(at[i], o_at[g]):
+            o_at[g, :] = at[i]
+            seen[g] = True
+    return o_total, o_at
+
+
+def _group_sum(gid: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` per group id (sort + reduceat, no float)."""
+    out = np.zeros(n, np.int64)
+    if len(gid) == 0:
+        return out
+    order = np.argsort(gid, kind="stable")
+    g = gid[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    out[g[starts]] = np.add.reduceat(np.asarray(values, np.int64)[order], starts)
+    return out
+
+
+# ---------------------------------------------------------------- partial rows
+@dataclass
+class SetPartial:
+    """One column set's aggregates, aligned with the rows of its :class:`PanePartial`."""
+
+    count: np.ndarray  # int64 (R,)
+    sum_hi: np.ndarray  # int64 (R, len(sums)): fixed128 words of the exact sums
+    sum_lo: np.ndarray
+    mins: np.ndarray  # float64 (R, len(minmax)), NaN where count == 0
+    maxs: np.ndarray
+    first: np.ndarray  # float64 (R, len(firstlast)), NaN where count == 0
+    last: np.ndarray
+    #: int64 (R, 4): (ts, batch, partition, offset) of the event FIRST / LAST come from
+    first_at: np.ndarray
+    last_at: np.ndarray
+    #: per distinct field: (row, value, multiplicity), sorted by (row, value)
+    distinct: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class _Block:
+    """Rows of parts: key codes (into a shared uniques array), panes, and their columns."""
+
+    kc: np.ndarray
+    pane: np.ndarray
+    cols: tuple[np.ndarray, ...]
+    aligned: bool = False  # one row per total row, in the same order (the inline column set)
+
+
+@dataclass
+class PanePartial:
+    """Partial (key, pane) rows of one (stream, key field), mergeable (module docstring)."""
+
+    spec: KeySpec
+    keys: np.ndarray  # object array of key values
+    pane: np.ndarray  # int64
+    total: np.ndarray  # int64: events before any predicate
+    #: int64 (R, 3): (batch, partition, offset) of the row's earliest event in arrival order
+    key_at: np.ndarray
+    sets: list[SetPartial]
+
+    def __len__(self) -> int:
+        return len(self.pane)
+
+    @property
+    def n_events(self) -> int:
+        return int(self.total.sum())
+
+    # -------------------------------------------------------------- building
+    @classmethod
+    def empty(cls, spec: KeySpec) -> PanePartial:
+        """No rows (a pending buffer before the first batch)."""
+        return _combine(
+            spec,
+            np.zeros(0, object),
+            _Block(_I0, _I0, (_I0, np.zeros((0, 3), np.int64))),
+            [_empty_set_block(s) for s in spec.sets],
+            [[_Block(_I0, _I0, (np.zeros(0), _I0)) for _ in s.distinct] for s in spec.sets],
+        )
+
+    @classmethod
+    def merge(cls, parts: list[PanePartial]) -> PanePartial:
+        """One partial of many (same spec): exact, associative and commutative."""
+        if not parts:
+            raise ValueError("nothing to merge")
+        spec = parts[0].spec
+        if any(p.spec != spec for p in parts):
+            raise ValueError("partials of different pane specs")
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1:
+            return parts[0]
+        codes, uniques = pd.factorize(np.concatenate([p.keys for p in parts]), sort=False)
+        codes = codes.astype(np.int64)
+        bounds = np.cumsum([0] + [len(p) for p in parts])
+        kcs = [codes[bounds[i] : bounds[i + 1]] for i in range(len(parts))]
+        tot = _concat_blocks(
+            [_Block(kc, p.pane, (p.total, p.key_at)) for kc, p in zip(kcs, parts, strict=True)]
+        )
+        sets, dist = [], []
+        for j, s in enumerate(spec.sets):
+            blocks, dblocks = [], [[] for _ in s.distinct]  # type: ignore[var-annotated]
+            for kc, p in zip(kcs, parts, strict=True):
+                sp = p.sets[j]
+                live = np.flatnonzero(sp.count > 0)
+                blocks.append(
+                    _Block(
+                        kc[live],
+                        p.pane[live],
+                        (
+                            sp.count[live],
+                            sp.sum_hi[live],
+                            sp.sum_lo[live],
+                            sp.mins[live],
+                            sp.maxs[live],
+                            sp.first[live],
+                            sp.last[live],
+                            sp.first_at[live],
+                            sp.last_at[live],
+                        ),
+                    )
+                )
+                for k, (r, v, m) in enumerate(sp.distinct):
+                    dblocks[k].append(_Block(kc[r], p.pane[r], (v, m)))
+            sets.append(_concat_blocks(blocks))
+            dist.append([_concat_blocks(b) for b in dblocks])
+        return _combine(spec, np.asarray(uniques, dtype=object), tot, sets, dist)
+
+    # -------------------------------------------------------------- using
+    def take(self, idx: np.ndarray) -> PanePartial:
+        """The rows ``idx`` (increasing positions or a boolean mask)."""
+        idx = np.flatnonzero(idx) if idx.dtype == bool else np.asarray(idx, np.int64)
+        new = np.full(len(self), -1, np.int64)
+        new[idx] = np.arange(len(idx))
+        sets = []
+        for sp in self.sets:
+            dist = []
+            for r, v, m in sp.distinct:
+                nr = new[r]
+                keep = nr >= 0
+                dist.append((nr[keep], v[keep], m[keep]))
+            sets.append(
+                SetPartial(
+                    sp.count[idx],
+                    sp.sum_hi[idx],
+                    sp.sum_lo[idx],
+                    sp.mins[idx],
+                    sp.maxs[idx],
+                    sp.first[idx],
+                    sp.last[idx],
+                    sp.first_at[idx],
+                    sp.last_at[idx],
+                    dist,
+                )
+            )
+        return PanePartial(self.spec, self.keys[idx], self.pane[idx], self.total[idx], self.key_at[idx], sets)
+
+    def split(self, until: int) -> tuple[PanePartial, PanePartial]:
+        """(rows with ``pane <= until``, the others): what a lookup at ``until`` applies, what
+        stays pending."""
+        due = self.pane <= until
+        return self.take(due), self.take(~due)
+
+    def with_spec(self, spec: KeySpec, extra: PanePartial | None = None) -> PanePartial:
+        """The same rows under another spec of the same (stream, key field) -- after rules were
+        added or removed while these panes were pending.  Each column set of ``spec`` is taken
+        by name from this partial or else from ``extra``: the new sets computed over the *same
+        events* (the executors re-run over the pending batches' offset ranges with only those
+        sets); sets no longer in ``spec`` are dropped.  A set found in neither is an error unless
+        there are no rows (its aggregates cannot be made up)."""
+        if (spec.stream, spec.key) != (self.spec.stream, self.spec.key):
+            raise ValueError("another stream or key field")
+        mine = {s.name: (s, sp) for s, sp in zip(self.spec.sets, self.sets, strict=True)}
+        theirs: dict[str, tuple[SetSpec, SetPartial]] = {}
+        pos = np.arange(len(self))
+        if extra is not None and len(extra.spec.sets):
+            if len(extra) != len(self):
+                raise ValueError("extra rows are not the same (key, pane) rows")
+            codes, _ = pd.factorize(np.concatenate([self.keys, extra.keys]), sort=False)
+            panes, pcode = np.unique(np.concatenate([self.pane, extra.pane]), return_inverse=True)
+            comp = np.asarray(codes, np.int64) * max(len(panes), 1) + pcode.reshape(-1)
+            pos = pd.Index(comp[len(self) :]).get_indexer(comp[: len(self)])  # extra row of each row
+            if np.any(pos < 0) or not np.array_equal(extra.total[pos], self.total):
+                raise ValueError("extra rows are not the same events")
+            back = np.empty(len(pos), np.int64)
+            back[pos] = np.arange(len(pos))  # row of self of each extra row
+            for s, sp in zip(extra.spec.sets, extra.sets, strict=True):
+                dist = []
+                for r, v, m in sp.distinct:  # rows renumbered; within a row still sorted by value
+                    o = np.argsort(back[r], kind="stable")
+                    dist.append((back[r][o], v[o], m[o]))
+                theirs[s.name] = (
+                    s,
+                    SetPartial(
+                        sp.count[pos],
+                        sp.sum_hi[pos],
+                        sp.sum_lo[pos],
+                        sp.mins[pos],
+                        sp.maxs[pos],
+                        sp.first[pos],
+                        sp.last[pos],
+                        sp.first_at[pos],
+                        sp.last_at[pos],
+                        dist,
+                    ),
+                )
+        sets = []
+        for s in spec.sets:
+            got = mine.get(s.name) or theirs.get(s.name)
+            if got is not None and got[0] != s:
+                raise ValueError(f"column set {s.name!r} has other fields")
+            if got is None:
+                if len(self):
+                    raise ValueError(f"column set {s.name!r} is not in the pending rows: give it as extra")
+                got = (s, PanePartial.empty(KeySpec(spec.stream, spec.key, (s,))).sets[0])
+            sets.append(got[1])
+        return PanePartial(spec, self.keys, self.pane, self.total, self.key_at, sets)
+
+    def pane_rows(self) -> PaneRows:
+        """The rows as ``Evaluator.apply_panes`` takes them: keys as first seen, then panes."""
+        n = len(self)
+        if n:
+            kc, kuniq = pd.factorize(self.keys, sort=False)
+            kc = np.asarray(kc, np.int64)
+            _, kmin = _merge_total(kc, len(kuniq), np.zeros(n, np.int64), self.key_at)  # each key's earliest
+            rank = np.empty(len(kuniq), np.int64)
+            rank[np.lexsort((kmin[:, 2], kmin[:, 1], kmin[:, 0]))] = np.arange(len(kuniq))
+            order = np.lexsort((self.pane, rank[kc]))
+        else:
+            order = np.zeros(0, np.int64)
+        new = np.empty(n, np.int64)
+        new[order] = np.arange(n)
+        sets: dict[str, PaneAggregates] = {}
+        for s, sp in zip(self.spec.sets, self.sets, strict=True):
+            agg = PaneAggregates(count=sp.count[order])
+            if s.sums:
+                hi, lo = sp.sum_hi[order], sp.sum_lo[order]
+                fl = to_float_many(np.ascontiguousarray(hi), np.ascontiguousarray(lo))
+                for c, f in enumerate(s.sums):
+                    agg.sums[f] = np.ascontiguousarray(fl[:, c])
+                    agg.exact[f] = (np.ascontiguousarray(hi[:, c]), np.ascontiguousarray(lo[:, c]))
+            for c, f in enumerate(s.minmax):
+                agg.mins[f] = np.ascontiguousarray(sp.mins[order, c])
+                agg.maxs[f] = np.ascontiguousarray(sp.maxs[order, c])
+            for c, f in enumerate(s.firstlast):
+                agg.first[f] = np.ascontiguousarray(sp.first[order, c])
+                agg.last[f] = np.ascontiguousarray(sp.last[order, c])
+            for f, (r, v, m) in zip(s.distinct, sp.distinct, strict=True):
+                nr = new[r]
+                o = np.argsort(nr, kind="stable")  # within a row: still sorted by value
+                agg.distinct[f] = (nr[o], v[o], m[o])
+            sets[s.name] = agg
+        return PaneRows(keys=self.keys[order], pane=self.pane[order], total=self.total[order], sets=sets)
+
+
+_I0 = np.zeros(0, np.int64)
+
+
+def _empty_set_block(s: SetSpec) -> _Block:
+    f1, f2, f3 = len(s.sums), len(s.minmax), len(s.firstlast)
+    return _Block(
+        _I0,
+        _I0,
+        (
+            _I0,
+            np.zeros((0, f1), np.int64),
+            np.zeros((0, f1), np.int64),
+            np.zeros((0, f2)),
+            np.zeros((0, f2)),
+            np.zeros((0, f3)),
+            np.zeros((0, f3)),
+            np.zeros((0, 4), np.int64),
+            np.zeros((0, 4), np.int64),
+        ),
+    )
+
+
+def _concat_blocks(blocks: list[_Block]) -> _Block:
+    if len(blocks) == 1:
+        return blocks[0]
+    return _Block(
+        np.concatenate([b.kc for b in blocks]),
+        np.concatenate([b.pane for b in blocks]),
+        tuple(np.concatenate(c) for c in zip(*(b.cols for b in blocks), strict=True)),
+    )
+
+
+def _combine(
+    spec: KeySpec, uniques: np.ndarray, tot: _Block, sets: list[_Block], dist: list[list[_Block]]
+) -> PanePartial:
+    """Group the parts' rows by (key, pane) (hashing, no sort) and reduce them (module
+    docstring).  Every set or distinct row's (key, pane) must have a total row."""
+    pcode, panes = pd.factorize(np.asarray(tot.pane, np.int64))
+    n_p = max(len(panes), 1)
+    gid, groups = pd.factorize(tot.kc * n_p + pcode)
+    gid = np.asarray(gid, np.int64)
+    groups = np.asarray(groups, np.int64)
+    n = len(groups)
+    pane_index, group_index = pd.Index(panes), pd.Index(groups)
+    total, key_at = _merge_total(gid, n, np.asarray(tot.cols[0], np.int64), np.asarray(tot.cols[1], np.int64))
+
+    def group_of(b: _Block) -> np.ndarray:
+        if b.aligned:
+            return gid
+        if not len(b.kc):
+            return _I0
+        pc_ = pane_index.get_indexer(b.pane)
+        g = group_index.get_indexer(b.kc * n_p + pc_)
+        if np.any(pc_ < 0) or np.any(g < 0):
+            raise ValueError("a column set's row has no total row (a malformed part)")
+        return np.asarray(g, np.int64)
+
+    out_sets = []
+    for b, dbs in zip(sets, dist, strict=True):
+        cnt, hi, lo, mn, mx, fi, la, fat, lat = _merge_set(
+            group_of(b), n, *(np.ascontiguousarray(c) for c in b.cols)
+        )
+        distinct = []
+        for db in dbs:
+            dg = group_of(db)
+            values, mult = db.cols
+            if len(values):
+                vcode, vuniq = pd.factorize(values, sort=True)  # canonical: rows, then values
+                nv = max(len(vuniq), 1)
+                pair = dg * nv + vcode.astype(np.int64)
+                order = np.argsort(pair, kind="stable")
+                ps = pair[order]
+                starts = np.flatnonzero(np.r_[True, ps[1:] != ps[:-1]])
+                up = ps[starts]
+                m = np.add.reduceat(np.asarray(mult, np.int64)[order], starts)
+                distinct.append((up // nv, np.asarray(vuniq)[up % nv], m))
+            else:
+                distinct.append((_I0, values, _I0))
+        out_sets.append(SetPartial(cnt, hi, lo, mn, mx, fi, la, fat, lat, distinct))
+    return PanePartial(
+        spec,
+        np.asarray(uniques, dtype=object)[groups // n_p] if n else np.zeros(0, object),
+        np.asarray(panes, np.int64)[groups % n_p] if n else _I0,
+        total,
+        key_at,
+        out_sets,
+    )
+
+
+# ---------------------------------------------------------------- one batch's output
+def _np(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return col.to_numpy(zero_copy_only=False)
+
+
+def _ints(col: pa.ChunkedArray | pa.Array, fill: int = -1) -> np.ndarray:
+    """An integer column as int64 (nulls -> ``fill``: never through float)."""
+    return np.asarray(_np(col.fill_null(fill)), np.int64)
+
+
+def _data(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer column's values as int64, read from its data buffers without looking at the
+    validity (null slots hold whatever the buffer holds): only for rows known to be valid."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    out = []
+    for c in chunks:
+        dt = np.dtype(c.type.to_pandas_dtype())
+        buf = c.buffers()[1]
+        out.append(
+            np.zeros(len(c), dt) if buf is None else np.frombuffer(buf, dt, len(c), c.offset * dt.itemsize)
+        )
+    return np.concatenate(out).astype(np.int64, copy=False) if out else _I0
+
+
+class _Lists:
+    """A list column as flat values + offsets: rows of a known width gathered without Arrow."""
+
+    def __init__(self, col: pa.ChunkedArray | pa.Array, dtype: type) -> None:
+        self.dtype = dtype
+        offs, vals, base = [], [], 0
+        for c in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+            o = np.asarray(_np(c.offsets), np.int64)  # into c.values, the whole child
+            v: np.ndarray = np.asarray(_np(c.values), dtype)
+            offs.append(o[:-1] + base)
+            vals.append(v)
+            base += len(v)
+        self.offs = np.concatenate(offs) if offs else _I0
+        self.vals = np.concatenate(vals) if vals else np.zeros(0, dtype)
+
+    def rows(self, r: np.ndarray, width: int) -> np.ndarray:
+        if width == 0:
+            return np.zeros((len(r), 0), self.dtype)
+        return self.vals[self.offs[r][:, None] + np.arange(width)]
+
+
+def _at(ts: np.ndarray, batch: int, part: np.ndarray, off: np.ndarray) -> np.ndarray:
+    out = np.empty((len(ts), 4), np.int64)
+    out[:, 0], out[:, 1], out[:, 2], out[:, 3] = ts, batch, part, off
+    return out
+
+
+def _from_arrow(
+    tbl: pa.Table, code: np.ndarray, params: BatchParams, batch: int
+) -> dict[tuple[str, str], PanePartial]:
+    """The pane and distinct rows of one batch's output (``code``: each row's kind), merged per
+    key spec.  Columns are read once, whole, and rows picked in NumPy (no Arrow take)."""
+    is_pane, is_dist = code == _PANE, code == _DISTINCT
+    enc = tbl.column("key").combine_chunks().dictionary_encode()
+    kc = _data(enc.indices)
+    uniques = np.asarray(_np(enc.dictionary), dtype=object)
+    # every row read below is a pane / distinct row, whose columns are valid: buffers as they are
+    spec, cset, dfield = _data(tbl.column("spec")), _data(tbl.column("cset")), _data(tbl.column("dfield"))
+    spec[~(is_pane | is_dist)] = -1
+    pane, n = _data(tbl.column("pane")), _data(tbl.column("n"))
+    part, off = _data(tbl.column("partition")), _data(tbl.column("offset"))
+    fl = {
+        c: _data(tbl.column(c))
+        for c in ("first_ts", "first_partition", "first_offset", "last_ts", "last_partition", "last_offset")
+    }
+    lists = {
+        c: _Lists(tbl.column(c), np.int64 if c.startswith("sum") else np.float64)
+        for c in ("sum_hi", "sum_lo", "min", "max", "first", "last")
+    }
+    out: dict[tuple[str, str], PanePartial] = {}
+    for i, ks in enumerate(params.panes):
+        mine = spec == i
+        t = np.flatnonzero(mine & is_pane & (cset == TOTAL))
+        at = np.empty((len(t), 3), np.int64)
+        at[:, 0], at[:, 1], at[:, 2] = batch, part[t], off[t]
+        tot = _Block(kc[t], pane[t], (n[t], at))
+        sets, dist = [], []
+        for j, s in enumerate(ks.sets):
+            aligned = j == ks.inline
+            r = t if aligned else np.flatnonzero(mine & is_pane & (cset == j))
+            if s.firstlast:
+                fat = _at(fl["first_ts"][r], batch, fl["first_partition"][r], fl["first_offset"][r])
+                lat = _at(fl["last_ts"][r], batch, fl["last_partition"][r], fl["last_offset"][r])
+            else:
+                fat = lat = np.zeros((len(r), 4), np.int64)
+            f1, f2, f3 = len(s.sums), len(s.minmax), len(s.firstlast)
+            cols = (
+                n[r],
+                lists["sum_hi"].rows(r, f1),
+                lists["sum_lo"].rows(r, f1),
+                lists["min"].rows(r, f2),
+                lists["max"].rows(r, f2),
+                lists["first"].rows(r, f3),
+                lists["last"].rows(r, f3),
+                fat,
+                lat,
+            )
+            sets.append(_Block(kc[r], pane[r], cols, aligned))
+            dblocks = []
+            for k, f in enumerate(s.distinct):
+                r = np.flatnonzero(mine & is_dist & (cset == j) & (dfield == k))
+                typ = _field_type(ks.stream, f)
+                vcol = tbl.column({"str": "d_str", "int": "d_int", "float": "d_float"}[typ]).take(
+                    pa.array(r, pa.int64())
+                )
+                if typ == "str":
+                    values = np.asarray(column_numpy(vcol.combine_chunks()), dtype=object)
+                else:
+                    values = np.asarray(_np(vcol), np.int64 if typ == "int" else np.float64)
+                dblocks.append(_Block(kc[r], pane[r], (values, n[r])))
+            dist.append(dblocks)
+        out[(ks.stream, ks.key)] = _combine(ks, uniques, tot, sets, dist)
+    return out
+
+
+def _field_type(stream: str, name: str) -> str:
+    from tidewatch.schema import STREAMS
+
+    return STREAMS[stream].fields[name].type
+
+
+@dataclass
+class ExecutorBatch:
+    """One batch's executor output, merged: what the driver needs instead of the raw records."""
+
+    #: (stream, key field) -> the batch's pane rows, merged over its tasks (still partial for
+    #: panes later batches may add to: :meth:`PanePartial.merge` with the pending ones)
+    panes: dict[tuple[str, str], PanePartial]
+    #: dead letters, in the order the driver path lists them (stream, reason, partition, offset)
+    dead: DeadLetters
+    #: valid, not-late events per stream (``BatchOutput.events``)
+    events: dict[str, int]
+    #: (stream, partition) -> largest valid event time in this batch (partitions with events):
+    #: the update of ``EngineCore.part_max``; its keys are the batch's ``delivered`` partitions
+    part_max: dict[tuple[str, int], int]
+    #: stream -> smallest valid event time in this batch (the first lookup's start)
+    ts_min: dict[str, int]
+    #: ``{topic: {partition: [first, last]}}`` of every record (``engine.app.offset_ranges``)
+    offsets: dict[str, dict[str, list[int]]]
+    #: the valid events of the streams asked raw, in arrival (partition, offset) order
+    raw: dict[str, Decoded]
+    #: records of topics that are not event streams (subscriptions): ``engine.app.RECORD_COLUMNS``
+    records: pa.Table
+    #: process ids the rows came from (the Python workers)
+    pids: set[int]
+
+
+def merge_output(tbl: pa.Table, params: BatchParams, batch: int = 0) -> ExecutorBatch:
+    """Everything of one batch's executor output (:data:`engine.executors.preagg.OUTPUT_SCHEMA`
+    rows from any number of tasks, in any order); ``batch`` numbers the batch (increasing in the
+    order the driver reads batches: the FIRST/LAST and key-order tie-break across batches)."""
+    code = _ints(pc.index_in(tbl.column("kind"), value_set=pa.array(list(KINDS))))
+    pids = {int(p) for p in pc.unique(tbl.column("pid")).to_pylist() if p is not None}
+    panes = _from_arrow(tbl, code, params, batch)
+
+    def payloads(kind: str, schema: pa.Schema, stream: str | None = None) -> pa.Table:
+        """The tables the rows of ``kind`` (of ``stream``) carry, concatenated."""
+        idx = np.flatnonzero(code == KINDS.index(kind))
+        if stream is not None and len(idx):
+            streams = tbl.column("stream").take(pa.array(idx, pa.int64())).to_pylist()
+            idx = idx[np.array([s == stream for s in streams], bool)]
+        blobs = tbl.column("payload").take(pa.array(idx, pa.int64())).to_pylist()
+        tables = [ipc_table(b) for b in blobs if b is not None]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    # dead letters, in the driver path's order
+    dt = payloads("dead", DEAD_SCHEMA)
+    dead = DeadLetters()
+    if dt.num_rows:
+        srank = {s: i for i, (s, _) in enumerate(params.topics)}
+        s_rank = np.array([srank.get(s, len(srank)) for s in _np(dt.column("stream"))], np.int64)
+        r_rank = np.array([_REASON_RANK[r] for r in _np(dt.column("reason"))], np.int64)
+        order = np.lexsort((_np(dt.column("offset")), _np(dt.column("partition")), r_rank, s_rank))
+        dt = dt.take(pa.array(order, pa.int64()))
+        dead.source_topic = dt.column("topic").to_pylist()
+        dead.source_partition = dt.column("partition").to_pylist()
+        dead.source_offset = dt.column("offset").to_pylist()
+        dead.key = dt.column("kafka_key").to_pylist()
+        dead.value = dt.column("value").to_pylist()
+        dead.reason = dt.column("reason").to_pylist()
+        dead.detail = dt.column("detail").to_pylist()
+        dead.event_ts = dt.column("event_ts").to_pylist()
+        dead.watermark = dt.column("watermark").to_pylist()
+
+    # partitions: offset ranges of all records, event-time extremes of the events
+    part = payloads("partition", PARTITION_SCHEMA)
+    offs = part.filter(pc.is_valid(part.column("offset")))
+    offsets: dict[str, dict[str, list[int]]] = {}
+    if offs.num_rows:
+        g = (
+            offs.group_by(["topic", "partition"])
+            .aggregate([("offset", "min"), ("offset_max", "max")])
+            .to_pydict()
+        )
+        for t, p, lo, hi in zip(
+            g["topic"], g["partition"], g["offset_min"], g["offset_max_max"], strict=True
+        ):
+            offsets.setdefault(str(t), {})[str(int(p))] = [int(lo), int(hi)]
+    ev = part.filter(pc.is_valid(part.column("stream")))
+    events: dict[str, int] = {s: 0 for s, _ in params.topics}
+    part_max: dict[tuple[str, int], int] = {}
+    ts_min: dict[str, int] = {}
+    if ev.num_rows:
+        g = (
+            ev.group_by(["stream", "partition"])
+            .aggregate([("n", "sum"), ("ts_min", "min"), ("ts_max", "max")])
+            .to_pydict()
+        )
+        for s, p, n, lo, hi in zip(
+            g["stream"], g["partition"], g["n_sum"], g["ts_min_min"], g["ts_max_max"], strict=True
+        ):
+            events[s] = events.get(s, 0) + int(n)
+            part_max[(s, int(p))] = int(hi)
+            ts_min[s] = min(ts_min.get(s, int(lo)), int(lo))
+
+    # raw events of the streams asked for them, in arrival order
+    raw: dict[str, Decoded] = {}
+    for stream in sorted(params.raw_streams):
+        st = payloads("event", event_schema(stream), stream)
+        if not st.num_rows:
+            raw[stream] = empty(stream)
+            continue
+        pa_ = np.asarray(_np(st.column("partition")), np.int32)
+        o = np.asarray(_np(st.column("offset")), np.int64)
+        arrival = arrival_order(pa_, o)
+        if arrival is not None:
+            st = st.take(pa.array(arrival, pa.int64()))
+            pa_, o = pa_[arrival], o[arrival]
+        cols = {f: column_numpy(st.column(f).combine_chunks()) for f in list(empty(stream).columns)}
+        raw[stream] = Decoded(stream, cols, pa_, o)
+
+    records = payloads("record", RECORD_SCHEMA)
+    return ExecutorBatch(panes, dead, events, part_max, ts_min, offsets, raw, records, pids)
