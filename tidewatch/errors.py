@@ -4,7 +4,8 @@ Every exception Tidewatch raises on purpose derives from :class:`TidewatchError`
 root of its own package (as in Quix Streams: one root per package):
 
 * ``tidewatch`` (base layer): the base errors derive from :class:`TidewatchError` itself --
-  :class:`tidewatch.kafka.txn.KafkaStalled`, :class:`tidewatch.wire.csv_io.CsvError`,
+  :class:`tidewatch.kafka.txn.KafkaStalled`, :class:`tidewatch.kafka.client.KafkaTlsConfigError`,
+  :class:`tidewatch.wire.csv_io.CsvError`,
   :class:`tidewatch.wire.avro.AvroDecodeError`, the launcher's
   :class:`tidewatch.stack.processes.StartupFailed`;
 * :class:`subscriptions.errors.SubscriptionsError`, :class:`engine.errors.EngineError`,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -124,6 +124,36 @@ class Settings(BaseSettings):
     spark_driver_memory: str = Field(
         "3g", description="JVM heap of the Spark driver (local mode: all of Spark)"
     )
+    # --- Spark on a cluster (docs/engine.md, "Running on a cluster") ----------
+    spark_driver_host: str | None = Field(
+        None,
+        description="address the executors reach the driver at (spark.driver.host); None: 127.0.0.1 "
+        "on a local master, Spark's default (this machine's address) on a cluster master",
+    )
+    spark_driver_bind_address: str | None = Field(
+        None,
+        description="address the driver's sockets bind to (spark.driver.bindAddress, e.g. 0.0.0.0 "
+        "behind NAT); None: 127.0.0.1 on a local master, the driver host on a cluster master",
+    )
+    spark_driver_port: int | None = Field(
+        None, description="the driver's RPC port (spark.driver.port, for a firewall); None: a free port"
+    )
+    spark_block_manager_port: int | None = Field(
+        None,
+        description="port of the block managers of the driver and the executors "
+        "(spark.blockManager.port, for a firewall); None: a free port",
+    )
+    spark_python: str | None = Field(
+        None,
+        description="the Python the executors' Python workers run (spark.pyspark.python, "
+        "PYSPARK_PYTHON); it must exist at this path on every worker host; None: this interpreter "
+        "(the project's venv)",
+    )
+    spark_extra_conf: dict[str, str] = Field(
+        default_factory=dict,
+        description='more Spark configuration, set last (env: JSON, e.g. {"spark.executor.memory": '
+        '"2g", "spark.cores.max": "4"})',
+    )
 
     # --- collective indexes --------------------------------------------------
     ci_p: int = Field(
@@ -207,6 +237,12 @@ class Settings(BaseSettings):
         True,
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",
     )
+    engine_preaggregate: Literal["driver", "executors"] = Field(
+        "driver",
+        description="where a micro-batch's records are decoded and pre-aggregated into (key, pane) rows: "
+        "'driver' (toArrow of the records, decoded on the driver) or 'executors' (Spark tasks, "
+        "engine/executors; runs unpipelined; docs/engine.md 'Executor pre-aggregation')",
+    )
     engine_gc_threshold: int = Field(
         100_000,
         description="allocations between collections of Python's youngest GC generation in the engine and "
@@ -232,11 +268,35 @@ class Settings(BaseSettings):
     pg_relay_password: str | None = Field(
         None, description="password of the PostgreSQL role tidewatch_relay (None: role cannot log in)"
     )
-    kafka_security: str = Field(
+    kafka_security: Literal["plaintext", "scram", "ssl", "scram_ssl"] = Field(
         "plaintext",
-        description="Kafka: 'plaintext' (default) or 'scram' (opt-in: SASL/SCRAM-SHA-512 + ACLs; every app "
-        "client connects as its principal, see docs/RELIABILITY.md)",
+        description="Kafka security protocol of every app client and of the embedded broker: 'plaintext' "
+        "(default: PLAINTEXT), 'scram' (SASL/SCRAM-SHA-512 + ACLs over SASL_PLAINTEXT; every app client "
+        "connects as its principal), 'ssl' (TLS: SSL) or 'scram_ssl' (SCRAM + ACLs over TLS: SASL_SSL); "
+        "docs/RELIABILITY.md",
     )
+    kafka_ssl_ca_location: Path | None = Field(
+        None,
+        description="TLS modes: CA certificate(s), PEM, the broker's certificate must chain to (librdkafka "
+        "ssl.ca.location, Java ssl.truststore.location of type PEM); None: the embedded broker's CA "
+        "(<run_dir>/kafka/tls/ca.pem) when `tidewatch up` made one, else the system's trust store",
+    )
+    kafka_ssl_verify_hostname: bool = Field(
+        True,
+        description="TLS modes: the broker's certificate must name the host connected to "
+        "(ssl.endpoint.identification.algorithm=https); false checks only its chain",
+    )
+    kafka_ssl_certificate_location: Path | None = Field(
+        None,
+        description="TLS modes: client certificate chain, PEM, for a broker that asks for one "
+        "(ssl.client.auth); None: no client certificate",
+    )
+    kafka_ssl_key_location: Path | None = Field(
+        None,
+        description="its private key, PEM (PKCS#8: 'BEGIN PRIVATE KEY' or 'BEGIN ENCRYPTED PRIVATE KEY', "
+        "which Spark's Java client needs); None: in the kafka_ssl_certificate_location file",
+    )
+    kafka_ssl_key_password: str | None = Field(None, description="password of an encrypted client key")
     kafka_admin_password: str | None = Field(
         None, description="SCRAM password of the broker's super user 'admin'"
     )
@@ -280,6 +340,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{SECRETS_DIR_VARIABLE}={secrets_dir} is not a directory")
             file_secret_settings = SecretsSettingsSource(settings_cls, secrets_dir=path)
         return init_settings, env_settings, dotenv_settings, file_secret_settings
+
+    @field_validator("kafka_security", mode="before")
+    @classmethod
+    def _security_lower_case(cls, value: object) -> object:
+        """``SCRAM_SSL`` reads like Kafka's own names; accept it in any case."""
+        return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _no_demo_passwords_in_production(self) -> Settings:

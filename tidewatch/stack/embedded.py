@@ -76,14 +76,15 @@ class App:
     env: Callable[[Settings], dict[str, str]] = field(default=lambda s: {})
     #: seconds to wait for health (or, without a health URL, to see it stay up)
     settle_s: float = 3.0
-    #: its Kafka principal (:data:`tidewatch.kafka.client.PRINCIPALS`; SCRAM user in the scram mode)
+    #: its Kafka principal (:data:`tidewatch.kafka.client.PRINCIPALS`; SCRAM user in the SCRAM modes)
     principal: str | None = None
 
 
 def _kafka_env(s: Settings, principal: str | None) -> dict[str, str]:
-    """In the scram mode: the process's own SCRAM password and an empty one for every other
-    principal (admin included), so it cannot log in as another principal even if the others'
-    passwords are in the environment, ``.env`` or the secrets dir.  Nothing in plaintext mode."""
+    """In the SCRAM modes (scram, scram_ssl): the process's own SCRAM password and an empty one
+    for every other principal (admin included), so it cannot log in as another principal even if
+    the others' passwords are in the environment, ``.env`` or the secrets dir.  Nothing in the
+    other modes."""
     if not kafka_client.scram_enabled(s):
         return {}
     env = {kafka_client.password_variable(p): "" for p in (kafka_client.ADMIN, *kafka_client.PRINCIPALS)}
@@ -214,16 +215,21 @@ def _tail(path: Path, n: int = 12) -> str:
 
 
 def check_kafka_secrets(s: Settings, principals: list[str]) -> None:
-    """In the scram mode, fail before anything starts when a needed SCRAM password is missing
-    (the message names the variable)."""
-    if kafka_client.scram_enabled(s):
+    """Fail before anything starts when a needed SCRAM password is missing (the SCRAM modes; the
+    message names the variable) or a TLS file set is not there (the TLS modes)."""
+    if kafka_client.security_protocol(s) != "PLAINTEXT":
         for principal in (kafka_client.ADMIN, *principals):
             kafka_client.client_config(s, principal)
 
 
 def _start_kafka(s: Settings) -> process.ProcessRecord:
-    """Start Kafka; in the scram mode also create every principal's SCRAM user and ACLs (as admin)."""
+    """Start Kafka; in the SCRAM modes also create every principal's SCRAM user and ACLs (as admin)."""
     rec = kafka_service.start(s)
+    if kafka_client.tls_enabled(s):
+        console.print(
+            f"[green]✓[/] Kafka over TLS ({kafka_client.security_protocol(s)}); its CA: "
+            f"{kafka_client.embedded_ca(s)} (clients elsewhere: TIDEWATCH_KAFKA_SSL_CA_LOCATION)"
+        )
     if kafka_client.scram_enabled(s):
         users = kafka_client.ensure_principals(s, bootstrap=f"127.0.0.1:{s.kafka_port}")
         console.print(f"[green]✓[/] Kafka SASL/SCRAM principals and ACLs: {', '.join(users) or 'none'}")

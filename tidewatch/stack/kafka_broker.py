@@ -4,6 +4,9 @@ Runs ``java -cp '<cache>/kafka/<version>/libs/*' kafka.Kafka server.properties``
 log dir under ``<run_dir>/kafka``, the client listener on ``127.0.0.1:settings.kafka_port`` and
 the controller on ``127.0.0.1:settings.kafka_controller_port``.  The storage is formatted
 once (``kafka.tools.StorageTool format``) with a fresh cluster id and a static voter set.
+The client listener speaks ``settings.kafka_security``'s protocol (PLAINTEXT, SASL_PLAINTEXT, SSL
+or SASL_SSL; the controller listener stays PLAINTEXT on loopback); in the TLS modes with a
+self-signed CA and broker certificate made once by :func:`ensure_tls` in ``<run_dir>/kafka/tls``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import uuid
 from pathlib import Path
 
 from tidewatch import jars as kafka_dist
+from tidewatch.kafka import client as kafka_client
 from tidewatch.kafka.client import ADMIN, SCRAM, _jaas_quote, _password, client_config, scram_enabled
 from tidewatch.settings import Settings
 from tidewatch.stack import processes as process
@@ -30,25 +34,100 @@ def _admin_password(settings: Settings) -> str:
     return _password(settings, ADMIN)
 
 
+def tls_dir(settings: Settings) -> Path:
+    """The embedded broker's TLS material: ``ca.pem`` (what clients trust, :func:`kafka_client.embedded_ca`),
+    ``ca.key``, ``broker.pem`` (certificate for 127.0.0.1 / localhost) and ``broker.key``."""
+    return kafka_client.embedded_ca(settings).parent
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError(
+            "openssl not found: the TLS modes of the embedded broker need it (apt install openssl)"
+        )
+    res = subprocess.run([openssl, *args], cwd=cwd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"openssl {args[0]} failed:\n{res.stderr}")
+
+
+def ensure_tls(settings: Settings, days: int = 825) -> Path:
+    """Make the embedded broker's TLS material once (a self-signed CA and a broker certificate it
+    signed, for 127.0.0.1 and localhost; RSA 2048, PKCS#8 keys, mode 0600) with ``openssl``; return
+    :func:`tls_dir`.  Kept across restarts, so clients that trust ``ca.pem`` keep trusting it."""
+    d = tls_dir(settings)
+    if all((d / f).is_file() for f in ("ca.pem", "ca.key", "broker.pem", "broker.key")):
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    tmp = d / "new"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    (tmp / "broker.ext").write_text(
+        "basicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"  # clientAuth: the broker's inter-broker client
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    )
+    # fmt: off
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+             "-days", str(days + 365), "-subj", f"/CN=Tidewatch embedded Kafka CA {uuid.uuid4().hex[:8]}",
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=tmp)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "broker.key", "-out", "broker.csr",
+             "-subj", "/CN=127.0.0.1", cwd=tmp)
+    _openssl("x509", "-req", "-in", "broker.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-set_serial", str(uuid.uuid4().int >> 64), "-days", str(days), "-sha256",
+             "-extfile", "broker.ext", "-out", "broker.pem", cwd=tmp)
+    # fmt: on
+    for name in ("ca.pem", "ca.key", "broker.pem", "broker.key"):
+        (tmp / name).chmod(0o644 if name == "ca.pem" else 0o600)
+        (tmp / name).replace(d / name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def _properties_value(text: str) -> str:
+    """``text`` as a Java properties value (new lines escaped: a PEM block stays one value)."""
+    return text.strip().replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _tls_lines(settings: Settings) -> list[str]:
+    """The TLS listener's key, certificate and truststore (the broker's inter-broker client uses
+    them too).  No client certificates (``ssl.client.auth=none``): SASL_SSL clients log in with
+    SCRAM, SSL clients are anonymous."""
+    d = tls_dir(settings)
+    if not (d / "broker.key").is_file():
+        raise RuntimeError(f"no TLS material in {d}: kafka_broker.ensure_tls makes it")
+    return [
+        "ssl.keystore.type=PEM",  # in-line: a PEM keystore file would need an encrypted key
+        f"ssl.keystore.key={_properties_value((d / 'broker.key').read_text())}",
+        f"ssl.keystore.certificate.chain={_properties_value((d / 'broker.pem').read_text())}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={d / 'ca.pem'}",
+        "ssl.endpoint.identification.algorithm=https",
+    ]
+
+
 def _listener_lines(settings: Settings, host: str, port: int, cport: int) -> list[str]:
-    if not scram_enabled(settings):
-        return [
-            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-            f"advertised.listeners=PLAINTEXT://{host}:{port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        ]
+    protocol = kafka_client.security_protocol(settings)
+    lines = [
+        f"listeners={protocol}://{host}:{port},CONTROLLER://{host}:{cport}",
+        f"advertised.listeners={protocol}://{host}:{port}",
+        "controller.listener.names=CONTROLLER",
+        f"inter.broker.listener.name={protocol}",
+        f"listener.security.protocol.map={protocol}:{protocol},CONTROLLER:PLAINTEXT",
+    ]
+    if kafka_client.tls_enabled(settings):
+        lines += _tls_lines(settings)
+    if not kafka_client.scram_enabled(settings):
+        return lines
     pw = _jaas_quote(_admin_password(settings))
     return [
-        f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-        f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
-        "controller.listener.names=CONTROLLER",
-        "inter.broker.listener.name=SASL_PLAINTEXT",
-        "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        *lines,
         f"sasl.enabled.mechanisms={SCRAM}",
         f"sasl.mechanism.inter.broker.protocol={SCRAM}",
-        f"listener.name.sasl_plaintext.{SCRAM.lower()}.sasl.jaas.config="
+        f"listener.name.{protocol.lower()}.{SCRAM.lower()}.sasl.jaas.config="
         f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password={pw};',
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         # the KRaft controller listener (loopback only) cannot use SCRAM: its peer is ANONYMOUS
@@ -147,8 +226,10 @@ def prepare(settings: Settings) -> Path:
     kafka_dist.ensure_kafka(s)
     d = kafka_dir(s)
     (d / "data").mkdir(parents=True, exist_ok=True)
+    if kafka_client.tls_enabled(s):
+        ensure_tls(s)
     props = d / "server.properties"
-    props.touch(mode=0o600)  # holds the admin's SCRAM password in the scram mode
+    props.touch(mode=0o600)  # holds the admin's SCRAM password and the TLS key in those modes
     props.chmod(0o600)
     props.write_text(server_properties(s))
     (d / "log4j2.properties").write_text(log4j_properties(s))

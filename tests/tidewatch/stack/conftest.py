@@ -18,14 +18,9 @@ from tidewatch.stack import postgres_server as postgres
 from tidewatch.stack import processes as process
 
 
-@pytest.fixture(scope="session")
-def scram_stack() -> Iterator[Settings]:
-    """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way
-    ``tidewatch up`` starts them (:func:`tidewatch.stack.embedded.start_services`): Kafka with SCRAM and
-    the principals' users and ACLs, PostgreSQL migrated, the topics created as ``admin``.
-    Free ports, a temporary run dir, random passwords; everything is stopped at the end."""
+def _secure_stack(mode: str) -> Iterator[Settings]:
     base = get_settings()
-    root = Path(tempfile.mkdtemp(prefix="tidewatch-scram-test-"))
+    root = Path(tempfile.mkdtemp(prefix=f"tidewatch-{mode.replace('_', '-')}-test-"))
     root.chmod(0o755)  # the postgres user must reach its data dir
     kp = free_port()
     s = Settings(
@@ -35,7 +30,7 @@ def scram_stack() -> Iterator[Settings]:
         kafka_bootstrap=f"127.0.0.1:{kp}",
         kafka_controller_port=free_port(),
         pg_port=free_port(),
-        kafka_security="scram",
+        kafka_security=mode,  # type: ignore[arg-type]
         kafka_admin_password=secrets.token_urlsafe(16),
         **{f"kafka_{p}_password": secrets.token_urlsafe(16) for p in kafka_client.PRINCIPALS},  # type: ignore[arg-type]
     )
@@ -49,3 +44,21 @@ def scram_stack() -> Iterator[Settings]:
         stack.stop_all(s)
         assert process.all_records(s.run_dir) == []
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def scram_stack() -> Iterator[Settings]:
+    """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way
+    ``tidewatch up`` starts them (:func:`tidewatch.stack.embedded.start_services`): Kafka with SCRAM and
+    the principals' users and ACLs, PostgreSQL migrated, the topics created as ``admin``.
+    Free ports, a temporary run dir, random passwords; everything is stopped at the end."""
+    yield from _secure_stack("scram")
+
+
+@pytest.fixture(scope="session")
+def scram_ssl_stack() -> Iterator[Settings]:
+    """As :func:`scram_stack`, over TLS (``kafka_security = "scram_ssl"``: SASL_SSL): the broker's
+    only client listener speaks TLS with a certificate of the CA ``tidewatch up`` made in the run
+    dir (:func:`tidewatch.stack.kafka_broker.ensure_tls`), which the clients trust
+    (:func:`tidewatch.kafka.client.ca_location`)."""
+    yield from _secure_stack("scram_ssl")
