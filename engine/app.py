@@ -38,6 +38,8 @@ import pyarrow.compute as pc
 
 from engine.core import EngineCore, make_evaluator, rule_compiler
 from engine.decode import STREAMS, predecode
+from engine.executors.merge import ExecutorBatch, merge_output
+from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.retry import retry_transient
@@ -102,6 +104,15 @@ def default_core(settings: Settings) -> EngineCore:
 
 
 @dataclass
+class _Preaggregated:
+    """A batch through the executors (or :func:`preaggregate` in process, on replay): the
+    parameters it was made with and its merged output (``engine_preaggregate = "executors"``)."""
+
+    params: BatchParams
+    eb: ExecutorBatch
+
+
+@dataclass
 class _Evaluated:
     """A batch evaluated by the core, waiting for its output to be delivered."""
 
@@ -159,6 +170,9 @@ class EngineApp:
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
+        #: ``engine_preaggregate = "executors"``: decode and pre-aggregation in Spark's tasks
+        self.executors = getattr(settings, "engine_preaggregate", "driver") == "executors"
+        self.executor_pids: set[int] = set()  # process ids the executors' pane rows came from
 
     # ------------------------------------------------------------------ recovery
     def _snapshot_path(self, batch_id: int) -> Path:
@@ -195,7 +209,7 @@ class EngineApp:
                     raise RuntimeError(f"batch {b} is committed but its offset log {path} is missing")
                 ranges = json.loads(path.read_text())
                 tbl = read_ranges(self.bootstrap, ranges, settings=self.settings)
-                self._process(b, tbl)
+                self._process(b, self._replay_batch(tbl, b))
         # pipelined mode: Spark may have committed batches whose output was not committed yet;
         # they are finished here from their offset logs (Spark will not deliver them again)
         logged = (
@@ -214,7 +228,7 @@ class EngineApp:
         for b in pending:
             ranges = json.loads(self._batch_log(b).read_text())
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
-            self.handle(read_ranges(self.bootstrap, ranges, settings=self.settings), b)
+            self.handle(self._replay_batch(read_ranges(self.bootstrap, ranges, settings=self.settings), b), b)
         log.info(
             "state at batch %d: %d rules, watermark %s",
             self.core.last_batch,
@@ -233,7 +247,20 @@ class EngineApp:
                 parts[stream] = predecode(stream, records, max_future_ms=self.core.max_future_ms)
         return parts
 
-    def _process(self, batch_id: int, batch: pa.Table | dict[str, Any]) -> Any:
+    def _replay_batch(self, tbl: pa.Table, batch_id: int) -> pa.Table | _Preaggregated:
+        """A batch re-read from Kafka by its offset log, ready for :meth:`_process`: as read
+        (driver mode), or through the executors' pure function in this process (executors mode:
+        the same :class:`~engine.executors.preagg.Preaggregator`, so the state replayed equals
+        the state built live)."""
+        if not self.executors:
+            return tbl
+        params = self.core.batch_params(self.topics)
+        return _Preaggregated(params, merge_output(preaggregate(tbl, params), params, batch=batch_id))
+
+    def _process(self, batch_id: int, batch: pa.Table | dict[str, Any] | _Preaggregated) -> Any:
+        if isinstance(batch, _Preaggregated):
+            changes = subscription_changes(batch.eb.records)
+            return self.core.process_preaggregated(batch_id, batch.eb, batch.params, changes)
         parts = dict(batch) if isinstance(batch, dict) else self._prepare(batch)
         changes = subscription_changes(parts.pop("subscriptions"))
         return self.core.process(batch_id, parts, changes)
@@ -249,9 +276,29 @@ class EngineApp:
         next call waits, and re-raises a failure of either so the query stops); outputs are
         delivered in batch order.  Spark may then have committed batches whose output is not
         committed yet: :meth:`recover` finishes such batches from their offset logs."""
+        if self.executors:
+            self.on_batch_executors(df, int(batch_id))
+            return
         t0 = time.perf_counter()
         tbl = df.select(*RECORD_COLUMNS).toArrow()
         self.accept(tbl, int(batch_id), time.perf_counter() - t0)
+
+    def on_batch_executors(self, df: Any, batch_id: int) -> None:
+        """:meth:`on_batch` with ``engine_preaggregate = "executors"`` (unpipelined): the batch's
+        parameters from the core at batch start (:meth:`EngineCore.batch_params`), its records
+        decoded and pre-aggregated by Spark's tasks (:func:`spark_preaggregate`), only their
+        output collected and merged (:func:`merge_output`); its offset ranges (from that output,
+        the format :func:`offset_ranges` writes) logged durably, then evaluated and delivered."""
+        if batch_id <= self.core.last_batch:
+            log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
+            return
+        t0 = time.perf_counter()
+        params = self.core.batch_params(self.topics)
+        eb = merge_output(spark_preaggregate(df, params).toArrow(), params, batch=batch_id)
+        self.read_s = time.perf_counter() - t0
+        self.executor_pids |= eb.pids
+        atomic_write(self._batch_log(batch_id), json.dumps(eb.offsets).encode())
+        self.handle(_Preaggregated(params, eb), batch_id)
 
     def accept(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
         """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
@@ -286,7 +333,7 @@ class EngineApp:
             if out is not None:
                 out.result()
 
-    def handle(self, tbl: pa.Table, batch_id: int) -> None:
+    def handle(self, tbl: pa.Table | _Preaggregated, batch_id: int) -> None:
         """Process one batch of Kafka records (Arrow) and deliver its output exactly once (its
         offset log is written already: by :meth:`accept`, or it is where :meth:`recover` read
         the batch from)."""
@@ -303,7 +350,9 @@ class EngineApp:
         if done is not None:
             self._delivering = self._out_worker.submit(self._deliver, done)
 
-    def _evaluate(self, tbl: pa.Table | dict[str, Any], batch_id: int, read_s: float) -> _Evaluated | None:
+    def _evaluate(
+        self, tbl: pa.Table | dict[str, Any] | _Preaggregated, batch_id: int, read_s: float
+    ) -> _Evaluated | None:
         """Run one batch through the core (no output yet); None if it is already in the state.
         The state snapshot, when due, is written here, before the next batch changes the state
         (:meth:`recover` ignores a snapshot of a batch whose output was not committed)."""
@@ -390,6 +439,10 @@ class EngineApp:
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
         """
         tune_gc(self.settings.engine_gc_threshold)
+        if self.executors:
+            log.info(
+                "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks, unpipelined"
+            )
         self.recover()
         freeze_state()
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger

@@ -40,6 +40,8 @@ import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
+from engine.executors.merge import ExecutorBatch, PanePartial
+from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
 
 if TYPE_CHECKING:
@@ -132,6 +134,11 @@ def _concat(a: Decoded, b: Decoded) -> Decoded:
     )
 
 
+def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec]:
+    """The pane specs of ``stream`` by key field."""
+    return {k: ks for (s, k), ks in specs.items() if s == stream}
+
+
 class _StatePickler(pickle.Pickler):
     """Pickles the evaluator; the algorithms' structures go through their exact ``to_bytes``.
 
@@ -187,6 +194,14 @@ class EngineCore:
         self.last_batch: int = -1
         self._fresh: set[str] = set()  # rules added since the last lookup step
         self._versions: dict[str, int] = {}  # last applied version per subscription
+        #: executors mode (``engine_preaggregate``, :meth:`process_preaggregated`): the pending
+        #: (key, pane) rows per (stream, key field), merged across batches, covering the same
+        #: events as ``pending`` (kept raw too) -- except for the streams of ``raw_fed``
+        self.panes: dict[tuple[str, str], PanePartial] = {}
+        #: stream -> event time: the stream's pane specs changed while events were pending, so
+        #: it is fed its raw events (the driver path) until every event pending then (``ts <=``
+        #: this) is applied; its pane rows cover only the events of the batches since
+        self.raw_fed: dict[str, int] = {}
 
     # ------------------------------------------------------------------ time
     @property
@@ -306,17 +321,128 @@ class EngineCore:
                 self._note_partitions(stream, d, delivered)
                 self.pending[stream] = _concat(self.pending[stream], d)
         self._advance_watermark(delivered)
-        now = self._now()
-        if now is not None:
-            if self.applied_until is None:
-                lows = [int(p.ts.min()) for p in self.pending.values() if len(p)]
-                start = (min(lows) // self.L) * self.L if lows else now
-            else:
-                start = self.applied_until + self.L
-            if start <= now:
-                self._run_lookups(range(start, now + 1, self.L), out)
+        self._lookups(out, self._run_lookups)
         self.last_batch = batch_id
         return out
+
+    # ------------------------------------------------------------------ executors mode
+    def batch_params(self, topics: dict[str, str]) -> BatchParams:
+        """What the executors need for the next batch (``engine_preaggregate = "executors"``),
+        decided now, at batch start: the evaluator's pane specs (:func:`key_specs`), the late
+        bound (``applied_until``) and watermark the driver path would use, and every event
+        stream asked raw (ROWS windows, and the evaluator's history for PSoup backfill of a
+        rule added later, exactly as the driver path retains it)."""
+        specs, _ = key_specs(self.evaluator)
+        return batch_params(
+            pane_ms=self.g,
+            topics=topics,
+            max_future_ms=self.max_future_ms,
+            panes=specs,
+            late_until=self.applied_until,
+            watermark=self.watermark,
+            raw_streams=[s for s in topics if s in STREAMS],
+        )
+
+    def process_preaggregated(
+        self,
+        batch_id: int,
+        eb: ExecutorBatch,
+        params: BatchParams,
+        changes: list[SubscriptionChange] | None = None,
+    ) -> BatchOutput:
+        """:meth:`process` of a batch the executors decoded and pre-aggregated (``eb``, made with
+        ``params`` = :meth:`batch_params` at its start): the same output and state.
+
+        Subscription changes first, as :meth:`process`.  When they (or a restored state) change
+        a stream's pane specs, the pending pane rows of that stream (and this batch's, made with
+        the old specs) cannot serve the new specs: the stream is fed its raw events (the driver
+        path, exact) until every event pending now is applied (``raw_fed``), its pane rows
+        restarting empty under the new specs with the next batch."""
+        out = BatchOutput(batch_id)
+        for ch in changes or []:
+            self._apply_change(ch, out)
+        specs = {(k.stream, k.key): k for k in key_specs(self.evaluator)[0]}
+        before = {(k.stream, k.key): k for k in params.panes}
+        stale = {
+            s
+            for s in STREAMS
+            if _of(specs, s) != _of(before, s)
+            or _of({k: p.spec for k, p in self.panes.items()}, s) != _of(before, s)
+        }
+        out.dead = eb.dead
+        delivered = set(eb.part_max)
+        for k, top in eb.part_max.items():
+            old = self.part_max.get(k)
+            self.part_max[k] = top if old is None else max(old, top)
+        for stream, _ in params.topics:
+            out.events[stream] = int(eb.events.get(stream, 0))
+            d = eb.raw.get(stream)
+            if d is not None and len(d):
+                self.pending[stream] = _concat(self.pending[stream], d)
+        for key, part in eb.panes.items():
+            if key[0] not in stale:
+                self.panes[key] = PanePartial.merge([self.panes[key], part])
+        for s in stale:
+            for key in [k for k in self.panes if k[0] == s]:
+                del self.panes[key]
+            for key, ks in specs.items():
+                if key[0] == s:
+                    self.panes[key] = PanePartial.empty(ks)
+            if len(self.pending[s]):
+                top = int(self.pending[s].ts.max())
+                self.raw_fed[s] = max(self.raw_fed.get(s, top), top)
+        self._advance_watermark(delivered)
+        self._lookups(out, self._run_pane_lookups)
+        self.last_batch = batch_id
+        return out
+
+    def _lookups(self, out: BatchOutput, run: Callable[[range, BatchOutput], None]) -> None:
+        """Look up at every lookup time from the last one (or the first event) up to *now*."""
+        now = self._now()
+        if now is None:
+            return
+        if self.applied_until is None:
+            lows = [int(p.ts.min()) for p in self.pending.values() if len(p)]
+            start = (min(lows) // self.L) * self.L if lows else now
+        else:
+            start = self.applied_until + self.L
+        if start <= now:
+            run(range(start, now + 1, self.L), out)
+
+    def _run_pane_lookups(self, taus: range, out: BatchOutput) -> None:
+        """:meth:`_run_lookups` with the pending pane rows: per ``tau`` each (stream, key field)'s
+        rows with ``pane <= tau`` (:meth:`PanePartial.split`) go to ``Evaluator.apply_panes``
+        with the same events raw (one dict for every key field of the stream, as the evaluator
+        retains them for PSoup); a stream with no key field in use or in ``raw_fed`` gets its
+        raw events (``apply``), its due pane rows dropped."""
+        bufs: dict[str, tuple[Decoded, np.ndarray]] = {}
+        for stream, p in self.pending.items():
+            if len(p) > 1 and np.any(p.ts[1:] < p.ts[:-1]):
+                p = p.take(np.argsort(p.ts, kind="stable"))
+            bufs[stream] = (p, p.ts)
+        cursor = dict.fromkeys(bufs, 0)
+        ev: Any = self.evaluator
+        for tau in taus:
+            for stream, (p, ts) in bufs.items():
+                lo = cursor[stream]
+                hi = int(np.searchsorted(ts, tau, "right")) if len(p) else 0
+                raw = {k: v[lo:hi] for k, v in p.columns.items()} if hi > lo else None
+                cursor[stream] = max(hi, lo)
+                keys = [k for k in self.panes if k[0] == stream]
+                fed = bool(keys) and stream not in self.raw_fed
+                for key in keys:
+                    due, self.panes[key] = self.panes[key].split(tau)
+                    if fed and len(due):
+                        ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=raw)
+                if not fed and raw is not None:
+                    ev.apply(stream, raw)
+            self._lookup_at(tau, out)
+            for stream, until in list(self.raw_fed.items()):
+                if tau >= until:
+                    del self.raw_fed[stream]
+        for stream, (p, _) in bufs.items():
+            lo = cursor[stream]
+            self.pending[stream] = p if lo == 0 else p.slice(lo)
 
     def _run_lookups(self, taus: range, out: BatchOutput) -> None:
         """Apply the pending events pane by pane and look up at every ``tau`` of ``taus``.
@@ -432,6 +558,9 @@ class EngineCore:
         n = int(self.evaluator.nbytes)
         for p in self.pending.values():
             n += sum(getattr(v, "nbytes", 0) for v in p.columns.values())
+        for pp in self.panes.values():  # executors mode: the pending pane rows (arrays only)
+            n += pp.pane.nbytes * 3 + pp.key_at.nbytes
+            n += sum(sp.count.nbytes + sp.sum_hi.nbytes * 2 + sp.mins.nbytes * 4 for sp in pp.sets)
         return n
 
     def to_bytes(self) -> bytes:
@@ -462,6 +591,8 @@ class EngineCore:
                 "last_batch": self.last_batch,
                 "fresh": self._fresh,
                 "versions": self._versions,
+                "panes": self.panes,
+                "raw_fed": self.raw_fed,
             },
             buf,
             protocol=5,
@@ -497,4 +628,6 @@ class EngineCore:
         self.last_batch = doc["last_batch"]
         self._fresh = doc.get("fresh", set())
         self._versions = doc.get("versions", {})
+        self.panes = doc.get("panes", {})
+        self.raw_fed = doc.get("raw_fed", {})
         return self

@@ -36,11 +36,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = int(os.environ.get("TIDEWATCH_TEST_KILLS", "3"))
 
 
+@pytest.mark.parametrize("preaggregate", ["driver", "executors"])
 def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, preaggregate: str
 ) -> None:
     """Spark's Kafka source: Spark's checkpoint says where to resume, the engine's offset logs
-    and snapshots rebuild the state."""
+    and snapshots rebuild the state (``engine_preaggregate``: the replay runs the executors'
+    function in process)."""
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp_path / "ckpt")
     db = fresh_database(pg_url)
@@ -53,6 +55,7 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     sc = make_scenario(n_trades=12000 * scale, n_packets=6000 * scale, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
     env = engine_env(s, kafka_bootstrap, db)
+    env["TIDEWATCH_ENGINE_PREAGGREGATE"] = preaggregate
     log = tmp_path / "engine.log"
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     rng = random.Random(7)
@@ -98,3 +101,4 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     assert set(ids) == {f"{a[0]}|{a[1]}|{a[2]}|{a[3]}" for a in got}
     text_log = log.read_text(errors="replace")
     assert text_log.count("replaying batches") + text_log.count("restored the state snapshot") >= KILLS
+    assert (text_log.count("engine_preaggregate = executors") > KILLS) == (preaggregate == "executors")

@@ -9,6 +9,7 @@ added mid-stream must get its result at once, computed from data that arrived be
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -83,11 +84,11 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
+def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str = "driver") -> None:
     from engine.app import EngineApp
 
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp / "ckpt")
+    s = engine_settings(run, tmp / "ckpt", engine_preaggregate=preaggregate)
     db = fresh_database(pg_url)
     from engine.sinks.publish import ensure_topics
 
@@ -109,6 +110,9 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     finally:
         q.stop()
         app.close()
+
+    if preaggregate == "executors":  # the pane rows came from Spark's Python workers, not the driver
+        assert app.executor_pids and os.getpid() not in app.executor_pids, app.executor_pids
 
     log = app.store.alert_log()
     original = {sc.sub_ids[n] for n in RULES}
@@ -168,9 +172,11 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path) -> None:
     assert n_results == enter_minus_exit
 
 
+@pytest.mark.parametrize("preaggregate", ["driver", "executors"])
 def test_engine_equals_backtest_exactly_once(
-    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path, preaggregate: str
 ) -> None:
     """Spark's Kafka source gives the backtest's alert log, once each in Kafka, every dead
-    letter, and PSoup's late rule."""
-    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path)
+    letter, and PSoup's late rule -- with the records decoded and pre-aggregated on the driver
+    and by Spark's tasks (``engine_preaggregate``)."""
+    run_scenario(spark, kafka_bootstrap, pg_url, tmp_path, preaggregate)
