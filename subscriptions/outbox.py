@@ -60,7 +60,7 @@ from subscriptions.errors import SubscriptionsError
 from tidewatch.db.models import Outbox
 from tidewatch.db.session import make_db_engine
 from tidewatch.kafka.client import client_config
-from tidewatch.kafka.txn import KafkaStalled, bounded, retrying
+from tidewatch.kafka.txn import REFUSED, KafkaStalled, bounded, retrying
 from tidewatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -306,12 +306,12 @@ class OutboxRelay:
         """Produce ``records`` in one transaction of ``producer``; their (partition, offset) by
         outbox id.  Runs in a thread of its own (it touches no ORM object or session)."""
         delivered: dict[int, tuple[int, int]] = {}
-        errors: list[str] = []
+        errors: list[KafkaError] = []
 
         def on_delivery(oid: int) -> Callable[[KafkaError | None, Any], None]:
             def report(err: KafkaError | None, msg: Any) -> None:
                 if err is not None:
-                    errors.append(str(err))
+                    errors.append(err)
                 else:
                     delivered[oid] = (msg.partition(), msg.offset())
 
@@ -324,8 +324,10 @@ class OutboxRelay:
                     self.topic, key=key, value=value, headers=headers, on_delivery=on_delivery(oid)
                 )
             producer.flush(30)
-            if errors or len(delivered) != len(records):
-                raise KafkaException(KafkaError(KafkaError._FAIL, f"delivery failed: {errors[:3]}"))
+            if errors:  # the first refusal if there is one (told apart by its code), else the first error
+                raise KafkaException(next((e for e in errors if e.code() in REFUSED), errors[0]))
+            if len(delivered) != len(records):
+                raise KafkaException(KafkaError(KafkaError._FAIL, "delivery failed: records not reported"))
             if self.hooks.before_kafka_commit:
                 self.hooks.before_kafka_commit()
             producer.commit_transaction(30)

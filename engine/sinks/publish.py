@@ -41,7 +41,7 @@ from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
 from tidewatch.kafka.codes import COORDINATOR, error_code
 from tidewatch.kafka.topics import create_topics, topic_specs
-from tidewatch.kafka.txn import bounded, retrying
+from tidewatch.kafka.txn import DeliveryErrors, bounded, retrying
 from tidewatch.wire.avro import encode
 
 if TYPE_CHECKING:
@@ -78,12 +78,14 @@ class Publisher:
     def _clients(self) -> tuple[Producer, Consumer]:
         """A transactional producer (fencing any older one of the same id) and the marker's reader."""
         s = self.settings
+        self.deliveries = DeliveryErrors()
         producer = Producer(
             librdkafka_config(
                 s,
                 "engine",
                 self.bootstrap,
                 **{
+                    "on_delivery": self.deliveries,
                     "transactional.id": self.tid,
                     "enable.idempotence": True,
                     "linger.ms": 5,
@@ -158,16 +160,22 @@ class Publisher:
         now = int(time.time() * 1000)
         p = self.producer
         p.begin_transaction()
-        self.produce_alerts(p, s, alerts, batch_id, now)
-        if dead is not None and len(dead):
-            for rec in dead.records(now):
-                p.produce(
-                    s.topic_dead_letter, key=rec["source_topic"].encode(), value=encode("dead_letter", rec)
-                )
-        p.send_offsets_to_transaction(
-            [TopicPartition(s.topic_alerts, 0, batch_id + 1)], self.marker.consumer_group_metadata(), 60
-        )
-        p.commit_transaction(120)
+        try:
+            self.produce_alerts(p, s, alerts, batch_id, now)
+            if dead is not None and len(dead):
+                for rec in dead.records(now):
+                    p.produce(
+                        s.topic_dead_letter,
+                        key=rec["source_topic"].encode(),
+                        value=encode("dead_letter", rec),
+                    )
+            p.send_offsets_to_transaction(
+                [TopicPartition(s.topic_alerts, 0, batch_id + 1)], self.marker.consumer_group_metadata(), 60
+            )
+            p.commit_transaction(120)
+        except KafkaException as exc:
+            self.deliveries.reraise(p, exc)  # an ACL refused the records: say so, by its code
+            raise
 
     def close(self) -> None:
         self.producer.flush(30)

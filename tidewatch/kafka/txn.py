@@ -40,12 +40,31 @@ REFUSED = frozenset(
 
 
 def refused(exc: BaseException) -> bool:
-    """True when ``exc`` is Kafka refusing this principal (an ACL or its credentials)."""
+    """True when ``exc`` is Kafka refusing this principal (an ACL or its credentials), by its
+    error code.  A transaction whose records were refused fails its commit with a code of its
+    own; :class:`DeliveryErrors` turns that into the refusal the records' delivery reports gave."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    if not isinstance(err, KafkaError):
-        return False
-    # a transaction's commit may carry the refusal of one of its requests only in its text
-    return err.code() in REFUSED or "AUTHORIZATION_FAILED" in str(err)
+    return isinstance(err, KafkaError) and err.code() in REFUSED
+
+
+class DeliveryErrors:
+    """A producer's ``on_delivery`` callback that keeps the first refusal among the delivery
+    reports, so a failed transaction is reported with the records' own error code."""
+
+    def __init__(self) -> None:
+        self.first_refusal: KafkaError | None = None
+
+    def __call__(self, err: KafkaError | None, msg: object) -> None:
+        if err is not None and err.code() in REFUSED and self.first_refusal is None:
+            self.first_refusal = err
+
+    def reraise(self, producer: Any, exc: KafkaException) -> None:
+        """After ``exc`` failed a transaction of ``producer``: serve its pending delivery reports
+        and raise the first refusal among them (as a :class:`KafkaException` from ``exc``);
+        return when there is none."""
+        producer.poll(0)
+        if self.first_refusal is not None:
+            raise KafkaException(self.first_refusal) from exc
 
 
 class KafkaStalled(TidewatchError, RuntimeError):

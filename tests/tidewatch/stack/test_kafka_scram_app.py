@@ -26,6 +26,7 @@ from engine.sources.readers import read_ranges
 from ingest.producer import FeedProgress, KafkaFeed, TransactionalFeed, ensure_topic, file_identity
 from ingest.trades_gen import TradeConfig, TradeGenerator
 from tidewatch.kafka import client as kafka_client
+from tidewatch.kafka.txn import refused
 from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import embedded as stack
 
@@ -237,8 +238,10 @@ def test_engine_publishes_alerts_reads_streams_and_nothing_else(
     bad = Publisher(
         e.kafka_bootstrap, e.model_copy(update={"topic_alerts": e.topic_trades}), engine_id + "-bad"
     )
-    with pytest.raises(KafkaException, match="AUTHORIZATION"):
+    with pytest.raises(KafkaException, match="AUTHORIZATION") as refusal:
         bad.publish(0, [alert])
+    # told apart by its code (the records' own refusal), so it was not retried
+    assert refused(refusal.value), refusal.value
     bad.producer.abort_transaction(30)
     bad.close()
 
