@@ -12,11 +12,19 @@ What it sets, and why:
   again with ``spark.jars``.  Ivy fails on ``spark-token-provider-kafka-0-10_2.13:4.2.0`` (not on
   Central), and the Maven fallback then starts the session much later than the cache would
   (docs/measurements/engine.md) -- which is why the cache comes first;
-* ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = this interpreter, so Python workers import the
-  venv's pyarrow/fastavro instead of the system ``python3`` (without it pandas UDFs and Python
-  data sources hang for two minutes and fail);
+* ``PYSPARK_PYTHON`` / ``spark.pyspark.python`` = ``settings.spark_python``, by default this
+  interpreter, so Python workers import the venv's pyarrow/fastavro instead of the system
+  ``python3`` (without it pandas UDFs and Python data sources hang for two minutes and fail).
+  The driver sends this path with every Python function; on a cluster it must exist on every
+  worker host;
+* the driver's network (:func:`network_conf`): on a ``local[...]`` master the driver binds to and
+  advertises 127.0.0.1, as before; on a cluster master (``spark://…``) executors on other hosts
+  must reach it, so the driver host, bind address and the driver / block manager ports are
+  settings, and unset they are Spark's defaults (docs/engine.md, "Running on a cluster").  The
+  connector jars go to the executors with ``spark.jars`` (the driver serves them);
 * the RocksDB state store provider (needed by ``transformWithState``; keeps state off-heap);
-* a small shuffle-partition count and quiet logs, for local mode on a few cores.
+* a small shuffle-partition count and quiet logs, for local mode on a few cores;
+* last, ``settings.spark_extra_conf`` (e.g. ``spark.executor.memory``, ``spark.cores.max``).
 """
 
 from __future__ import annotations
@@ -52,12 +60,44 @@ def connector_conf(settings: Settings) -> dict[str, str]:
     return {"spark.jars.packages": ",".join(spark_packages(settings)), "spark.jars.ivy": str(ivy)}
 
 
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``, ``local-cluster[…]``: every process on
+    this machine."""
+    return master.strip().startswith("local")
+
+
+def python_executable(settings: Settings) -> str:
+    """The Python of the executors' Python workers: ``settings.spark_python``, else this one."""
+    return settings.spark_python or sys.executable
+
+
+def network_conf(settings: Settings) -> dict[str, str]:
+    """The driver's address and ports.  A local master: 127.0.0.1 unless set (nothing listens on
+    other interfaces).  A cluster master: what the settings give; unset entries are Spark's
+    defaults (this machine's address, bound on it; free ports)."""
+    s = settings
+    local = is_local_master(s.spark_master)
+    host = s.spark_driver_host or ("127.0.0.1" if local else None)
+    bind = s.spark_driver_bind_address or ("127.0.0.1" if local and not s.spark_driver_host else None)
+    conf: dict[str, str] = {}
+    if bind:
+        conf["spark.driver.bindAddress"] = bind
+    if host:
+        conf["spark.driver.host"] = host
+    if s.spark_driver_port is not None:
+        conf["spark.driver.port"] = str(s.spark_driver_port)
+    if s.spark_block_manager_port is not None:
+        conf["spark.blockManager.port"] = str(s.spark_block_manager_port)
+    return conf
+
+
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every configuration entry :func:`build_spark` sets (pure; handy in tests)."""
+    python = python_executable(settings)
     conf = {
         "spark.app.name": app_name,
         "spark.master": settings.spark_master,
-        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.python": python,
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.driver.memory": settings.spark_driver_memory,
@@ -66,13 +106,13 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.default.parallelism": "4",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }
+    conf.update(network_conf(settings))
     conf.update(connector_conf(settings))
+    conf.update(settings.spark_extra_conf)
     return conf
 
 
@@ -85,10 +125,11 @@ def build_spark(settings: Settings, app_name: str = "tidewatch") -> SparkSession
     from pyspark.sql import SparkSession
 
     s = settings
-    # Spark's launcher and its Python workers read these from the environment, not from conf.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     conf = spark_conf(s, app_name)
+    # pyspark sends the workers' Python (SparkContext.pythonExec) from the environment, not from
+    # conf; spark-submit reads spark.pyspark.python
+    os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     try:
         spark = _create(SparkSession, conf)
     except Exception as exc:

@@ -311,3 +311,46 @@ def kafka_container(runtime: ContainerRuntime) -> Iterator[str]:
         yield bootstrap
     finally:
         _stop(kafka)
+
+
+def kafka_exec(runtime: ContainerRuntime, bootstrap: str, cmd: list[str]) -> tuple[int, str]:
+    """Run ``cmd`` in this session's Kafka container that serves ``bootstrap`` (found by the
+    session's label and its host port); ``(exit code, output)``."""
+    port = bootstrap.rsplit(":", 1)[1]
+    client = runtime.client()
+    try:
+        for c in client.containers.list(filters={"label": f"{LABEL}={os.getpid()}"}):
+            bindings = (c.ports or {}).get("9092/tcp") or []
+            if any(str(b.get("HostPort")) == port for b in bindings):
+                code, out = c.exec_run(cmd)
+                return int(code), out.decode(errors="replace")
+    finally:
+        client.close()
+    raise LookupError(f"no Kafka container of this session serves {bootstrap}")
+
+
+def dump_log_batches(
+    runtime: ContainerRuntime, bootstrap: str, topics: dict[str, int]
+) -> dict[tuple[str, int], list[str]]:
+    """The record-batch headers (``baseOffset: … lastOffset: … compresscodec: …``) of the first
+    log segment of every partition of ``topics`` (topic -> partitions), as the broker stored them,
+    per (topic, partition): Kafka's ``DumpLogSegments`` in the container, one run for all."""
+    files = [
+        f"/var/lib/kafka/data/{t}-{p}/00000000000000000000.log" for t, n in topics.items() for p in range(n)
+    ]
+    code, out = kafka_exec(
+        runtime,
+        bootstrap,
+        ["java", "-cp", "/opt/kafka/libs/*", "kafka.tools.DumpLogSegments", "--files", ",".join(files)],
+    )
+    if code != 0:
+        raise RuntimeError(f"DumpLogSegments exited with {code}: {out[-2000:]}")
+    batches: dict[tuple[str, int], list[str]] = {(t, p): [] for t, n in topics.items() for p in range(n)}
+    part = None
+    for line in out.splitlines():
+        if line.startswith("Dumping "):  # "Dumping /var/lib/kafka/data/<topic>-<p>/<segment>.log"
+            topic, _, p = line.split("/")[-2].rpartition("-")
+            part = (topic, int(p))
+        elif line.startswith("baseOffset:") and part in batches:
+            batches[part].append(line)
+    return batches

@@ -103,7 +103,9 @@ def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
     p.flush()
 
 
-def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
+def produce(
+    sc: Scenario, bootstrap: str, topics: dict[str, str], config: dict[str, Any] | None = None
+) -> None:
     """Trades (bad records mixed in) and packets, keyed by their key field, sent merged in
     event-time order as live feeds would send them: the engine's watermark is shared by the
     streams, so sending one whole stream before the other would make the second one late.
@@ -113,13 +115,16 @@ def produce(sc: Scenario, bootstrap: str, topics: dict[str, str]) -> None:
     partition at a time, and a fast engine could read a whole batch of
     packets before any trade existed in Kafka: partitions it has never seen do not hold the
     watermark back, so the trades sent after were late (a race of the test, found by the
-    SIGKILL test in a clean-clone run)."""
+    SIGKILL test in a clean-clone run).
+
+    ``config``: more producer configuration (e.g. ``compression.type``)."""
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 20,
             "enable.idempotence": True,
             "transactional.id": f"scenario-{uuid.uuid4().hex[:8]}",
+            **(config or {}),
         }
     )
     p.init_transactions(30)
@@ -198,11 +203,12 @@ def read_topic(
         for m in c.consume(1000, 0.5):
             if m.error():
                 continue
+            value, offset = m.value(), m.offset()
             if messages:
-                out.append((m.partition(), m.key(), m.value()))
-            elif m.value() is not None:
-                out.append(decode(m.value(), schema) if schema else m.value())
-            if m.offset() >= ends[m.partition()] - 1:
+                out.append((m.partition(), m.key(), value))
+            elif value is not None:
+                out.append(decode(value, schema) if schema else value)
+            if offset is not None and offset >= ends[m.partition()] - 1:
                 done.add(m.partition())
         # transaction markers: the last offset may be a control record
         for p, hi in ends.items():
