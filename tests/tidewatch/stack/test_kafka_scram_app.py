@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +25,18 @@ from engine.sinks.publish import Publisher, ensure_topics
 from engine.sources.readers import read_ranges
 from ingest.producer import FeedProgress, KafkaFeed, TransactionalFeed, ensure_topic, file_identity
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tests.tidewatch.stack.support import AsProcess, as_process_of
 from tidewatch.kafka import client as kafka_client
 from tidewatch.kafka.txn import refused
 from tidewatch.settings import Settings, get_settings
-from tidewatch.stack import embedded as stack
 
 pytestmark = pytest.mark.integration
-
-AsProcess = Callable[[str], Settings]
 
 
 @pytest.fixture()
 def as_process(scram_stack: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[AsProcess]:
-    """``as_process(principal)``: this test process's environment and settings become those
-    ``tidewatch up`` gives the app process of ``principal``."""
-
-    def enter(principal: str) -> Settings:
-        s = scram_stack
-        env = {
-            "TIDEWATCH_KAFKA_SECURITY": "scram",
-            "TIDEWATCH_KAFKA_PORT": str(s.kafka_port),
-            "TIDEWATCH_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-            "TIDEWATCH_RUN_DIR": str(s.run_dir),
-            "TIDEWATCH_PG_PORT": str(s.pg_port),
-            **stack._kafka_env(s, principal),
-        }
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        get_settings.cache_clear()
-        return get_settings()
-
-    yield enter
+    """``as_process(principal)``: this test process acts as the app process of ``principal``."""
+    yield as_process_of(scram_stack, monkeypatch)
     monkeypatch.undo()
     get_settings.cache_clear()
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +36,15 @@ from confluent_kafka.admin import AdminClient
 from ingest.producer import KafkaFeed, key_table
 from ingest.trades_gen import TradeConfig, TradeGenerator
 from tests.services import free_port
+from tests.tidewatch.stack.support import AsProcess, as_process_of
 from tidewatch.kafka import client as kafka_client
 from tidewatch.kafka.admin import ensure_topics
 from tidewatch.settings import Settings, get_settings
-from tidewatch.stack import embedded as stack
 from tidewatch.stack import kafka_broker
 from tidewatch.wire.avro import encode_batch
 
 pytestmark = pytest.mark.integration
 
-AsProcess = Callable[[str], Settings]
 SSL_AUTH_FAILED = "org.apache.kafka.common.errors.SslAuthenticationException"
 TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -57,26 +56,8 @@ TRANSIENT = {
 
 @pytest.fixture()
 def as_process(scram_ssl_stack: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[AsProcess]:
-    """``as_process(principal)``: this test process's environment and settings become those
-    ``tidewatch up`` gives the app process of ``principal`` in the ``scram_ssl`` mode."""
-
-    def enter(principal: str) -> Settings:
-        s = scram_ssl_stack
-        env = {
-            "TIDEWATCH_KAFKA_SECURITY": "scram_ssl",
-            "TIDEWATCH_KAFKA_PORT": str(s.kafka_port),
-            "TIDEWATCH_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
-            "TIDEWATCH_RUN_DIR": str(s.run_dir),
-            "TIDEWATCH_PG_PORT": str(s.pg_port),
-            **stack._kafka_env(s, principal),
-        }
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        monkeypatch.delenv("TIDEWATCH_KAFKA_SSL_CA_LOCATION", raising=False)
-        get_settings.cache_clear()
-        return get_settings()
-
-    yield enter
+    """``as_process(principal)``: this test process acts as the app process of ``principal`` in the ``scram_ssl`` mode."""
+    yield as_process_of(scram_ssl_stack, monkeypatch)
     monkeypatch.undo()
     get_settings.cache_clear()
 
