@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from engine.core import EngineCore, make_evaluator, rule_compiler
 from engine.decode import STREAMS, predecode
+from engine.errors import SnapshotUnreadable
 from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
@@ -193,7 +194,7 @@ class EngineApp:
             try:
                 self.core = EngineCore.from_bytes(snaps[-1].read_bytes(), rule_compiler(self.settings))
                 log.info("restored the state snapshot of batch %d", self.core.last_batch)
-            except ValueError as exc:  # a snapshot of an older state format (e.g. float64 R-INT sums)
+            except SnapshotUnreadable as exc:  # another state format, moved classes, a damaged file
                 log.warning(
                     "the state snapshot %s cannot be read by this engine (%s); rebuilding the state by "
                     "replaying every committed batch from Kafka",

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
+from engine.errors import SnapshotUnreadable
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
@@ -606,7 +607,23 @@ class EngineCore:
         compile_rule: Callable[[str, Any], tuple[Any, str]],
     ) -> EngineCore:
         """Restore a snapshot written by :meth:`to_bytes` (``compile_rule``: as for the constructor,
-        e.g. :func:`rule_compiler`)."""
+        e.g. :func:`rule_compiler`).  :class:`~engine.errors.SnapshotUnreadable` when this engine
+        cannot read it (another state format, a class moved or renamed since, a damaged file)."""
+        try:
+            return cls._restore(data, compile_rule)
+        except (
+            pickle.UnpicklingError,
+            AttributeError,
+            ImportError,
+            KeyError,
+            TypeError,
+            ValueError,
+            EOFError,
+        ) as exc:
+            raise SnapshotUnreadable(f"{type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _restore(cls, data: bytes, compile_rule: Callable[[str, Any], tuple[Any, str]]) -> EngineCore:
         doc = pickle.loads(data)
         ev = pickle.loads(doc["evaluator"])
         self = cls(

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from tidewatch.errors import TidewatchError
 
-__all__ = ["EngineError"]
+__all__ = ["EngineError", "SnapshotUnreadable"]
 
 
 class EngineError(TidewatchError):
     """The root of every error of the ``engine`` package."""
+
+
+class SnapshotUnreadable(EngineError, ValueError):
+    """A state snapshot this engine cannot restore: a different state format, classes that have
+    moved or been renamed since it was written, or a damaged file.  The engine then rebuilds its
+    state by replaying the committed batches from Kafka (:meth:`engine.app.EngineApp.recover`)."""

@@ -273,3 +273,21 @@ def test_watermark_state_survives_a_snapshot() -> None:
     for c in (core, restored):
         c.process(1, records_on([(1, ["B"], [30_000], 1)]), [])
     assert restored.watermark == core.watermark == 28_000
+
+
+def test_a_snapshot_this_engine_cannot_read_is_refused_by_type() -> None:
+    """A snapshot naming a class that has moved (the evaluator of an older layout), a damaged
+    file and a snapshot of another format all raise SnapshotUnreadable, so the engine replays the
+    committed batches from Kafka instead of failing to start."""
+    import pickle
+
+    import pytest
+
+    from engine.errors import SnapshotUnreadable
+
+    good = make_core().to_bytes()
+    moved = pickle.dumps({**pickle.loads(good), "evaluator": b"csubscriptions.evaluator\nEvaluator\n)\x81."})
+    for data in (moved, good[: len(good) // 2], pickle.dumps({"format": "another"})):
+        with pytest.raises(SnapshotUnreadable):
+            EngineCore.from_bytes(data, compile_rule=compile_rule)
+    assert EngineCore.from_bytes(good, compile_rule=compile_rule).last_batch == -1
