@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +39,20 @@ def as_process_of(stack_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> 
         return get_settings()
 
     return enter
+
+
+def start_engine_until_rule(
+    spark: Any, settings: Settings, checkpoint: Path, engine_id: str, sid: str
+) -> tuple[Any, Any]:
+    """Start an :class:`~engine.app.EngineApp` on ``spark`` with ``settings`` and wait (up to
+    120 s) until subscription ``sid`` has reached it; ``(app, query)``."""
+    from engine.app import EngineApp
+
+    app = EngineApp(settings, checkpoint=checkpoint, engine_id=engine_id)
+    q = app.start(spark, trigger_seconds=0.5)
+    deadline = time.monotonic() + 120
+    while sid not in {str(r) for r in app.core.rules} and time.monotonic() < deadline:
+        assert q.exception() is None, q.exception()
+        time.sleep(0.5)
+    assert sid in {str(r) for r in app.core.rules}, "the rule never reached the engine"
+    return app, q

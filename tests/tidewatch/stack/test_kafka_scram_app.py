@@ -25,7 +25,7 @@ from engine.sinks.publish import Publisher, ensure_topics
 from engine.sources.readers import read_ranges
 from ingest.producer import FeedProgress, KafkaFeed, TransactionalFeed, ensure_topic, file_identity
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tests.tidewatch.stack.support import AsProcess, as_process_of
+from tests.tidewatch.stack.support import AsProcess, as_process_of, start_engine_until_rule
 from tidewatch.kafka import client as kafka_client
 from tidewatch.kafka.txn import refused
 from tidewatch.settings import Settings, get_settings
@@ -291,7 +291,6 @@ def test_spark_engine_reads_trades_and_publishes_alerts_over_scram(
     """The Spark engine end to end in the scram mode: its Kafka source (``spark_options``: SASL
     options, group ``tidewatch-engine-spark-*``), its publisher and its replay consumer run as
     ``engine``; a rule subscribed through the relay fires on trades sent by the feed."""
-    from engine.app import EngineApp
     from subscriptions.outbox import OutboxRelay
     from subscriptions.service import SubscriptionService
 
@@ -311,14 +310,8 @@ def test_spark_engine_reads_trades_and_publishes_alerts_over_scram(
         "kafka.sasl.jaas.config",
         "groupIdPrefix",
     }
-    app = EngineApp(s, checkpoint=tmp_path / "ckpt", engine_id=f"scram-{uuid.uuid4().hex[:6]}")
-    q = app.start(spark, trigger_seconds=0.5)
+    app, q = start_engine_until_rule(spark, s, tmp_path / "ckpt", f"scram-{uuid.uuid4().hex[:6]}", sid)
     try:
-        deadline = time.monotonic() + 120
-        while sid not in {str(r) for r in app.core.rules} and time.monotonic() < deadline:
-            assert q.exception() is None, q.exception()
-            time.sleep(0.5)
-        assert sid in {str(r) for r in app.core.rules}, "the rule never reached the engine"
         feed = KafkaFeed("trades", settings=as_process("feed"))
         for c in _trades(12_000):
             feed.send(c)

@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 from ingest.producer import KafkaFeed, key_table
 from ingest.trades_gen import TradeConfig, TradeGenerator
 from tests.services import free_port
-from tests.tidewatch.stack.support import AsProcess, as_process_of
+from tests.tidewatch.stack.support import AsProcess, as_process_of, start_engine_until_rule
 from tidewatch.kafka import client as kafka_client
 from tidewatch.kafka.admin import ensure_topics
 from tidewatch.settings import Settings, get_settings
@@ -210,7 +210,6 @@ def test_spark_engine_over_sasl_ssl_counts_every_trade(
     """The real engine on Spark ``local[2]`` as ``engine`` over SASL_SSL: a rule published by the
     relay reaches it, trades sent by the feed make it alert, and every record of the trades topic
     is counted, as an event or as a dead letter (nothing skipped)."""
-    from engine.app import EngineApp
     from subscriptions.outbox import OutboxRelay
     from subscriptions.service import SubscriptionService
 
@@ -224,14 +223,8 @@ def test_spark_engine_over_sasl_ssl_counts_every_trade(
         assert relay.drain() >= 1
 
     s = as_process("engine")
-    app = EngineApp(s, checkpoint=tmp_path / "ckpt", engine_id=f"tls-{uuid.uuid4().hex[:6]}")
-    q = app.start(spark, trigger_seconds=0.5)
+    app, q = start_engine_until_rule(spark, s, tmp_path / "ckpt", f"tls-{uuid.uuid4().hex[:6]}", sid)
     try:
-        deadline = time.monotonic() + 120
-        while sid not in {str(r) for r in app.core.rules} and time.monotonic() < deadline:
-            assert q.exception() is None, q.exception()
-            time.sleep(0.5)
-        assert sid in {str(r) for r in app.core.rules}, "the rule never reached the engine"
         feed = KafkaFeed("trades", settings=as_process("feed"))
         for c in _trades(12_000, seed=11):
             feed.send(c)
