@@ -1,7 +1,7 @@
 # Tidewatch's two commands (see README.md):
 #   make run   -- set everything up and run Tidewatch on the embedded stack (tidewatch up)
 #   make test  -- set everything up (containers for the integration tests included) and run the tests
-.PHONY: setup run down status test test-unit lint format
+.PHONY: setup run down status test test-unit test-cluster lint format
 
 VENV := .venv/bin
 PYTEST_ARGS ?=
@@ -21,6 +21,10 @@ status:
 test:
 	scripts/setup.sh --with-containers
 	$(VENV)/pytest $(PYTEST_ARGS)
+
+test-cluster:
+	scripts/setup.sh --with-containers
+	$(VENV)/pytest -m cluster $(PYTEST_ARGS)
 
 test-unit: setup
 	$(VENV)/pytest -m "not integration" $(PYTEST_ARGS)

