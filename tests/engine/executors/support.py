@@ -144,16 +144,7 @@ def kafka_table(
         rows.append((topic, part, off, f"k{key}".encode(), value))
     order = np.random.default_rng(seed).permutation(len(rows))
     rows = [rows[i] for i in order]
-    return pa.table(
-        {
-            "topic": pa.array([r[0] for r in rows], pa.string()),
-            "partition": pa.array([r[1] for r in rows], pa.int32()),
-            "offset": pa.array([r[2] for r in rows], pa.int64()),
-            "timestamp": pa.array([KAFKA_TS * 1000] * len(rows), pa.timestamp("us", tz="UTC")),
-            "key": pa.array([r[3] for r in rows], pa.binary()),
-            "value": pa.array([r[4] for r in rows], pa.binary()),
-        }
-    )
+    return kafka_rows(rows)
 
 
 def next_offsets(tbl: pa.Table) -> dict[tuple[str, int], int]:
@@ -289,3 +280,17 @@ def expected(tbl: pa.Table, decoded: dict[str, Decoded]) -> Expected:
         lo, hi = offsets.setdefault(t, {}).get(str(p), [o, o])
         offsets[t][str(p)] = [min(lo, o), max(hi, o)]
     return Expected(events, part_max, ts_min, offsets)
+
+
+def kafka_rows(rows: list[tuple[str, int, int, bytes, bytes]]) -> pa.Table:
+    """Kafka-shaped records (topic, partition, offset, key, value), as Spark's Kafka source gives them."""
+    return pa.table(
+        {
+            "topic": pa.array([r[0] for r in rows], pa.string()),
+            "partition": pa.array([r[1] for r in rows], pa.int32()),
+            "offset": pa.array([r[2] for r in rows], pa.int64()),
+            "timestamp": pa.array([KAFKA_TS * 1000] * len(rows), pa.timestamp("us", tz="UTC")),
+            "key": pa.array([r[3] for r in rows], pa.binary()),
+            "value": pa.array([r[4] for r in rows], pa.binary()),
+        }
+    )

@@ -17,7 +17,7 @@ from engine.evaluation.evaluator import Evaluator
 from engine.executors.merge import merge_output
 from engine.executors.preagg import preaggregate
 from engine.messages import SubscriptionChange
-from tests.engine.executors.support import BASE, IPS, KAFKA_TS, SYMBOLS, TOPICS, G
+from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows
 from tidewatch.settings import get_settings
 from tidewatch.wire.avro import encode_batch
 
@@ -85,16 +85,7 @@ def _batch(b: int, rng: np.random.Generator, offs: dict[tuple[str, int], int]) -
         rows.append((topic, part, off, f"k{k}".encode(), value))
     order = rng.permutation(len(rows))
     rows = [rows[i] for i in order]
-    return pa.table(
-        {
-            "topic": pa.array([r[0] for r in rows], pa.string()),
-            "partition": pa.array([r[1] for r in rows], pa.int32()),
-            "offset": pa.array([r[2] for r in rows], pa.int64()),
-            "timestamp": pa.array([KAFKA_TS * 1000] * len(rows), pa.timestamp("us", tz="UTC")),
-            "key": pa.array([r[3] for r in rows], pa.binary()),
-            "value": pa.array([r[4] for r in rows], pa.binary()),
-        }
-    )
+    return kafka_rows(rows)
 
 
 def _changes(b: int) -> list[SubscriptionChange]:
