@@ -18,11 +18,21 @@ times are also printed but are not the measure.
 
     .venv/bin/python bench/backtest_bench.py            # full: 1M events x 1,000 rules, both workloads
     .venv/bin/python bench/backtest_bench.py --quick    # 200k events x 200 rules, under a minute
+
+``--alert-heavy`` runs issue 22's alert-heavy workloads instead (100,000 symbols, 500,000 trades;
+A: 300 COUNT / SUM threshold rules every 60 s over 3 h, B: 1,000 rules every 5 s over 1 h; rules
+whose result sets churn at every lookup): ``shared``, ``scan`` and ``naive`` end to end side by
+side (CPU seconds, alert files compared by md5), and the alert output alone, the per-alert writer
+the backtest had before vs the bulk writer, in µs per alert::
+
+    .venv/bin/python bench/backtest_bench.py --alert-heavy --heavy A
+    .venv/bin/python bench/backtest_bench.py --alert-heavy --heavy B --scale-time 0.25 --heavy-events 125000
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 import os
@@ -209,6 +219,125 @@ def workload(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]
     return {"shared_eps": n / res.cpu_seconds, "ratio": ratio, "same": float(same)}  # type: ignore[attr-defined]
 
 
+# ---------------------------------------------------------------- alert-heavy workloads (issue 22)
+ALERT_HEAVY = {  # name -> (rules, lookup period ms, event-time span s, windows s)
+    "A": (300, 60_000, 3 * 3600, [60, 300, 600, 1800]),
+    "B": (1000, 5_000, 3600, [10, 30, 60, 300]),
+}
+
+
+def churn_rules(
+    rng: np.random.Generator, n_rules: int, path: Path, keys: np.ndarray, seconds: int, windows: list[int]
+) -> None:
+    """COUNT / SUM(size) threshold rules on trades by symbol, each threshold what the key of a
+    random activity rank (log-uniform in 3..300) reaches in the window: every rule holds
+    hundreds of keys, many of them entering and leaving at every lookup (an alert storm)."""
+    rates = np.sort(np.bincount(keys))[::-1] / seconds
+    wheres = {"": 1.0, " WHERE exchange = 'NASDAQ'": 0.6, " WHERE side = 'ASK'": 0.48}
+    lines = []
+    for i in range(n_rules):
+        T = int(rng.choice(windows))
+        where = str(rng.choice(list(wheres)))
+        kind = "count" if rng.random() < 0.5 else "sum"
+        rank = int(np.exp(rng.uniform(np.log(3), np.log(300))))
+        expect = rates[min(rank, len(rates) - 1)] * T * wheres[where] * (1000.0 if kind == "sum" else 1.0)
+        thr = max(1.0, float(np.round(expect * rng.uniform(0.8, 1.2))))
+        agg = "COUNT(*)" if kind == "count" else "SUM(size)"
+        rule = (
+            f"SELECT symbol FROM trades{where} GROUP BY symbol HAVING {agg} OVER LAST {T} SECONDS > {thr:g}"
+        )
+        lines.append(json.dumps({"name": f"r{i:04d}", "rule": rule}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def old_writer(changes: list[Any], out: Any) -> int:
+    """The per-alert writer ``run_backtest`` had before issue 22 (Changes.rows(), one f-string
+    line per alert with memoized json.dumps), for the old-vs-new output figure."""
+    buf: list[str] = []
+    quoted: dict[str, str] = {}
+    n = 0
+
+    def q(text: str) -> str:
+        v = quoted.get(text)
+        if v is None:
+            v = quoted[text] = json.dumps(text)
+        return v
+
+    for ch in changes:
+        for as_of, rule, key, kind in ch.rows():
+            buf.append(f'{{"as_of": {int(as_of)}, "rule": {q(rule)}, "key": {q(key)}, "kind": "{kind}"}}')
+            n += 1
+            if len(buf) >= 4096:
+                out.write("\n".join(buf) + "\n")
+                buf.clear()
+    if buf:
+        out.write("\n".join(buf) + "\n")
+    return n
+
+
+def alert_heavy(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """One alert-heavy workload: shared, scan and naive end to end (run_backtest, alert file
+    written), CPU seconds; then the alert output alone, old per-alert writer vs the bulk one."""
+    from engine.evaluation.alert_lines import AlertWriter
+    from engine.evaluation.backtest import iter_changes, make_evaluator
+
+    n_rules, every, seconds, windows = ALERT_HEAVY[name]
+    n_rules = int(n_rules * args.scale_rules)
+    seconds = int(seconds * args.scale_time)
+    rng = np.random.default_rng(22)
+    ev_path, rules_path = tmp / f"{name}.csv", tmp / f"{name}_rules.jsonl"
+    keys = make_trades(rng, args.heavy_events, args.heavy_keys, seconds, ev_path)
+    churn_rules(rng, n_rules, rules_path, keys, seconds, windows)
+    print(f"[{name}] {args.heavy_events:,} trades over {seconds:,} s, {args.heavy_keys:,} symbols "
+          f"({len(np.unique(keys)):,} active), {n_rules} COUNT/SUM threshold rules, lookups every {every // 1000} s")  # fmt: skip
+    small = tmp / f"{name}_warm.csv"
+    with ev_path.open() as src, small.open("w") as dst:
+        for _ in range(2001):
+            dst.write(src.readline())
+    for strategy in ("shared", "scan", "naive"):  # warm-up: JIT kernels loaded once per process
+        run_backtest(
+            rules_path, [("trades", small)], every, io.StringIO(), strategy=strategy, settings=get_settings()
+        )
+    out: dict[str, float] = {}
+    digests = {}
+    for strategy in ("shared", "scan", "naive"):
+        path = tmp / f"{name}_{strategy}.jsonl"
+        with path.open("w") as fh:
+            res = run_backtest(
+                rules_path, [("trades", ev_path)], every, fh, strategy=strategy, settings=get_settings()
+            )
+        digests[strategy] = hashlib.md5(path.read_bytes()).hexdigest()
+        out[strategy] = res.cpu_seconds
+        out["alerts"] = res.alerts
+        print(f"[{name}] {strategy:6s} end to end: CPU {res.cpu_seconds:6.2f} s (wall {res.seconds:6.2f} s), "
+              f"{res.lookups} lookups, {res.alerts:,} alerts")  # fmt: skip
+        path.unlink()
+    # the alert output alone: the same lookups' changes through the old and the new writer
+    plans = load_rules(rules_path, get_settings())
+    f = load_events("trades", ev_path)
+    changes = list(iter_changes(plans, [f], every, make_evaluator("shared", get_settings().ci_p, every)))
+    n_alerts = sum(len(c) for c in changes)
+    with (tmp / "old.jsonl").open("w") as fh:
+        c = time.process_time()
+        old_writer(changes, fh)
+        out["old_us"] = (time.process_time() - c) / max(n_alerts, 1) * 1e6
+    with (tmp / "new.jsonl").open("w") as fh:
+        c = time.process_time()
+        w = AlertWriter(fh)
+        for ch in changes:
+            w.add(ch)
+        w.flush()
+        out["new_us"] = (time.process_time() - c) / max(n_alerts, 1) * 1e6
+    same_bytes = (tmp / "old.jsonl").read_bytes() == (tmp / "new.jsonl").read_bytes()
+    same = len(set(digests.values())) == 1
+    print(f"[{name}] alert output alone, {n_alerts:,} alerts: old per-alert writer {out['old_us']:.3f} us/alert, "
+          f"bulk writer {out['new_us']:.3f} us/alert (identical bytes: {same_bytes})")  # fmt: skip
+    print(f"[{name}] naive/shared {out['naive'] / out['shared']:.2f}x, scan/shared {out['scan'] / out['shared']:.2f}x; "
+          f"identical alert files (md5) across shared, scan, naive: {same}")  # fmt: skip
+    out["same"] = float(same and same_bytes)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200k events x 200 rules (under a minute)")
@@ -220,6 +349,16 @@ def main() -> None:
         "--naive-budget", type=float, default=90.0, help="CPU seconds of naive evaluation per workload"
     )
     ap.add_argument("--workload", choices=["trades", "packets", "both"], default="both")
+    ap.add_argument(
+        "--alert-heavy", action="store_true",
+        help="issue 22's alert-heavy workloads (A: 300 rules every 60 s over 3 h; B: 1,000 rules every 5 s over 1 h): "
+        "shared, scan, naive end to end and the alert output in us per alert",
+    )  # fmt: skip
+    ap.add_argument("--heavy-events", type=int, default=500_000)
+    ap.add_argument("--heavy-keys", type=int, default=100_000)
+    ap.add_argument("--heavy", choices=["A", "B", "both"], default="both")
+    ap.add_argument("--scale-rules", type=float, default=1.0, help="alert-heavy: fraction of the rules")
+    ap.add_argument("--scale-time", type=float, default=1.0, help="alert-heavy: fraction of the time span")
     ap.add_argument(
         "--ci-p", type=int, default=None, help="CI-COUNT / CI-SUM parameter p (default: settings.ci_p)"
     )
@@ -233,6 +372,16 @@ def main() -> None:
     print(
         f"machine: {os.cpu_count()} cores (one used), numpy {np.__version__}; CI parameter p = {get_settings().ci_p}"
     )
+    if args.alert_heavy:
+        heavy = ["A", "B"] if args.heavy == "both" else [args.heavy]
+        with tempfile.TemporaryDirectory(prefix="twbench") as d:
+            res = {name: alert_heavy(name, args, Path(d)) for name in heavy}
+        print("summary: " + "; ".join(
+            f"{k}: {v['alerts']:,.0f} alerts, shared {v['shared']:.2f} s, scan {v['scan']:.2f} s, naive {v['naive']:.2f} s "
+            f"(CPU); naive/shared {v['naive'] / v['shared']:.2f}x, scan/shared {v['scan'] / v['shared']:.2f}x; "
+            f"output {v['old_us']:.3f} -> {v['new_us']:.3f} us/alert; identical {bool(v['same'])}"
+            for k, v in res.items()))  # fmt: skip
+        return
     names = ["trades", "packets"] if args.workload == "both" else [args.workload]
     with tempfile.TemporaryDirectory(prefix="twbench") as d:
         results = {name: workload(name, args, Path(d)) for name in names}

@@ -5,10 +5,15 @@ results, batch id, metrics in one transaction) and then to Kafka
 (:meth:`engine.sinks.publish.Publisher.publish`: Avro alerts, results, progress marker in one
 transaction), as ``EngineApp._deliver`` does.  Each side is timed on the same synthetic batches:
 
-* **old**: every column bound as an array (``unnest``) -- :func:`engine.sinks.store._write_unnest` --
-  and a dict plus two fastavro encodings per alert -- :func:`engine.sinks.publish._produce_alerts_per_record`;
-* **new**: ``COPY`` into a staging table -- :func:`engine.sinks.store.write_copy` -- and the batch
-  encoded by one Numba kernel -- :func:`engine.sinks.publish.produce_alerts`.
+* **old** (Nov 23 -- Nov 25): ``COPY`` into a staging table, then ``INSERT … SELECT … ON CONFLICT``
+  into ``alerts`` -- :func:`engine.sinks.store.write_copy` -- and the batch encoded by one Numba
+  kernel from fields read alert by alert (``engine/sinks/alert_wire.py`` as of commit
+  :data:`OLD_COMMIT`, read with ``git show``), produced by one interleaved loop with a delivery
+  report per record -- :func:`produce_interleaved`;
+* **new**: the batch's columns built once (:class:`engine.sinks.alert_columns.AlertColumns`),
+  one ``COPY`` straight into ``alerts``, the net result changes read back from the rows logged --
+  :func:`engine.sinks.store.write_direct` -- and the same kernel fed by the columns, produced by
+  two tight loops, delivery reports for failures only -- :func:`engine.sinks.publish.produce_alerts`.
 
 Each side writes to a database of its own (the same alerts, so the tables grow alike); the two
 sides alternate, and the median of ``--repeat`` batches per size is printed.  Real services:
@@ -16,18 +21,23 @@ an embedded PostgreSQL and Kafka broker started here (:mod:`tidewatch.stack.embe
 temporary run dir, stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
 
     flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
+
+The synthetic alerts have distinct ids within a batch (as the engine's do: one change of a
+subscription's result per key and lookup time).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import random
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +60,8 @@ LABELS = [
     "AVG(price) OVER LAST 30 SECONDS",
     "MAX(price) OVER LAST 15 SECONDS - MIN(price) OVER LAST 15 SECONDS",
 ]
+#: the commit whose ``engine/sinks/alert_wire.py`` is the old side's encoder
+OLD_COMMIT = "511f00470252de55e89bc1221fe043a19c2c5745"
 METRICS = {"events_per_s": 1.0, "batch_ms": 1.0, "lag_ms": 1.0, "alerts": 0, "dead_letters": 0}
 
 
@@ -60,14 +72,20 @@ def make_batch(batch_id: int, n: int, n_subs: int, n_keys: int, seed: int) -> Ba
     subs = [str(uuid.UUID(int=random.Random(i).getrandbits(128), version=4)) for i in range(n_subs)]
     t0 = 1_763_900_000_000 + 10_000 * batch_id
     alerts = []
+    seen: set[str] = set()
     for i in range(n):
         s = rng.randrange(n_subs)
         values: dict[str, float | int | None] = {}
         for j in range(1 + s % 3):
             values[LABELS[(s + j) % 4]] = rng.randrange(1, 500) if j == 0 else round(rng.uniform(1, 1e4), 2)
         kind = "ENTER" if rng.random() < 0.6 else "EXIT"
-        key = f"S{rng.randrange(n_keys):05d}"
-        alerts.append(Alert(subs[s], f"rule-{s}", "trades", key, kind, t0 + 1000 * (4 * i // n), values))
+        while True:  # one change per (subscription, key, lookup time)
+            a = Alert(subs[s], f"rule-{s}", "trades", f"S{rng.randrange(n_keys):05d}", kind,
+                      t0 + 1000 * (4 * i // n), values)  # fmt: skip
+            if a.id not in seen:
+                break
+        seen.add(a.id)
+        alerts.append(a)
     return BatchOutput(batch_id=batch_id, alerts=alerts, events={"trades": 200_000})
 
 
@@ -116,21 +134,74 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def old_encoder(root: Path) -> Callable[..., Any]:
+    """``encode_alerts`` of ``engine/sinks/alert_wire.py`` as of :data:`OLD_COMMIT` (the old side's)."""
+    src = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:engine/sinks/alert_wire.py"],
+        cwd=Path(__file__).resolve().parent.parent, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    path = root / "old_alert_wire.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("old_alert_wire", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    fn: Callable[..., Any] = mod.encode_alerts
+    return fn
+
+
+def produce_interleaved(encode: Callable[..., Any]) -> Callable[..., None]:
+    """The old side's alert loop (``engine.sinks.publish.produce_alerts`` of Nov 23 -- Nov 25):
+    each alert's records in turn, a keyword call per record."""
+
+    def produce_alerts(p: Any, s: Any, alerts: Any, batch_id: int, now: int) -> None:
+        recs = encode(alerts, batch_id, now)
+        produce = p.produce
+        ta, tr = s.topic_alerts, s.topic_results
+        for i, (ak, av, rk, rv, present) in enumerate(
+            zip(
+                recs.alert_keys,
+                recs.alert_values,
+                recs.result_keys,
+                recs.result_values,
+                recs.present,
+                strict=True,
+            )
+        ):
+            produce(ta, value=av, key=ak)
+            produce(tr, value=rv, key=rk)
+            if not present:
+                produce(tr, value=None, key=rk)
+            if i % 1000 == 999:
+                p.poll(0)  # serve delivery reports
+        p.poll(0)
+
+    return produce_alerts
+
+
 class Side:
     """One delivery path: its Store (own database) and its Publisher (own transactional id)."""
 
-    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
+    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings, tmp: Path) -> None:
         from engine.sinks import publish, store
         from engine.sinks.publish import Publisher
         from engine.sinks.store import Store
         from tidewatch.db.session import make_db_engine
 
+        class OldPublisher(Publisher):  # a delivery report per record, as before
+            producer_config = {"linger.ms": 5, "compression.type": "lz4"}  # noqa: RUF012
+
         self.name = name
-        self.store = Store(make_db_engine(fresh_database(pg_url)))
-        self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
         old = name == "old"
-        self.write: Callable[..., None] = store._write_unnest if old else store.write_copy
-        self.publisher.produce_alerts = publish._produce_alerts_per_record if old else publish.produce_alerts
+        self.store = Store(make_db_engine(fresh_database(pg_url)))
+        self.publisher = (OldPublisher if old else Publisher)(
+            bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}"
+        )
+        self.write: Callable[..., None] = store.write_copy if old else store.write_direct
+        self.publisher.produce_alerts = (
+            produce_interleaved(old_encoder(tmp)) if old else publish.produce_alerts
+        )
         self.next_batch = 0
 
     def deliver(self, out: BatchOutput) -> tuple[float, float]:
@@ -177,7 +248,8 @@ def main() -> None:
             update={f"topic_{t}": f"dbench-{t.replace('_', '-')}-{run}" for t in topics}
         )
         ensure_topics(bootstrap, settings)
-        sides = [Side(n, pg_url, bootstrap, settings) for n in ("old", "new")]
+        tmp = Path(tempfile.mkdtemp(prefix="tw-delivery-old-"))
+        sides = [Side(n, pg_url, bootstrap, settings, tmp) for n in ("old", "new")]
         try:
             warm = make_batch(0, 200, a.subscriptions, a.keys, seed=1)
             for side in sides:  # connections, staging table, the encoder's kernel, the producer
@@ -216,6 +288,7 @@ def main() -> None:
                 side.close()
             del sides, side  # the producers' threads end before the broker does
             gc.collect()
+            shutil.rmtree(tmp, ignore_errors=True)
     load1 = os.getloadavg()
     res["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     res["loadavg_start_end"] = [load0, load1]

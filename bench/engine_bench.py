@@ -363,7 +363,6 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
         engine_lookup_every_ms=a.lookup_every_ms,
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
-        engine_snapshot_in_child=not a.snapshot_in_thread,
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
@@ -468,7 +467,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     )
     if a.snapshot_every:
         snaps = app.snapshots.written
-        how = "in the evaluation thread" if a.snapshot_in_thread else "by a forked writer"
+        how = "serialized in the evaluation thread, written by a background thread"
         print(
             f"state snapshots every {a.snapshot_every} batches, written {how}: {len(snaps)} written "
             f"({', '.join(f'{n / 1e6:.0f} MB in {sec:.1f} s' for _, _, n, sec in snaps) or 'none'}), "
@@ -652,11 +651,6 @@ def main() -> None:
         default=0,
         help="live mode: snapshot the state every N batches, as the engine does (its default is "
         "snapshot_every_batches = 50); 0: no snapshots",
-    )
-    ap.add_argument(
-        "--snapshot-in-thread",
-        action="store_true",
-        help="live mode: write snapshots in the evaluation thread (engine_snapshot_in_child = false)",
     )
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

@@ -372,7 +372,8 @@ def run(a: argparse.Namespace) -> int:
         topic = settings.topic_trades if stream == "trades" else settings.topic_packets
         span = min(a.minutes * 60, 600)
         sample = make_events(stream, int(a.rate * span), a.keys, a.rate, int(time.time() * 1000), seed=99)
-        texts = make_mixed_rules(a.rules, stream, sample, span)
+        texts = make_mixed_rules(a.rules, stream, sample, span) if a.rules else []
+        texts += rows_rules(a.rows_rules, stream, seed=7, longest=a.rows_max)
         del sample
         spark = build_spark(settings, "tidewatch-soak")
         spark.sparkContext.setLogLevel("ERROR")  # no "batch is falling behind" line per slow batch
@@ -582,11 +583,36 @@ def run(a: argparse.Namespace) -> int:
             shutil.rmtree(ckpt, ignore_errors=True)
 
 
+def rows_rules(n: int, stream: str, seed: int = 7, longest: int = 200) -> list[str]:
+    """``n`` rules over ``LAST k ROWS`` windows (k 5 to ``longest``): SUM thresholds a little above k times
+    the field's mean (sizes 1-999, lengths 40-1499 in :func:`bench.engine_bench.make_events`),
+    some with a WHERE, so a share of the keys is in each result and changes."""
+    rng = np.random.default_rng(seed)
+    key, field, mean = ("symbol", "size", 500.0) if stream == "trades" else ("src_ip", "length", 770.0)
+    where = "side = 'ASK'" if stream == "trades" else "protocol = 'TCP'"
+    out = []
+    for i in range(n):
+        k = int(rng.integers(5, max(6, longest + 1)))
+        thr = k * mean * rng.uniform(1.0, 1.15)
+        w = f" WHERE {where}" if i % 3 == 0 else ""
+        out.append(
+            f"SELECT {key} FROM {stream}{w} GROUP BY {key} HAVING SUM({field}) OVER LAST {k} ROWS > {thr:.0f}"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=20.0, help="feed duration")
     ap.add_argument("--rate", type=float, default=25_000.0, help="events/s of the feed (wall time)")
     ap.add_argument("--rules", type=int, default=10_000)
+    ap.add_argument(
+        "--rows-rules",
+        type=int,
+        default=0,
+        help="also this many LAST n ROWS rules (n 5 to --rows-max): memory must stay flat once each key has n rows",
+    )
+    ap.add_argument("--rows-max", type=int, default=200, help="the largest n of --rows-rules")
     ap.add_argument("--keys", type=int, default=5000, help="symbols / source IPs")
     ap.add_argument("--stream", choices=["trades", "packets"], default="trades")
     ap.add_argument("--bootstrap", default=None, help="Kafka (default: an embedded broker started here)")

@@ -14,8 +14,9 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
   (:mod:`engine.sinks.publish`).
 * Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
   before the commit, and the whole driver state is snapshotted every
-  ``snapshot_every_batches`` batches (written by a forked child while the batches go on:
-  :mod:`engine.runtime.snapshot_writer`).  On start the newest snapshot at or
+  ``snapshot_every_batches`` batches (in the versioned format of
+  :mod:`engine.runtime.state_codec`, which runs no code when read; serialized in the evaluation
+  thread, written to disk by a background thread: :mod:`engine.runtime.snapshot_writer`).  On start the newest snapshot at or
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
@@ -24,7 +25,6 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -37,8 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core import EngineCore, make_evaluator, rule_compiler
+from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
-from engine.errors import SnapshotUnreadable
+from engine.errors import CheckpointMismatch, SnapshotUnreadable
 from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
@@ -47,7 +48,20 @@ from engine.runtime.retry import retry_transient
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
+from engine.sources.offsets import (
+    BatchLog,
+    Ends,
+    Epoch,
+    check_batch,
+    checkpoint_agrees,
+    last_spark_batch,
+    spark_end_offsets,
+    starting_offsets,
+    stream_partitions,
+)
 from engine.sources.readers import RECORD_COLUMNS, offset_ranges, read_ranges
+from engine.sources.retention import dead_letters as retention_dead_letters
+from engine.sources.retention import gap_candidates, log_end_offsets, log_start_offsets, lost_ranges
 from tidewatch.kafka.client import spark_options
 
 if TYPE_CHECKING:
@@ -155,7 +169,7 @@ class EngineApp:
         }
         self.engine_id = engine_id
         self._core_factory = core_factory or (lambda: default_core(settings))
-        self.store = Store(make_db_engine(pg_url or settings.sqlalchemy_url))
+        self.store = Store(make_db_engine(pg_url or settings.sqlalchemy_url), engine_id)
         ensure_topics(self.bootstrap, settings)
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
         self.core = self._core_factory()
@@ -166,7 +180,7 @@ class EngineApp:
         self._inflight: Any = None  # the batch being evaluated
         self._delivering: Any = None  # the output being delivered
         self._evaluated = 0  # batches evaluated since start (snapshot cadence)
-        self.snapshots = SnapshotWriter(in_child=getattr(settings, "engine_snapshot_in_child", True))
+        self.snapshots = SnapshotWriter()
         #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
@@ -174,6 +188,13 @@ class EngineApp:
         #: ``engine_preaggregate = "executors"``: decode and pre-aggregation in Spark's tasks
         self.executors = getattr(settings, "engine_preaggregate", "driver") == "executors"
         self.executor_pids: set[int] = set()  # process ids the executors' pane rows came from
+        #: batch id -> its partitions with records not yet readable, until the batch is processed
+        self._waiting_of: dict[int, list[tuple[str, int]]] = {}
+        self._last_begun = -1  # the last batch in the state or taken from Spark (see _begin)
+        #: engine batch id = Spark's batch id + ``epoch.base`` (:meth:`_align_checkpoint`)
+        self.epoch = Epoch.read(self.state_dir / "spark-epoch.json")
+        #: batch id -> its ``lost`` dead letters (offsets deleted by retention before they were read)
+        self._lost: dict[int, DeadLetters] = {}
 
     # ------------------------------------------------------------------ recovery
     def _snapshot_path(self, batch_id: int) -> Path:
@@ -190,16 +211,19 @@ class EngineApp:
         snaps = sorted((self.state_dir / "snapshots").glob("*.bin")) if self.state_dir.exists() else []
         snaps = [s for s in snaps if int(s.stem) <= last]
         self.core = self._core_factory()
-        if snaps:
+        for snap in reversed(snaps):  # the newest one this engine can read
             try:
-                self.core = EngineCore.from_bytes(snaps[-1].read_bytes(), rule_compiler(self.settings))
+                self.core = EngineCore.from_bytes(snap.read_bytes(), rule_compiler(self.settings))
                 log.info("restored the state snapshot of batch %d", self.core.last_batch)
+                break
             except SnapshotUnreadable as exc:  # another state format, moved classes, a damaged file
                 log.warning(
-                    "the state snapshot %s cannot be read by this engine (%s); rebuilding the state by "
-                    "replaying every committed batch from Kafka",
-                    snaps[-1],
+                    "the state snapshot %s cannot be read by this engine (%s); trying %s",
+                    snap,
                     exc,
+                    "the one before it"
+                    if snap != snaps[0]
+                    else "a replay of every committed batch from Kafka",
                 )
         first = self.core.last_batch + 1
         if last >= first:
@@ -207,9 +231,14 @@ class EngineApp:
             for b in range(first, last + 1):
                 path = self._batch_log(b)
                 if not path.exists():
-                    raise RuntimeError(f"batch {b} is committed but its offset log {path} is missing")
-                ranges = json.loads(path.read_text())
-                tbl = read_ranges(self.bootstrap, ranges, settings=self.settings)
+                    raise CheckpointMismatch(
+                        f"batch {b} is committed but its offset log {path} is missing, and no state "
+                        f"snapshot at or after it could be read ({self.state_dir / 'snapshots'}): the "
+                        "state cannot be rebuilt exactly. Restore the checkpoint directory from a backup, "
+                        "or start the engine with a new checkpoint directory and a new --engine-id."
+                    )
+                blog = self._read_log(b)
+                tbl = read_ranges(self.bootstrap, blog.ranges, settings=self.settings)
                 self._process(b, self._replay_batch(tbl, b))
         # pipelined mode: Spark may have committed batches whose output was not committed yet;
         # they are finished here from their offset logs (Spark will not deliver them again)
@@ -221,15 +250,17 @@ class EngineApp:
         pending = [b for b in logged if b > last]
         published = self.publisher.last_published()
         for b in range(published + 1, last + 1):
-            rows = self.store.alerts_of_batch(b)
+            rows, dead = self.store.alerts_of_batch(b), self.store.dead_letters_of_batch(b)
             log.info(
-                "batch %d was committed but not published to Kafka: publishing its %d alerts", b, len(rows)
-            )
-            self.publisher.publish(b, rows)
+                "batch %d was committed but not published to Kafka: publishing its %d alerts and %d dead "
+                "letters", b, len(rows), len(dead),
+            )  # fmt: skip
+            self.publisher.publish(b, rows, dead)
         for b in pending:
-            ranges = json.loads(self._batch_log(b).read_text())
+            ranges = self._read_log(b).ranges
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
             self.handle(self._replay_batch(read_ranges(self.bootstrap, ranges, settings=self.settings), b), b)
+        self._last_begun = self.core.last_batch
         log.info(
             "state at batch %d: %d rules, watermark %s",
             self.core.last_batch,
@@ -238,6 +269,77 @@ class EngineApp:
         )
 
     # ------------------------------------------------------------------ batches
+    def _read_log(self, batch_id: int) -> BatchLog:
+        """The batch's log; notes its partitions for :meth:`_process` (a replay decides as live)."""
+        blog = BatchLog.read(self._batch_log(batch_id))
+        self._waiting_of[batch_id] = blog.waiting
+        return blog
+
+    def _spark_ends(self, batch_id: int) -> Ends | None:
+        """Spark's end offsets of the engine's batch ``batch_id`` (the epoch's start offsets for
+        the batch before its first one)."""
+        sid = batch_id - self.epoch.base
+        if sid < 0:
+            return self.epoch.start if sid == -1 else None
+        return spark_end_offsets(self.checkpoint / "spark", sid)
+
+    def _begin(self, batch_id: int) -> tuple[bool, BatchLog | None]:
+        """Spark's offsets of batch ``batch_id``, checked against the state
+        (:func:`engine.sources.offsets.check_batch`): ``(True, None)`` when the batch is already
+        in the state -- the same offsets, re-delivered after a restart; else ``(False, log)`` with
+        the log to write once its records are read.  Raises ``CheckpointMismatch`` when Spark's
+        checkpoint and the state disagree (never a skip on the batch id alone)."""
+        spark_dir = self.checkpoint / "spark"
+        ends = self._spark_ends(batch_id)
+        where = f"checkpoint {spark_dir}, state {self.state_dir}"
+        path = self._batch_log(batch_id)
+        if path.exists() or batch_id <= self._last_begun:
+            logged = BatchLog.read(path) if path.exists() else None
+            if logged is not None and logged.ends is None:  # a log of an older engine: id only
+                log.warning(
+                    "batch %d is in the state (an older log, no offsets to compare): skipped", batch_id
+                )
+                return True, None
+            check_batch(batch_id, ends, logged, where=where)
+            log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
+            return True, None
+        if batch_id != self._last_begun + 1:
+            raise CheckpointMismatch(
+                f"Spark's next batch is {batch_id} but the engine's state is at batch {self._last_begun} "
+                f"({where}): the state was reset or restored from another point in time. The engine "
+                "stops; start it again and it replaces Spark's checkpoint with one that starts where "
+                "its state ends."
+            )
+        prev = self._batch_log(batch_id - 1)
+        if prev.exists():  # the batch starts where the state's last one ended
+            logged = BatchLog.read(prev)
+            if logged.ends is not None:
+                check_batch(batch_id - 1, self._spark_ends(batch_id - 1), logged, where=where)
+        self._last_begun = batch_id
+        waiting = self._waiting(ends)
+        self._waiting_of[batch_id] = waiting
+        return False, BatchLog({}, ends, waiting)
+
+    def _waiting(self, ends: Ends | None) -> list[tuple[str, int]]:
+        """The stream partitions no event has come from yet whose records written in Kafka
+        reach past the batch's end offsets (high watermark > Spark's end, read ``read_committed``:
+        not yet committed, or committed but the partition's commit marker not yet written)."""
+        known = stream_partitions(ends, self.topics, STREAMS) or []
+        silent = [k for k in known if k not in self.core.part_max]
+        if not silent or ends is None:
+            return []
+        try:
+            high = log_end_offsets(self.bootstrap, self.settings, [(self.topics[s], p) for s, p in silent])
+        except Exception as exc:  # noqa: BLE001 -- Kafka unreachable: waiting for all of them is safe
+            log.warning(
+                "cannot ask Kafka for the silent partitions' high watermarks (%s): all treated as waiting",
+                exc,
+            )
+            return silent
+        return [
+            (s, p) for s, p in silent if high.get((self.topics[s], p), 0) > ends[self.topics[s]].get(p, 0)
+        ]
+
     def _prepare(self, tbl: pa.Table) -> dict[str, Any]:
         """A batch's records by role, its event streams decoded and checked for what does not
         depend on the engine's state (:func:`engine.decode.predecode`).  Pipelined, this runs in
@@ -259,12 +361,32 @@ class EngineApp:
         return _Preaggregated(params, merge_output(preaggregate(tbl, params), params, batch=batch_id))
 
     def _process(self, batch_id: int, batch: pa.Table | dict[str, Any] | _Preaggregated) -> Any:
+        waiting = self._waiting_of.pop(batch_id, None)
         if isinstance(batch, _Preaggregated):
             changes = subscription_changes(batch.eb.records)
-            return self.core.process_preaggregated(batch_id, batch.eb, batch.params, changes)
-        parts = dict(batch) if isinstance(batch, dict) else self._prepare(batch)
-        changes = subscription_changes(parts.pop("subscriptions"))
-        return self.core.process(batch_id, parts, changes)
+            out = self.core.process_preaggregated(batch_id, batch.eb, batch.params, changes, waiting)
+        else:
+            parts = dict(batch) if isinstance(batch, dict) else self._prepare(batch)
+            changes = subscription_changes(parts.pop("subscriptions"))
+            out = self.core.process(batch_id, parts, changes, waiting)
+        lost = self._lost.pop(batch_id, None)
+        if lost is not None:
+            out.dead.extend(lost)
+        return out
+
+    def _note_lost(self, batch_id: int, blog: BatchLog) -> None:
+        """Find the offsets of this batch that retention deleted before Spark read them
+        (:mod:`engine.sources.retention`): they become ``lost`` dead letters of the batch."""
+        starts = self._spark_ends(batch_id - 1)  # None for the first batch: the oldest offsets
+        cand = gap_candidates(starts, blog.ends, blog.ranges)
+        if not cand:
+            return
+        lost = lost_ranges(cand, log_start_offsets(self.bootstrap, self.settings, sorted(cand)))
+        if lost:
+            dead = retention_dead_letters(lost, self.core.watermark)
+            for d in dead.detail:
+                log.error("batch %d: %s (dead-lettered as lost)", batch_id, d)
+            self._lost[batch_id] = dead
 
     def on_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch`` entry point (idempotent per batch id).
@@ -277,31 +399,34 @@ class EngineApp:
         next call waits, and re-raises a failure of either so the query stops); outputs are
         delivered in batch order.  Spark may then have committed batches whose output is not
         committed yet: :meth:`recover` finishes such batches from their offset logs."""
+        batch_id = int(batch_id) + self.epoch.base  # Spark's id -> the engine's
+        done, blog = self._begin(batch_id)
+        if done or blog is None:
+            return
         if self.executors:
-            self.on_batch_executors(df, int(batch_id))
+            self.on_batch_executors(df, int(batch_id), blog)
             return
         t0 = time.perf_counter()
         tbl = df.select(*RECORD_COLUMNS).toArrow()
-        self.accept(tbl, int(batch_id), time.perf_counter() - t0)
+        self.accept(tbl, int(batch_id), time.perf_counter() - t0, blog)
 
-    def on_batch_executors(self, df: Any, batch_id: int) -> None:
+    def on_batch_executors(self, df: Any, batch_id: int, blog: BatchLog) -> None:
         """:meth:`on_batch` with ``engine_preaggregate = "executors"`` (unpipelined): the batch's
         parameters from the core at batch start (:meth:`EngineCore.batch_params`), its records
         decoded and pre-aggregated by Spark's tasks (:func:`spark_preaggregate`), only their
         output collected and merged (:func:`merge_output`); its offset ranges (from that output,
         the format :func:`offset_ranges` writes) logged durably, then evaluated and delivered."""
-        if batch_id <= self.core.last_batch:
-            log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
-            return
         t0 = time.perf_counter()
         params = self.core.batch_params(self.topics)
         eb = merge_output(spark_preaggregate(df, params).toArrow(), params, batch=batch_id)
         self.read_s = time.perf_counter() - t0
         self.executor_pids |= eb.pids
-        atomic_write(self._batch_log(batch_id), json.dumps(eb.offsets).encode())
+        blog.ranges = eb.offsets
+        self._note_lost(batch_id, blog)
+        atomic_write(self._batch_log(batch_id), blog.to_json())
         self.handle(_Preaggregated(params, eb), batch_id)
 
-    def accept(self, tbl: pa.Table, batch_id: int, read_s: float) -> None:
+    def accept(self, tbl: pa.Table, batch_id: int, read_s: float, blog: BatchLog | None = None) -> None:
         """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
         to reach the driver: log its offset ranges durably (:func:`offset_ranges`), then handle
         it here, or (pipelined) hand it to the evaluation thread.  Called by :meth:`on_batch`."""
@@ -312,7 +437,10 @@ class EngineApp:
             batch: pa.Table | dict[str, Any] = self._prepare(tbl)  # overlaps the batch in flight
             self.read_s = read_s = read_s + time.perf_counter() - t0
             self.drain()
-        atomic_write(self._batch_log(int(batch_id)), json.dumps(offset_ranges(tbl)).encode())
+        blog = blog or BatchLog({})
+        blog.ranges = offset_ranges(tbl)
+        self._note_lost(int(batch_id), blog)
+        atomic_write(self._batch_log(int(batch_id)), blog.to_json())
         if not pipelined:
             self.handle(tbl, int(batch_id))
             return
@@ -420,11 +548,80 @@ class EngineApp:
         )  # fmt: skip
 
     def snapshot(self) -> Path:
-        """Snapshot the state of the last processed batch (keeps the newest three), written by a
-        forked child while the batches go on (:mod:`engine.runtime.snapshot_writer`)."""
+        """Snapshot the state of the last processed batch (keeps the newest three): serialized
+        here, written to disk by a background thread (:mod:`engine.runtime.snapshot_writer`)."""
         path = self._snapshot_path(self.core.last_batch)
         self.snapshots.write(self.core.last_batch, path, self.core.to_bytes)
+        self._prune_logs()
         return path
+
+    def _prune_logs(self) -> None:
+        """Drop the batch logs no restart can need: those before the oldest snapshot kept (a
+        restart replays from a snapshot onwards; the log of the snapshot's own batch stays, for
+        :meth:`_begin`'s check of the batch after it)."""
+        snaps = sorted(int(f.stem) for f in (self.state_dir / "snapshots").glob("*.bin"))
+        if not snaps:
+            return
+        for f in (self.state_dir / "batches").glob("*.json"):
+            if f.stem.isdigit() and int(f.stem) < snaps[0]:
+                f.unlink(missing_ok=True)
+
+    def _align_checkpoint(self) -> str:
+        """Make Spark's checkpoint carry on exactly where the state ends; returns the
+        ``startingOffsets`` for a new checkpoint.
+
+        When Spark's checkpoint disagrees with the state (:func:`checkpoint_agrees`: deleted,
+        or restored from an older or newer point in time), it is moved aside
+        (``spark.discarded-<time>``) and a new one starts at the state's end offsets, its batch
+        0 being the state's next batch (a new :class:`Epoch`): every offset after the state is
+        read once, none before it again, and subscription changes made meanwhile are read too.
+        Refused (``CheckpointMismatch``) only when the state's end offsets are not known (a
+        log written by an older engine)."""
+        spark_dir = self.checkpoint / "spark"
+        last = self.core.last_batch
+        path = self._batch_log(last)
+        state_ends = BatchLog.read(path).ends if last >= 0 and path.exists() else None
+        newest = last_spark_batch(spark_dir)
+        if checkpoint_agrees(last, state_ends, newest, self.epoch, lambda m: spark_end_offsets(spark_dir, m)):
+            if last >= 0 and state_ends is None:
+                log.warning(
+                    "batch %d's log predates end offsets: Spark's checkpoint is trusted by batch id", last
+                )
+            return (
+                starting_offsets(self.epoch.start, self._topic_partitions()) if newest is None else "earliest"
+            )
+        if last >= 0 and state_ends is None:
+            check_batch(last, None, None, where=f"checkpoint {spark_dir}, state {self.state_dir}")
+        if spark_dir.exists():
+            aside = spark_dir.with_name(f"spark.discarded-{time.strftime('%Y%m%dT%H%M%S')}")
+            spark_dir.rename(aside)
+            log.warning(
+                "Spark's checkpoint (newest batch %s, engine batch %s) disagrees with the state (batch %d): "
+                "moved aside to %s; a new one starts where the state ends",
+                newest,
+                None if newest is None else newest + self.epoch.base,
+                last,
+                aside,
+            )
+        else:
+            log.warning(
+                "Spark's checkpoint %s is missing; a new one starts where the state (batch %d) ends",
+                spark_dir,
+                last,
+            )
+        self.epoch = Epoch(base=last + 1, start=state_ends)
+        atomic_write(self.state_dir / "spark-epoch.json", self.epoch.to_json())
+        return starting_offsets(self.epoch.start, self._topic_partitions())
+
+    def _topic_partitions(self) -> dict[str, list[int]]:
+        """The partitions of the subscribed topics now (as the ``engine`` principal)."""
+        from confluent_kafka.admin import AdminClient
+
+        from tidewatch.kafka.client import librdkafka_config
+
+        admin: Any = AdminClient(librdkafka_config(self.settings, "engine", self.bootstrap))
+        md = admin.list_topics(timeout=30)
+        return {t: sorted(md.topics[t].partitions) for t in self.topics.values() if t in md.topics}
 
     # ------------------------------------------------------------------ Spark
     def start(
@@ -433,8 +630,12 @@ class EngineApp:
         trigger_seconds: float | None = None,
         max_offsets_per_trigger: int | None = None,
         available_now: bool = False,
+        wrap: Callable[[Callable[[Any, int], None]], Callable[[Any, int], None]] | None = None,
     ) -> Any:
         """Recover, then start the streaming query; returns the ``StreamingQuery``.
+
+        ``wrap``: given :meth:`on_batch`, returns the function Spark calls per batch (e.g. the
+        command's stop gate, :class:`engine.cli.StopGate`).
 
         ``available_now``: process what is in Kafka now (in batches of at most
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
@@ -445,6 +646,7 @@ class EngineApp:
                 "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks, unpipelined"
             )
         self.recover()
+        starting = self._align_checkpoint()
         freeze_state()
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
@@ -452,14 +654,18 @@ class EngineApp:
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", self.bootstrap)
             .option("subscribe", ",".join(self.topics.values()))
-            .option("startingOffsets", "earliest")
+            .option("startingOffsets", starting)  # used only by a new checkpoint
+            # offsets deleted by retention: not a stop of every stream -- each gap is found and
+            # dead-lettered as ``lost`` (engine.sources.retention), never skipped silently
             .option("failOnDataLoss", "false")
             .option("kafka.isolation.level", "read_committed")
             .options(**spark_options(self.settings, "engine"))  # SASL/SCRAM in the scram mode
         )
         if max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-        writer = reader.load().writeStream.foreachBatch(self.on_batch)
+        writer = reader.load().writeStream.foreachBatch(
+            self.on_batch if wrap is None else wrap(self.on_batch)
+        )
         writer = (
             writer.trigger(availableNow=True)
             if available_now

@@ -28,10 +28,8 @@ same batches after a restore gives the same state and the same alerts.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import pickle
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -44,6 +42,7 @@ from engine.errors import SnapshotUnreadable
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
+from engine.runtime import state_codec
 
 if TYPE_CHECKING:
     from engine.evaluation.rules import Changes
@@ -58,7 +57,8 @@ Values = dict[str, float | int | str | None]
 class RuleEvaluator(Protocol):
     """What the engine needs from an evaluator: :class:`engine.evaluation.evaluator.Evaluator`
     (tests give stand-ins).  The state it holds is snapshotted with the engine's
-    (:meth:`EngineCore.to_bytes`), so it must pickle."""
+    (:meth:`EngineCore.to_bytes`), so it must be made of what :mod:`engine.runtime.state_codec`
+    writes (classes of ``engine.``, or registered with its ``allow``)."""
 
     def add_rule(self, name: str, plan: Any) -> None: ...
     def remove_rule(self, name: str) -> None: ...
@@ -140,22 +140,9 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
     return {k: ks for (s, k), ks in specs.items() if s == stream}
 
 
-class _StatePickler(pickle.Pickler):
-    """Pickles the evaluator; the algorithms' structures go through their exact ``to_bytes``.
-
-    Numba-backed members of those structures cannot be pickled as such; every class of
-    :mod:`engine.algorithms` round-trips exactly through ``to_bytes`` / ``from_bytes``.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        cls = type(obj)
-        if (
-            cls.__module__.startswith("engine.algorithms")
-            and hasattr(obj, "to_bytes")
-            and callable(getattr(cls, "from_bytes", None))
-        ):
-            return (cls.from_bytes, (obj.to_bytes(),))
-        return NotImplemented
+#: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
+#: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
+_NOT_STATE = frozenset({"_compile"})
 
 
 class EngineCore:
@@ -191,6 +178,9 @@ class EngineCore:
         #: these over the partitions that are not idle, minus the allowed lateness
         self.part_max: dict[tuple[str, int], int] = {}
         self._wm: int | None = None
+        #: stream partitions no event has come from yet that held the watermark back (see
+        #: :meth:`_advance_watermark`) -> how many batches they held it
+        self.unheard: dict[tuple[str, int], int] = {}
         self.applied_until: int | None = None  # last lookup time
         self.last_batch: int = -1
         self._fresh: set[str] = set()  # rules added since the last lookup step
@@ -224,9 +214,21 @@ class EngineCore:
             old = self.part_max.get(k)
             self.part_max[k] = int(top) if old is None else max(old, int(top))
 
-    def _advance_watermark(self, delivered: set[tuple[str, int]]) -> None:
+    def _advance_watermark(
+        self, delivered: set[tuple[str, int]], waiting: Iterable[tuple[str, int]] | None = None
+    ) -> None:
         """Per-partition watermark with an idle timeout (deterministic: a replay of the same
         batches decides the same way).
+
+        ``waiting``: the (stream, partition)s with records in Kafka this batch could not read
+        yet (written, not yet committed/visible: :meth:`engine.app.EngineApp._waiting`, logged
+        with the batch so a replay decides the same way).  A partition no event has come from
+        yet that is waiting holds the watermark where it is for one batch with events: records
+        of several partitions, even of one Kafka transaction, become visible partition by
+        partition (each partition's last stable offset moves when its commit marker is
+        written), so the first batch of a backlog may hold one stream's events and not yet the
+        other's -- whose first events would otherwise be ``late`` at once.  The next batch
+        reads them.  A partition with nothing written (a topic nobody produces to) holds nothing.
 
         The watermark is ``min(max ts of each active partition) - allowed lateness``, where a
         partition is *active* when it delivered records in this batch or its largest event time
@@ -236,9 +238,19 @@ class EngineCore:
         instead of having its events dead-lettered as ``late``; a partition that has gone quiet
         stops holding it back once the others are ``idle_timeout_ms`` ahead of it.  The
         watermark never decreases."""
+        hold = False
+        for k in waiting or ():
+            if delivered and k not in self.part_max and not self.unheard.get(k):
+                self.unheard[k] = 1
+                hold = True
+        for k in delivered:
+            self.unheard.pop(k, None)
         if not self.part_max:
             return
         top = max(self.part_max.values())
+        if hold:
+            self.max_ts = top
+            return
         self.max_ts = top
         active = [m for k, m in self.part_max.items() if k in delivered or top - m <= self.idle_timeout]
         cand = (min(active) if active else top) - self.lateness
@@ -303,9 +315,11 @@ class EngineCore:
         batch_id: int,
         records: dict[str, pa.Table | Predecoded],
         changes: list[SubscriptionChange] | None = None,
+        waiting: Iterable[tuple[str, int]] | None = None,
     ) -> BatchOutput:
         """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode), or
-        the records already through :func:`engine.decode.predecode` (the reading thread's part)."""
+        the records already through :func:`engine.decode.predecode` (the reading thread's part);
+        ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`)."""
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
@@ -321,7 +335,7 @@ class EngineCore:
             if len(d):
                 self._note_partitions(stream, d, delivered)
                 self.pending[stream] = _concat(self.pending[stream], d)
-        self._advance_watermark(delivered)
+        self._advance_watermark(delivered, waiting)
         self._lookups(out, self._run_lookups)
         self.last_batch = batch_id
         return out
@@ -350,6 +364,7 @@ class EngineCore:
         eb: ExecutorBatch,
         params: BatchParams,
         changes: list[SubscriptionChange] | None = None,
+        waiting: Iterable[tuple[str, int]] | None = None,
     ) -> BatchOutput:
         """:meth:`process` of a batch the executors decoded and pre-aggregated (``eb``, made with
         ``params`` = :meth:`batch_params` at its start): the same output and state.
@@ -392,7 +407,7 @@ class EngineCore:
             if len(self.pending[s]):
                 top = int(self.pending[s].ts.max())
                 self.raw_fed[s] = max(self.raw_fed.get(s, top), top)
-        self._advance_watermark(delivered)
+        self._advance_watermark(delivered, waiting)
         self._lookups(out, self._run_pane_lookups)
         self.last_batch = batch_id
         return out
@@ -565,40 +580,10 @@ class EngineCore:
         return n
 
     def to_bytes(self) -> bytes:
-        """Snapshot of the whole state (exact round trip with :meth:`from_bytes`)."""
-        ev = self.evaluator
-        ev_buf = io.BytesIO()
-        _StatePickler(ev_buf, protocol=5).dump(ev)
-        ev_bytes = ev_buf.getvalue()
-        buf = io.BytesIO()
-        pickle.dump(
-            {
-                "version": 1,
-                "g": self.g,
-                "lookup_every": self.L,
-                "lateness": self.lateness,
-                "max_future_ms": self.max_future_ms,
-                "evaluator_cls": (type(ev).__module__, type(ev).__qualname__),
-                "evaluator_native": False,  # the evaluator is pickled (no evaluator has its own to_bytes)
-                "evaluator": ev_bytes,
-                "rules": self.rules,
-                "current": self.current,
-                "pending": self.pending,
-                "max_ts": self.max_ts,
-                "part_max": self.part_max,
-                "watermark": self._wm,
-                "idle_timeout": self.idle_timeout,
-                "applied_until": self.applied_until,
-                "last_batch": self.last_batch,
-                "fresh": self._fresh,
-                "versions": self._versions,
-                "panes": self.panes,
-                "raw_fed": self.raw_fed,
-            },
-            buf,
-            protocol=5,
-        )
-        return buf.getvalue()
+        """Snapshot of the whole state (exact round trip with :meth:`from_bytes`): every attribute
+        set in ``__init__`` but the callables (``_NOT_STATE``), the evaluator included, in the
+        format of :mod:`engine.runtime.state_codec` (reading it cannot run code; no pickle)."""
+        return state_codec.dumps({k: v for k, v in vars(self).items() if k not in _NOT_STATE})
 
     @classmethod
     def from_bytes(
@@ -608,43 +593,36 @@ class EngineCore:
     ) -> EngineCore:
         """Restore a snapshot written by :meth:`to_bytes` (``compile_rule``: as for the constructor,
         e.g. :func:`rule_compiler`).  :class:`~engine.errors.SnapshotUnreadable` when this engine
-        cannot read it (another state format, a class moved or renamed since, a damaged file)."""
+        cannot read it (another state format, a class moved, renamed or not allowed, attributes
+        this engine does not have, a damaged file)."""
         try:
             return cls._restore(data, compile_rule)
-        except (
-            pickle.UnpicklingError,
-            AttributeError,
-            ImportError,
-            KeyError,
-            TypeError,
-            ValueError,
-            EOFError,
-        ) as exc:
+        except SnapshotUnreadable:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotUnreadable(f"{type(exc).__name__}: {exc}") from exc
 
     @classmethod
     def _restore(cls, data: bytes, compile_rule: Callable[[str, Any], tuple[Any, str]]) -> EngineCore:
-        doc = pickle.loads(data)
-        ev = pickle.loads(doc["evaluator"])
+        """A core made by ``__init__`` (its defaults: an attribute a snapshot of an older engine
+        lacks keeps them), then every attribute the snapshot holds."""
+        state = state_codec.loads(data)
+        if type(state) is not dict or "evaluator" not in state:
+            raise SnapshotUnreadable("not the state of an engine core")
+        ev = state["evaluator"]
         self = cls(
-            pane_ms=doc["g"],
-            allowed_lateness_ms=doc["lateness"],
-            max_future_ms=doc["max_future_ms"],
+            pane_ms=state["g"],
+            allowed_lateness_ms=state["lateness"],
+            max_future_ms=state["max_future_ms"],
             evaluator_factory=lambda: ev,
             compile_rule=compile_rule,
-            idle_timeout_ms=doc.get("idle_timeout", 5_000),
-            lookup_every_ms=doc.get("lookup_every"),
+            idle_timeout_ms=state.get("idle_timeout", 5_000),
+            lookup_every_ms=state.get("L"),
         )
-        self.rules = doc["rules"]
-        self.current = doc["current"]
-        self.pending = doc["pending"]
-        self.max_ts = doc["max_ts"]
-        self.part_max = doc.get("part_max", {})
-        self._wm = doc.get("watermark", None if self.max_ts is None else self.max_ts - self.lateness)
-        self.applied_until = doc["applied_until"]
-        self.last_batch = doc["last_batch"]
-        self._fresh = doc.get("fresh", set())
-        self._versions = doc.get("versions", {})
-        self.panes = doc.get("panes", {})
-        self.raw_fed = doc.get("raw_fed", {})
+        unknown = set(state) - (set(vars(self)) - _NOT_STATE)
+        if unknown:
+            raise SnapshotUnreadable(
+                f"the snapshot holds attributes this engine has not: {sorted(map(str, unknown))}"
+            )
+        vars(self).update(state)
         return self

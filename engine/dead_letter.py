@@ -1,10 +1,12 @@
 """Dead letters: records the engine cannot use, kept with the reason, never dropped.
 
 A record goes here when it does not decode (``undecodable``), breaks an invariant of
-its stream's schema (``invalid``: negative size/length, NaN/Inf price, empty key),
+its stream's schema (``invalid``: a field outside its domain, :mod:`tidewatch.schema`),
 carries an event time too far ahead of the time Kafka got it (``future``), or comes
 after the engine has already looked up past its event time (``late``, docs/engine.md
-"Time and exactness": later than the allowed lateness behind the watermark).  Each dead letter
+"Time and exactness": later than the allowed lateness behind the watermark).  Offsets the
+topic's retention deleted before the engine read them are one ``lost`` dead letter per range
+(:mod:`engine.sources.retention`; no raw bytes: the records are gone).  Each dead letter
 keeps the source topic, partition and offset and the raw key/value bytes, and is
 published as an Avro ``DeadLetter`` (``tidewatch/wire/schemas/dead_letter.avsc``) keyed by
 the source topic name.
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-REASONS = ("undecodable", "invalid", "future", "late")
+REASONS = ("undecodable", "invalid", "future", "late", "lost")
 
 
 @dataclass

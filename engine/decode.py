@@ -7,10 +7,13 @@ values are framed Avro (``tidewatch.wire.avro``); they are decoded column-wise b
 kernel of :func:`tidewatch.wire.avro.decode_batch` (no per-record Python) and checked
 against the invariants of the stream:
 
-* ``undecodable`` -- not a framed record of the stream's current schema;
-* ``invalid``     -- negative ``size`` / ``length`` / port, NaN or infinite ``price``, a
-  number above 2**53 in magnitude (window sums are exact only below that, see fixed128),
-  empty key field (``symbol``; ``src_ip`` / ``dst_ip``);
+* ``undecodable`` -- not a framed record of the stream's current schema, or no value at all
+  (a null-valued Kafka message: the dead letter's ``value`` stays null);
+* ``invalid``     -- a field outside its domain (``tidewatch.schema``: ``price`` > 0, ``size``
+  and ``length`` >= 0, ports in 0..65535, ``side`` / ``protocol`` / ``tcp_flags`` from their
+  closed sets, non-empty names, every number finite and at most 2**53 in magnitude -- window
+  sums are exact only below that, see fixed128); the detail names the field, the value and the
+  rule, e.g. ``price -1e+12 is not > 0``;
 * ``future``      -- ``ts`` more than ``max_future_ms`` after the Kafka record
   timestamp (deterministic: a replay of the same records decides the same way);
 * ``late``        -- ``ts <= late_until``, the last lookup time the engine already
@@ -31,24 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.dead_letter import DeadLetters
-from tidewatch.schema import MAX_NUMERIC
+from tidewatch.schema import STREAMS, FieldSpec, valid, valid_strings, violations
 from tidewatch.wire.avro import decode_batch
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """Invariants of one stream's records."""
-
-    name: str
-    key_fields: tuple[str, ...]  # must be non-empty strings
-    nonneg_fields: tuple[str, ...]  # integer fields that must be >= 0
-    finite_fields: tuple[str, ...]  # float fields that must be finite
-
-
-STREAMS: dict[str, StreamSpec] = {
-    "trades": StreamSpec("trades", ("symbol",), ("size",), ("price",)),
-    "packets": StreamSpec("packets", ("src_ip", "dst_ip"), ("length", "src_port", "dst_port"), ()),
-}
 
 
 @dataclass
@@ -93,6 +80,10 @@ def empty(stream: str) -> Decoded:
     return Decoded(stream, cols, np.zeros(0, np.int32), np.zeros(0, np.int64))
 
 
+#: the detail of a dead letter for a Kafka message with no value (null, e.g. a tombstone)
+NULL_VALUE = "null value (a Kafka message with no record)"
+
+
 def kafka_ts_ms(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Kafka record timestamps (Spark ``timestamp`` or int epoch ms) as int64 epoch ms."""
     t = col.type
@@ -118,13 +109,16 @@ def column_numpy(col: pa.Array) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
-def _empty_strings(col: pa.Array) -> np.ndarray:
-    """Which values of a string column (plain or dictionary-encoded) are ``""``."""
-    if pa.types.is_dictionary(col.type):
-        empty = np.flatnonzero(pc.equal(col.dictionary, "").to_numpy(zero_copy_only=False))
-        codes = col.indices.to_numpy(zero_copy_only=False)
-        return codes == empty[0] if len(empty) else np.zeros(len(col), np.bool_)
-    return np.asarray(pc.equal(col, "").to_numpy(zero_copy_only=False), np.bool_)
+def _string_domain(f: FieldSpec, col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(bad mask, violation text of each record)`` of a string column (plain or
+    dictionary-encoded) against the domain of ``f``: tested and worded once per distinct
+    value, the codes pick the answer (no per-record Python)."""
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    uniq = col.dictionary.to_numpy(zero_copy_only=False)
+    codes = np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64)
+    ok = valid_strings(f, uniq)
+    return ~ok[codes], violations(f, uniq)[codes] if not ok.all() else np.zeros(0, dtype=object)
 
 
 def arrival_order(part: np.ndarray, offs: np.ndarray) -> np.ndarray | None:
@@ -184,7 +178,12 @@ def predecode(stream: str, records: pa.Table, *, max_future_ms: int | None) -> P
         _dead_add(dead, records, topic, idx if order is None else order[idx], reason, details, ts, None)
 
     rb, ok = decode_batch(stream, values, order, dictionary=True)
-    bad(np.flatnonzero(~ok), "undecodable", f"not a framed {stream} record (schema id / Avro body)")
+    undecodable = np.flatnonzero(~ok)
+    if len(undecodable):
+        null = np.asarray(values.is_null().to_numpy(zero_copy_only=False), np.bool_)
+        null = (null if order is None else null[order])[undecodable]
+        texts = np.where(null, NULL_VALUE, f"not a framed {stream} record (schema id / Avro body)")
+        bad(undecodable, "undecodable", texts.tolist())
     good = np.flatnonzero(ok)
     cols = {n: column_numpy(rb.column(n)) for n in rb.schema.names}
     ts = np.asarray(cols["ts"], np.int64)
@@ -194,19 +193,24 @@ def predecode(stream: str, records: pa.Table, *, max_future_ms: int | None) -> P
     reason = np.zeros(len(good), np.int8)  # 0 ok, 1 invalid, 2 future
     detail = np.full(len(good), "", dtype=object)
 
-    def mark(mask: np.ndarray, code: int, text: str) -> None:
+    def mark(mask: np.ndarray, code: int, text: str) -> None:  # first failing check wins
         m = mask & (reason == 0)
         reason[m] = code
         detail[m] = text
 
-    for f in spec.key_fields:
-        mark(_empty_strings(rb.column(f)), 1, f"empty {f}")
-    for f in spec.nonneg_fields:
-        mark(cols[f] < 0, 1, f"negative {f}")
-    for f in spec.finite_fields:
-        mark(~np.isfinite(cols[f]), 1, f"{f} is NaN or infinite")
-    for f in (*spec.nonneg_fields, *spec.finite_fields):  # exact window sums (fixed128)
-        mark(np.abs(cols[f]) > MAX_NUMERIC, 1, f"{f} above 2**53 in magnitude")
+    for name, f in spec.fields.items():  # the domains of tidewatch.schema, column-wise
+        if f.numeric:
+            out = ~valid(f, cols[name])
+            if out.any():
+                m = out & (reason == 0)
+                reason[m] = 1
+                detail[m] = violations(f, cols[name][m])
+        else:
+            out, texts = _string_domain(f, rb.column(name))
+            if out.any():
+                m = out & (reason == 0)
+                reason[m] = 1
+                detail[m] = texts[m]
     if "timestamp" in records.column_names and max_future_ms is not None:
         kts = kafka_ts_ms(records.column("timestamp"))
         kts = (kts if order is None else kts[order])[good]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tidewatch.errors import TidewatchError
 
-__all__ = ["EngineError", "SnapshotUnreadable"]
+__all__ = ["CheckpointMismatch", "EngineError", "SnapshotUnreadable"]
 
 
 class EngineError(TidewatchError):
@@ -20,3 +20,10 @@ class SnapshotUnreadable(EngineError, ValueError):
     """A state snapshot this engine cannot restore: a different state format, classes that have
     moved or been renamed since it was written, or a damaged file.  The engine then rebuilds its
     state by replaying the committed batches from Kafka (:meth:`engine.app.EngineApp.recover`)."""
+
+
+class CheckpointMismatch(EngineError):
+    """Spark's checkpoint and the engine's state cover different Kafka offsets for the same
+    batch id (a checkpoint deleted, or restored from another point in time).  The engine
+    stops rather than skip batches it never processed (:func:`engine.sources.offsets.check_batch`);
+    at its next start it replaces Spark's checkpoint by one that begins where the state ends."""

@@ -13,6 +13,7 @@ from ._pool import (
     Pool,
     expire_heads,
     grow_len,
+    keep_newest,
     move_rows_1d,
     move_rows_2d,
     pack,
@@ -107,11 +108,20 @@ class PooledStructure:
         self._reserve(key_ids)
 
     # ----------------------------------------------------------------- expiry
-    def expire(self, before_ts: int) -> None:
-        """Drop rows with ts <= before_ts (data older than the longest window in use)."""
+    def expire(self, before_ts: int, keep_rows: int | None = None) -> None:
+        """Drop rows with ts <= before_ts (data older than the longest time window in use).
+
+        ``keep_rows``: a tuple-based window of that many rows reads the structure, so each key
+        keeps at least its newest ``keep_rows`` rows whatever their age -- the only rows such a
+        window can read again (Arasu & Widom 2004, section 2: ``S_k[N, 0]`` holds the last N
+        tuples of substream k; section 3.2: R-INT keeps the running intervals of the last
+        N_max positions only)."""
         if self._pool.n_keys == 0:
             return
-        new_head = expire_heads(self._cols["ts"], self._pool.head, self._pool.end, np.int64(before_ts))
+        p = self._pool
+        new_head = expire_heads(self._cols["ts"], p.head, p.end, np.int64(before_ts))
+        if keep_rows is not None:
+            new_head = keep_newest(new_head, p.head, p.end, np.int64(max(int(keep_rows), 0)))
         self._on_expire(new_head)
         self._pool.head = new_head
 

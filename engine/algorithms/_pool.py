@@ -206,6 +206,18 @@ def expire_heads(ts, head, end, before_ts):
 
 
 @nb.njit(cache=True, nogil=True)
+def keep_newest(new_head, head, end, keep):
+    """Heads moved back, where needed, so that each key keeps its newest ``keep`` rows: a row
+    goes only when it is both expired by time (before ``new_head``) and older than the key's
+    newest ``keep`` rows (a tuple-based window of ``keep`` rows reads no further back)."""
+    for k in range(head.shape[0]):
+        floor = max(head[k], end[k] - keep)
+        if new_head[k] > floor:
+            new_head[k] = floor
+    return new_head
+
+
+@nb.njit(cache=True, nogil=True)
 def search_after(ts, lo, hi, t):
     """First index i in [lo, hi) with ts[i] > t (hi if none); ts is sorted within [lo, hi)."""
     if hi <= lo or ts[hi - 1] <= t:

@@ -106,8 +106,8 @@ class DistinctCount(PooledStructure):
     def _on_expire(self, new_head: np.ndarray) -> None:
         _advance_seq(new_head, self._pool.head, self._kcols["first_seq"])
 
-    def expire(self, before_ts: int) -> None:
-        super().expire(before_ts)
+    def expire(self, before_ts: int, keep_rows: int | None = None) -> None:
+        super().expire(before_ts, keep_rows)
         if len(self._index) > 2 * self._pool.live() + 1024:
             p = self._pool
             _rebuild_index(self._index, p.head, p.end, self._kcols["first_seq"], self._cols["v"])

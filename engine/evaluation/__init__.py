@@ -6,6 +6,8 @@ Modules, each importing only those above it:
   windows; rows with multiplicities, Arasu & Widom 2004, section 4.2);
 * :mod:`engine.evaluation.batches` -- a micro-batch and its predicate masks, the pane spec, the
   kernels of group lookups;
+* :mod:`engine.evaluation.history` -- the retained input a rule added later is filled from
+  (PSoup), bounded by the windows in use (ROWS windows: each key's newest n rows);
 * :mod:`engine.evaluation.state` -- the shared state per (stream, key field) (sections 3-4);
 * :mod:`engine.evaluation.rules` -- rules, groups of rules looked up together, a lookup's changes;
 * :mod:`engine.evaluation.lookup` -- one lookup: index candidates, exact post-check;

@@ -23,10 +23,20 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from engine.errors import EngineError
+from engine.evaluation.alert_lines import AlertWriter
 from engine.evaluation.evaluator import Evaluator
+from engine.evaluation.rules import Changes
 from subscriptions.compiler import Plan, compile_rule
 from subscriptions.errors import RuleError
-from tidewatch.schema import CSV_NOT_UTF8, CSV_UNBALANCED_QUOTE, MAX_NUMERIC, STREAMS
+from tidewatch.schema import (
+    CSV_NOT_UTF8,
+    CSV_UNBALANCED_QUOTE,
+    STREAMS,
+    FieldSpec,
+    valid,
+    valid_strings,
+    violations,
+)
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -178,39 +188,36 @@ def load_events(stream: str, path: str | Path) -> EventFile:
             else:
                 raw = column.to_numpy(zero_copy_only=False).astype(object)
                 num = pd.to_numeric(pd.Series(raw).str.strip(), errors="coerce").to_numpy(dtype=np.float64)
-            if num.dtype.kind == "f":
-                good = np.isfinite(num)
-                z = np.where(good, num, 0)
-                good &= np.abs(z) <= MAX_NUMERIC  # window sums are exact below it (fixed128)
-                if f.type == "int":
-                    good &= np.floor(z) == z
-            else:
-                good = np.abs(num) <= MAX_NUMERIC
-            if f.non_negative:
-                good &= ~(num < 0)
-            for i in np.flatnonzero(ok & ~good)[:100_000]:
+            parsed = np.ones(len(num), bool)  # an int field must hold a whole number
+            if num.dtype.kind == "f" and f.type == "int":
+                with np.errstate(invalid="ignore"):
+                    parsed = ~np.isfinite(num) | (np.floor(num) == num)
+            if raw is not None:  # not a number at all (pd.to_numeric gave NaN for it)
+                parsed &= ~(
+                    np.isnan(num)
+                    & ~pd.Series(raw).str.strip().str.lower().isin(["nan", "+nan", "-nan"]).to_numpy()
+                )
+            for i in np.flatnonzero(ok & ~parsed)[:100_000]:
                 shown = raw[i] if raw is not None else num[i]
                 reasons.setdefault(int(i), f"bad {name} {shown!r}")
+            ok &= parsed
+            good = valid(f, num)  # the field's domain (tidewatch.schema), as the engine checks it
+            bad = np.flatnonzero(ok & ~good)[:100_000]
+            for i, text in zip(bad.tolist(), violations(f, num[bad]).tolist(), strict=True):
+                reasons.setdefault(i, text)
             ok &= good
             if f.type == "int":
                 cols[name] = num if num.dtype == np.int64 else np.where(good, num, 0).astype(np.int64)
             else:
                 cols[name] = num.astype(np.float64)
         else:
-            raw, good, fact = _strings(column, f.values)
+            raw, good, fact = _strings(column, f)
             if fact is not None:
                 facts[name] = fact
-            if name in spec.keys:  # like the feed reader and the engine (dead letter "invalid")
-                filled = (fact[1] != "")[fact[0]] if fact is not None else raw != ""
-                for i in np.flatnonzero(ok & ~filled)[:100_000]:
-                    reasons.setdefault(int(i), f"empty {name}")
-                ok &= filled
-            if good is not None:
-                for i in np.flatnonzero(ok & ~good)[:100_000]:
-                    reasons.setdefault(
-                        int(i), f"bad {name} {raw[i]!r} (expected one of {', '.join(f.values or ())})"
-                    )
-                ok &= good
+            bad = np.flatnonzero(ok & ~good)[:100_000]
+            for i, text in zip(bad.tolist(), violations(f, raw[bad]).tolist(), strict=True):
+                reasons.setdefault(i, text)
+            ok &= good
             cols[name] = raw
     if reasons:
         lines = _row_lines(path, n, {b for b, _ in bad_rows} | set(blanked))
@@ -227,28 +234,25 @@ def load_events(stream: str, path: str | Path) -> EventFile:
 
 
 def _strings(
-    column: pa.ChunkedArray, allowed: tuple[str, ...] | None = None
-) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
-    """An Arrow string column (plain or dictionary-encoded) as a NumPy object array of str;
-    when the field has a set of allowed values, the mask of valid rows (tested once per distinct
-    value of a dictionary-encoded column); and for a dictionary-encoded column its (codes,
-    uniques) over the whole file (the evaluator then hashes no strings per batch)."""
+    column: pa.ChunkedArray, f: FieldSpec
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """An Arrow string column (plain or dictionary-encoded) as a NumPy object array of str; the
+    mask of its rows in the domain of ``f`` (tested once per distinct value); and for a
+    dictionary-encoded column its (codes, uniques) over the whole file (the evaluator then
+    hashes no strings per batch)."""
     if not pa.types.is_dictionary(column.type):
         raw = np.asarray(column.to_numpy(zero_copy_only=False), dtype=object)
-        good = None if allowed is None else np.asarray(pd.Index(raw).isin(list(allowed)), dtype=bool)
-        return raw, good, None
+        uniq, inverse = np.unique(raw, return_inverse=True) if len(raw) else (raw, np.zeros(0, np.int64))
+        return raw, valid_strings(f, uniq)[inverse.reshape(-1)], None
     column = column.unify_dictionaries()  # one dictionary for every chunk
     if column.num_chunks == 0:
-        return np.zeros(0, dtype=object), None if allowed is None else np.zeros(0, bool), None
+        return np.zeros(0, dtype=object), np.zeros(0, bool), None
     uniques = np.asarray(column.chunk(0).dictionary.to_numpy(zero_copy_only=False), dtype=object)
     codes = np.concatenate(
         [np.asarray(c.indices.to_numpy(zero_copy_only=False), dtype=np.int64) for c in column.chunks]
     )
     raw = uniques[codes]
-    good = None
-    if allowed is not None:
-        good = np.asarray(pd.Index(uniques).isin(list(allowed)), dtype=bool)[codes]
-    return raw, good, (codes, uniques)
+    return raw, valid_strings(f, uniques)[codes], (codes, uniques)
 
 
 def _scan(path: Path, chunk: int = 1 << 24) -> tuple[bool, bool]:
@@ -345,6 +349,43 @@ def lookup_times(files: list[EventFile], every: int) -> np.ndarray:
     return t0 + every * np.arange(count, dtype=np.int64)
 
 
+def iter_changes(
+    rules: list[tuple[str, str, Plan]],
+    files: list[EventFile],
+    every: int,
+    evaluator: Evaluator | Any,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[Changes]:
+    """Each lookup's :class:`Changes` (alerts as columns), in lookup order, from ``evaluator``
+    (an :class:`Evaluator` or a :class:`engine.evaluation.scan.ScanEvaluator`)."""
+    ev = evaluator
+    ev.add_rules((name, plan) for name, _text, plan in rules)
+    taus = lookup_times(files, every)
+    bounds = {f.stream: np.searchsorted(f.cols["ts"], taus, side="right") for f in files}
+    starts = {f.stream: 0 for f in files}
+    total = len(taus)
+    for j, tau in enumerate(taus):
+        for f in files:
+            a, b = starts[f.stream], int(bounds[f.stream][j])
+            if b > a:
+                fact = {k: (c[a:b], u) for k, (c, u) in f.codes.items()}
+                ev.apply(f.stream, {k: v[a:b] for k, v in f.cols.items()}, fact)
+                starts[f.stream] = b
+        yield ev.step(int(tau))
+        if progress is not None and (j % 64 == 0 or j == total - 1):
+            progress(j + 1, total)
+
+
+def make_evaluator(strategy: str, ci_p: int, pane_ms: int | None = None) -> Evaluator | Any:
+    """The evaluator of a backtest strategy: ``shared`` / ``naive`` (:class:`Evaluator`) or
+    ``scan`` (:class:`engine.evaluation.scan.ScanEvaluator`)."""
+    if strategy == "scan":
+        from engine.evaluation.scan import ScanEvaluator
+
+        return ScanEvaluator(ci_p=ci_p, pane_ms=pane_ms)
+    return Evaluator(strategy, ci_p=ci_p, pane_ms=pane_ms)
+
+
 def iter_alerts(
     rules: list[tuple[str, str, Plan]],
     files: list[EventFile],
@@ -360,23 +401,9 @@ def iter_alerts(
     if evaluator is None:
         if ci_p is None:
             raise TypeError("iter_alerts needs an evaluator or ci_p")
-        evaluator = Evaluator(strategy, ci_p=ci_p)
-    ev = evaluator
-    ev.add_rules((name, plan) for name, _text, plan in rules)
-    taus = lookup_times(files, every)
-    bounds = {f.stream: np.searchsorted(f.cols["ts"], taus, side="right") for f in files}
-    starts = {f.stream: 0 for f in files}
-    total = len(taus)
-    for j, tau in enumerate(taus):
-        for f in files:
-            a, b = starts[f.stream], int(bounds[f.stream][j])
-            if b > a:
-                fact = {k: (c[a:b], u) for k, (c, u) in f.codes.items()}
-                ev.apply(f.stream, {k: v[a:b] for k, v in f.cols.items()}, fact)
-                starts[f.stream] = b
-        yield from ev.step(int(tau)).rows()
-        if progress is not None and (j % 64 == 0 or j == total - 1):
-            progress(j + 1, total)
+        evaluator = make_evaluator(strategy, ci_p)
+    for changes in iter_changes(rules, files, every, evaluator, progress):
+        yield from changes.rows()
 
 
 def run_backtest(
@@ -410,27 +437,13 @@ def run_backtest(
         raise MalformedRows(malformed)
     # lookups at multiples of ``every``: windows that are multiples of it are served from
     # (key, pane) rows of width ``every``, the others from raw events (identical answers)
-    ev = Evaluator(strategy, ci_p=settings.ci_p, pane_ms=every)
+    ev = make_evaluator(strategy, settings.ci_p, pane_ms=every)
     t_eval = time.perf_counter()
-    n_alerts = 0
-    buf: list[str] = []
-    quoted: dict[str, str] = {}  # json.dumps of rule names and keys, memoized
-
-    def q(text: str) -> str:
-        v = quoted.get(text)
-        if v is None:
-            v = quoted[text] = json.dumps(text)
-        return v
-
-    for as_of, rule, key, kind in iter_alerts(rules, files, every, strategy, progress, ev):
-        # byte-identical to json.dumps({"as_of": ..., "rule": ..., "key": ..., "kind": ...})
-        buf.append(f'{{"as_of": {int(as_of)}, "rule": {q(rule)}, "key": {q(key)}, "kind": "{kind}"}}')
-        n_alerts += 1
-        if len(buf) >= 4096:
-            out.write("\n".join(buf) + "\n")
-            buf.clear()
-    if buf:
-        out.write("\n".join(buf) + "\n")
+    writer = AlertWriter(out)  # alerts as columns, JSON lines in bulk (alert_lines)
+    for changes in iter_changes(rules, files, every, ev, progress):
+        writer.add(changes)
+    writer.flush()
+    n_alerts = writer.count
     t_end = time.perf_counter()
     n_events = sum(f.n for f in files)
     return BacktestResult(

@@ -42,6 +42,27 @@ see :meth:`Evaluator.pane_spec`); answers are identical to raw events for lookup
 boundaries.  New rules are evaluated against the state already held (PSoup, Chandrasekaran &
 Franklin 2002): structures a new rule needs that do not exist yet, or that were expired to a
 shorter horizon than it reads, are (re)built from the retained history.
+
+Retention is bounded by the windows in use, ROWS windows included (Arasu & Widom 2004, section
+2: a tuple-based window ``S_k[N, 0]`` is the last N tuples of substream k):
+
+* a structure keeps the rows of its longest time window and, while ``LAST n ROWS`` windows read
+  it, each key's newest n_max rows (:meth:`engine.evaluation.state.Structure.expire`) -- every
+  rule in use stays exact;
+* the raw history (:class:`engine.evaluation.history.History`) keeps the batches of the last
+  max(``history_ms``, longest time window in use) and, for each (key field, predicate) read by
+  ROWS windows, each key's newest n_max rows satisfying the predicate.
+
+A rule added later therefore sees, per key, the rows inside that time retention plus the newest
+n_max rows of each (key field, predicate) already read by a ROWS window.  Its answer is exact at
+once when its windows lie inside what is held -- a time window no longer than the retention, a
+``LAST n ROWS`` window with n <= the n_max of a ROWS window in use on the same key field and
+predicate (WHERE AND FILTER), or whose rows are all inside the time retention -- and otherwise
+exact once its window has refilled (n new rows of the key, or its time span, since it was added),
+as for a time window longer than the retention.  A structure in use that a new rule reads further
+back is rebuilt from the history, which holds at least what the structure's rules read.  The key
+domain of a rule with only ROWS windows ("every key seen so far") is every key seen since its key
+field came into use; a rule on a key field no rule was using starts from the keys of the rows held.
 """
 
 from __future__ import annotations
@@ -62,6 +83,7 @@ from engine.evaluation.batches import (
     pair_diff,
     sorted_diff,
 )
+from engine.evaluation.history import History, RowsKeep
 from engine.evaluation.lookup import Lookup
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate, pane_of
 from engine.evaluation.rules import Changes, Group, Rule, extra_atoms
@@ -78,7 +100,8 @@ class Evaluator:
     4.1.2; ``Settings.ci_p``): it trades index size against candidates, the answers are exact.
 
     ``history_ms``: how long raw batches are retained so that rules added later can build
-    structures nobody had (PSoup); ``None`` retains as long as the longest window in use.
+    structures nobody had (PSoup); at least the longest time window in use (``None``: exactly
+    that), plus the newest rows per key ROWS windows in use can read (module docstring).
 
     ``pane_ms``: with a pane width g, structures serving time windows whose bounds are multiples
     of g are fed one row per (key, pane) instead of one per event (Golab et al. 2003's basic
@@ -108,7 +131,7 @@ class Evaluator:
         self.groups: dict[tuple[Any, ...], Group] = {}
         self._uid = 0
         #: per stream, retained input in arrival order (raw columns and / or pane rows)
-        self._history: dict[str, list[Unit]] = {}
+        self._history = History()
         self._max_ts: dict[str, int] = {}
         self._last_expire: int | None = None
         self.stats = {"events": 0, "lookups": 0, "candidates": 0, "post_checked": 0}
@@ -161,20 +184,19 @@ class Evaluator:
             if created:
                 fresh.append(s)
             elif expired and all(s is not f for f in fresh):
-                h = s.horizon()
                 if isinstance(window, A.RowsWindow):
-                    # a ROWS window reads the key's last n events however old: a structure
-                    # that time windows alone kept (and expired) lost them
-                    longer = h is not None and h > 0
+                    # a ROWS window reads the key's last n rows however old: the structure kept
+                    # only its time horizon and the newest rows_keep() rows per key
+                    longer = window.n > (s.rows_keep() or 0)
                 else:
                     w = window.start_ms if isinstance(window, A.TimeWindow) else int(window)
-                    longer = h is not None and w > h
+                    longer = w > s.horizon()
                 if longer:
                     # the structure was expired to a shorter horizon: rebuild it from history
                     s.obj = st.new_obj(s.kind, s.attr, s.raw)
                     fresh.append(s)
             if isinstance(window, A.RowsWindow):
-                s.rows_users.add(name)
+                s.rows_n[name] = max(s.rows_n.get(name, 0), int(window.n))
                 s.users.setdefault(name, 0)
             else:
                 w = window.start_ms if isinstance(window, A.TimeWindow) else int(window)
@@ -246,7 +268,7 @@ class Evaluator:
                 del self.groups[rule.group]
         for k, s in list(st.structs.items()):
             s.users.pop(name, None)
-            s.rows_users.discard(name)
+            s.rows_n.pop(name, None)
             if not s.users:
                 del st.structs[k]
         if not st.domain_users:
@@ -266,7 +288,11 @@ class Evaluator:
             raw_d = domain_fresh is True
             pane_d = domain_fresh is False
         g = self.pane_ms or 1
-        for unit in self._history.get(st.stream, []):
+        if raw_s is None or raw_s or raw_d:
+            # raw rows older than the time retention that ROWS windows can read (oldest first)
+            for piece in self._history.tail_of(st.stream):
+                st.apply(BatchView(st.stream, piece), raw_s, domain=raw_d)
+        for unit in self._history.units_of(st.stream):
             cols = unit.raw
             rows = unit.rows.get(st.key)
             if cols is not None and (raw_s is None or raw_s or raw_d):
@@ -370,8 +396,7 @@ class Evaluator:
         if len(rows):
             pane = np.asarray(rows.pane, np.int64)
             self._note(stream, None, int(pane.min()), int(pane.max()), n=int(np.asarray(rows.total).sum()))
-            hist = self._history.get(stream)
-            last = hist[-1] if hist else None
+            last = self._history.newest(stream)
             if raw is not None and last is not None and last.source is raw and st.key not in last.rows:
                 last.rows[st.key] = rows  # another key field's rows of the same batch
             else:
@@ -442,32 +467,28 @@ class Evaluator:
             raise KeyError(f"no rule reads {stream}" + (f" by {key}" if key else ""))
         return self._spec(st, None)  # type: ignore[return-value]
 
-    def _retention(self, stream: str) -> int | None:
-        """How far back raw batches are kept (None: everything, a ROWS window is in use)."""
-        if self.history_ms is not None:
-            return self.history_ms
-        longest = 0
+    def _retention(self, stream: str) -> tuple[int, list[RowsKeep]]:
+        """What raw history of ``stream`` is kept: (how far back batches are kept -- the
+        longest time window in use, at least ``history_ms`` --, the newest rows per key and
+        predicate that ROWS windows in use can read)."""
+        longest = self.history_ms or 0
+        rows: dict[tuple[str, str], RowsKeep] = {}
         for st in self.states.values():
             if st.stream != stream:
                 continue
-            for s in st.structs.values():
-                h = s.horizon()
-                if h is None:
-                    return None
-                longest = max(longest, h)
-        return longest
+            for (_, pred_text, _, _), s in st.structs.items():
+                longest = max(longest, s.horizon())
+                n = s.rows_keep()
+                if n is None:
+                    continue
+                k = (st.key, pred_text)
+                if k not in rows or rows[k].n < n:
+                    rows[k] = RowsKeep(st.key, s.predicate, n)
+        return longest, list(rows.values())
 
     def _retain(self, stream: str, unit: Unit) -> None:
-        hist = self._history.setdefault(stream, [])
-        if hist:
-            hist[-1].source = None  # only the newest unit can be joined
-        hist.append(unit)
-        keep = self._retention(stream)
-        if keep is None:
-            return
-        cutoff = self._max_ts[stream] - keep
-        while hist and hist[0].max_ts() <= cutoff:
-            hist.pop(0)
+        keep, rows = self._retention(stream)
+        self._history.retain(stream, unit, self._max_ts[stream] - keep, rows)
 
     def expire(self, now: int) -> None:
         """Drop rows no window in use can read any more (windows end at ``now`` or later)."""
@@ -481,15 +502,13 @@ class Evaluator:
                 if dom and st.domain_live[feed]:
                     dom_rint.expire(now - max(dom))
             for s in st.structs.values():
-                h = s.horizon()
-                if h is not None and h > 0:
-                    s.obj.expire(now - h)
+                s.expire(now)
 
     def _maybe_expire(self, now: int) -> None:
         longest = 0
         for st in self.states.values():
             for s in st.structs.values():
-                longest = max(longest, s.horizon() or 0)
+                longest = max(longest, s.horizon())
         every = max(1000, longest // 8)
         if self._last_expire is None or now - self._last_expire >= every:
             self.expire(now)
@@ -650,12 +669,21 @@ class Evaluator:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by every shared structure and index."""
-        n = 0
+        """Bytes held by every shared structure and index, and by the retained history."""
+        n = self.history_nbytes
         for st in self.states.values():
             n += sum(d.nbytes for d in st.domains.values()) + st.interner.nbytes
             n += sum(int(s.obj.nbytes) for s in st.structs.values())
         return n
+
+    @property
+    def history_nbytes(self) -> int:
+        """Bytes of the retained history's arrays (raw batches, pane rows, the ROWS tail)."""
+        return self._history.nbytes
+
+    def history_rows(self, stream: str | None = None) -> int:
+        """Raw events the retained history holds (of ``stream``; default: every stream)."""
+        return self._history.rows(None if stream is None else [stream])
 
     def structure_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -15,7 +15,8 @@ With a pane width g, structures of time windows that are multiples of g are fed 
 (key, pane) -- Golab et al. 2003's basic windows, as multiplicities (section 4.2) -- built here
 from a batch (:meth:`KeyState.one_pane_rows`) or given as :class:`engine.evaluation.panes.PaneRows`;
 the others are fed raw events.  Which rules use a structure, and over which windows, decides
-how far it may expire (:meth:`Structure.horizon`).
+how far it may expire (:meth:`Structure.horizon`, and :meth:`Structure.rows_keep` rows per key
+for ROWS windows: :meth:`Structure.expire`).
 """
 
 from __future__ import annotations
@@ -48,13 +49,29 @@ class Structure:
     obj: Any
     raw: bool = True
     users: dict[str, int] = field(default_factory=dict)  # rule name -> longest time window it needs
-    rows_users: set[str] = field(default_factory=set)  # rules reading ROWS windows (no expiry)
+    rows_n: dict[str, int] = field(default_factory=dict)  # rule name -> its longest ROWS window
 
-    def horizon(self) -> int | None:
-        """Longest time window in use (None: must not expire, a ROWS window reads it)."""
-        if self.rows_users:
-            return None
+    def horizon(self) -> int:
+        """Longest time window in use (0: only ROWS windows read the structure)."""
         return max(self.users.values(), default=0)
+
+    def rows_keep(self) -> int | None:
+        """Rows per key a ROWS window in use can read: the largest n of the ``LAST n ROWS``
+        windows reading the structure (None: no ROWS window reads it)."""
+        return max(self.rows_n.values()) if self.rows_n else None
+
+    def expire(self, now: int) -> None:
+        """Drop the rows no window in use can read any more (windows end at ``now`` or later):
+        rows older than the longest time window, except, while ROWS windows read the
+        structure, each key's newest :meth:`rows_keep` rows (Arasu & Widom 2004, section 2: a
+        tuple-based window ``S_k[N, 0]`` of substream k holds its last N tuples, so a row older
+        than its key's newest N_max is never read again; section 3.2)."""
+        h = self.horizon()
+        n = self.rows_keep()
+        if n is not None:
+            self.obj.expire(now - h, keep_rows=n)
+        elif h > 0:
+            self.obj.expire(now - h)
 
     @property
     def first_col(self) -> int:

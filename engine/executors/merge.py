@@ -68,7 +68,7 @@ from engine.executors.preagg import (
 )
 
 _PANE, _DISTINCT = KINDS.index("pane"), KINDS.index("distinct")
-_REASON_RANK = {r: i for i, r in enumerate(("undecodable", "invalid", "future", "late"))}
+_REASON_RANK = {r: i for i, r in enumerate(("undecodable", "invalid", "future", "late", "lost"))}
 assert set(_REASON_RANK) == set(REASONS)
 
 

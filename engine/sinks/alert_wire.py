@@ -10,9 +10,9 @@ side by side: docs/measurements/engine.md, "Alert delivery"), with the same byte
 * ``results``: key ``subscription_id|key``, value the framed Avro ``Result`` (``present`` is
   ``kind == "ENTER"``); on EXIT a tombstone (null value) follows with the same key.
 
-The per-alert Python left is reading the alerts' fields into lists (and each values dict's
-entries), done by comprehensions; strings become Arrow arrays (UTF-8 + offsets, in C) and the
-kernel writes every record into three buffers.
+The kernel reads the batch's columns (:class:`engine.sinks.alert_columns.AlertColumns`, built
+once per batch and shared with the PostgreSQL commit): strings as Arrow arrays (UTF-8 + offsets),
+and writes every record into three buffers, cut into the records' ``bytes`` by Arrow.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from engine.messages import Alert
+from engine.sinks.alert_columns import AlertColumns, split_bytes, utf8_buffers
 from tidewatch.wire.avro import header, put_long, schema_id
-
-#: string columns of an alert, in the order the kernel takes them
-_STRINGS = ("id", "subscription_id", "rule_name", "stream", "key", "kind")
 
 
 @nb.njit(cache=True, nogil=True)
@@ -70,7 +68,7 @@ def _encode_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - compil
     ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
 ):  # fmt: skip
     """Alert record i -> ``aout[aoff[i]:aoff[i+1]]``, result -> ``rout``, results key -> ``kout``.
-    ``soffs[s]``: offsets into ``sdata`` (UTF-8) of string column s of :data:`_STRINGS`."""
+    ``soffs[s]``: offsets into ``sdata`` (UTF-8) of string column s: id, subscription_id, rule_name, stream, key, kind."""
     ap = 0
     rp = 0
     kp = 0
@@ -112,17 +110,6 @@ def _encode_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - compil
     return ap, rp, kp
 
 
-def _utf8(values: Sequence[Any], what: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(data uint8, offsets int64)`` of a column of ``str`` (UTF-8, as Arrow lays it out)."""
-    arr = pa.array(values, pa.large_string())
-    if arr.null_count:
-        raise ValueError(f"alert {what} missing")
-    bufs = arr.buffers()
-    offs = np.frombuffer(bufs[1], np.int64, len(arr) + 1)
-    data = np.frombuffer(bufs[2], np.uint8, int(offs[-1])) if bufs[2] is not None else np.zeros(0, np.uint8)
-    return data, offs
-
-
 @dataclass
 class AlertRecords:
     """The Kafka records of a batch's alerts (see the module docstring), alert by alert."""
@@ -137,61 +124,28 @@ class AlertRecords:
         return len(self.alert_values)
 
 
-def _columns(
-    alerts: Sequence[Alert] | Sequence[dict[str, Any]],
-) -> tuple[list[list[Any]], list[Any], list[Any]]:
-    """String columns (:data:`_STRINGS`), as_of and values of alerts or of alert rows (dicts of
-    :meth:`engine.sinks.store.Store.alerts_of_batch`)."""
-    if alerts and isinstance(alerts[0], Alert):
-        al: Sequence[Alert] = alerts  # type: ignore[assignment]
-        strings = [
-            [a.id for a in al],
-            [a.subscription_id for a in al],
-            [a.rule_name for a in al],
-            [a.stream for a in al],
-            [a.key for a in al],
-            [a.kind for a in al],
-        ]
-        return strings, [a.as_of for a in al], [a.values for a in al]
-    rows: Sequence[dict[str, Any]] = alerts  # type: ignore[assignment]
-    strings = [[r.get(f, "") if f in ("rule_name", "stream") else r[f] for r in rows] for f in _STRINGS]
-    return strings, [r["as_of"] for r in rows], [r.get("values") or {} for r in rows]
-
-
-def _values(values: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The values maps flattened: entries per alert, keys (UTF-8), value bits, null flags."""
-    counts = np.fromiter(map(len, values), np.int64, len(values))
-    keys = [k for v in values for k in v]
-    vals = [x for v in values for x in v.values()]
-    try:
-        kdata, koffs = _utf8(keys, "values key")
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        kdata, koffs = _utf8([str(k) for k in keys], "values key")
-    try:
-        arr = pa.array(vals, pa.float64())
-    except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError, ValueError, OverflowError):
-        arr = pa.array([None if x is None else float(x) for x in vals], pa.float64())
-    vnull = np.asarray(arr.is_null(), np.bool_)
-    vbits = arr.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.uint64)
-    return counts, kdata, koffs, vbits, vnull
-
-
 def encode_alerts(
-    alerts: Sequence[Alert] | Sequence[dict[str, Any]], batch_id: int, emitted_at: int
+    alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]], batch_id: int, emitted_at: int
 ) -> AlertRecords:
-    """The ``alerts`` and ``results`` records of a batch's alerts (bytes as fastavro writes them)."""
+    """The ``alerts`` and ``results`` records of a batch's alerts (bytes as fastavro writes them):
+    from their columns (:class:`~engine.sinks.alert_columns.AlertColumns`, built here from Alert
+    objects or the alert rows of :meth:`engine.sinks.store.Store.alerts_of_batch` when not given)."""
     n = len(alerts)
     if n == 0:
         return AlertRecords([], [], [], [], [])
-    strings, as_of, values = _columns(alerts)
-    cols = [_utf8(c, f) for c, f in zip(strings, _STRINGS, strict=True)]
+    c = AlertColumns.of(alerts)
+    strings = (c.ids, c.subscription_id, c.rule_name, c.stream, c.key, c.kind)
+    cols = [utf8_buffers(a) for a in strings]
     sdata = np.concatenate([d for d, _ in cols])
     base = np.cumsum([0] + [len(d) for d, _ in cols[:-1]])
     soffs = np.stack([o + b for (_, o), b in zip(cols, base, strict=True)])
-    kinds = strings[5]
-    present = [k == "ENTER" for k in kinds]
-    counts, kdata, koffs, vbits, vnull = _values(values)
-    as_of_arr = np.asarray(as_of, np.int64)
+    if c.value_labels is None:  # labels that are not str: as str, as before
+        labels = pa.array([str(k) for v in c.values for k in v], pa.large_string())
+    else:
+        labels = c.value_labels
+    kdata, koffs = utf8_buffers(labels)
+    vbits, vnull = c.value_floats
+    present = c.present
     str_bytes = len(sdata)
     map_bytes = len(kdata) + 19 * len(vbits) + 11 * n
     ahdr = np.frombuffer(header(schema_id("alerts")), np.uint8)
@@ -203,22 +157,16 @@ def encode_alerts(
     roff = np.empty(n + 1, np.int64)
     koff = np.empty(n + 1, np.int64)
     _encode_kernel(
-        n, sdata, soffs, as_of_arr, np.array(present, np.bool_), counts, kdata, koffs, vbits, vnull,
+        n, sdata, soffs, c.as_of, present, c.counts, kdata, koffs, vbits, vnull,
         int(batch_id), int(emitted_at), ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
     )  # fmt: skip
     return AlertRecords(
-        _split(cols[1][0], cols[1][1]),
-        _split(aout, aoff),
-        _split(kout, koff),
-        _split(rout, roff),
-        present,
+        split_bytes(*cols[1]),
+        split_bytes(aout, aoff),
+        split_bytes(kout, koff),
+        split_bytes(rout, roff),
+        present.tolist(),
     )
-
-
-def _split(buf: np.ndarray, offs: np.ndarray) -> list[bytes]:
-    data = buf[: offs[-1]].tobytes()
-    o = offs.tolist()
-    return [data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
 
 
 def warm_up() -> None:

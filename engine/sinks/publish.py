@@ -4,14 +4,22 @@ After a batch is committed in PostgreSQL (:mod:`engine.sinks.store`), its Avro a
 ``alerts``, keyed by subscription id), its result changes (compacted topic ``results``,
 keyed ``subscription|key``: ``present=true`` on ENTER; ``present=false`` then a tombstone
 on EXIT) and its dead letters are produced in ONE Kafka transaction; the alert and result
-records of the whole batch are encoded together (:mod:`engine.sinks.alert_wire`, one Numba kernel)
-and produced in one loop.  The same
+records of the whole batch are encoded together (:mod:`engine.sinks.alert_wire`, one Numba kernel,
+from the batch's columns shared with the PostgreSQL commit) and produced by two tight loops over
+the prebuilt bytes (``Producer.produce`` takes one record per call: the floor of the Python API;
+``produce_batch`` measured no faster, its per-record dicts costing what the calls save).  The
+producer reports deliveries only when they fail (``delivery.report.only.error``): no Python
+callback per delivered record.  The same
 transaction commits a *progress marker*: the offset ``batch_id + 1`` of a private
 consumer group on partition 0 of ``alerts`` (``send_offsets_to_transaction``), so the
 marker is visible exactly when the batch's records are.  After a crash the engine reads
 the marker and re-publishes the last PostgreSQL-committed batch only if its Kafka
 transaction never committed: consumers with ``isolation.level=read_committed`` see every
-alert exactly once.  The transactional id fences a zombie engine of the same id.
+alert exactly once.  The transactional id fences a zombie engine of the same id.  Both the
+transactional id and the marker's group are per engine id (``tidewatch-engine-<id>``,
+``tidewatch-engine-<id>-progress``), as the batch ids in PostgreSQL are
+(:class:`engine.sinks.store.Store`): engines with other ids on the same topics (shards, a second
+deployment) neither see nor move this engine's progress.
 
 A broker restart under the running engine: a batch's transaction that fails (any Kafka
 error: retriable, abortable or fatal) or does not return within ``engine_kafka_stall_s``
@@ -29,14 +37,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from engine.dead_letter import DeadLetters
 from engine.messages import Alert
+from engine.sinks.alert_columns import AlertColumns
 from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
 from tidewatch.kafka.codes import COORDINATOR, error_code
@@ -61,8 +71,20 @@ def ensure_topics(bootstrap: str, settings: Settings) -> None:
             log.info("created topic %s", name)
 
 
+#: alerts as :meth:`Publisher.publish` takes them: Alert objects, their columns, or alert rows
+Alerts = list[Alert] | list[dict[str, Any]] | AlertColumns
+
+
 class Publisher:
     """Transactional producer of the engine's Kafka output (see module docstring)."""
+
+    #: librdkafka settings of the producer past the transactional ones (delivery reports of
+    #: failed records only: :class:`~tidewatch.kafka.txn.DeliveryErrors` keeps only refusals)
+    producer_config: dict[str, Any] = {  # noqa: RUF012 - read only
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "delivery.report.only.error": True,
+    }
 
     def __init__(self, bootstrap: str, settings: Settings, engine_id: str = "default") -> None:
         self.settings = settings
@@ -88,8 +110,7 @@ class Publisher:
                     "on_delivery": self.deliveries,
                     "transactional.id": self.tid,
                     "enable.idempotence": True,
-                    "linger.ms": 5,
-                    "compression.type": "lz4",
+                    **self.producer_config,
                 },
             )
         )
@@ -130,7 +151,7 @@ class Publisher:
     def publish(
         self,
         batch_id: int,
-        alerts: list[Alert] | list[dict[str, Any]],
+        alerts: Alerts,
         dead: DeadLetters | None = None,
         removed: list[str] | None = None,
     ) -> None:
@@ -153,9 +174,7 @@ class Publisher:
         """``fn()`` given up (:class:`~tidewatch.kafka.txn.KafkaStalled`) after ``engine_kafka_stall_s``."""
         return bounded(fn, self.settings.engine_kafka_stall_s, what)
 
-    def _transaction(
-        self, batch_id: int, alerts: list[Alert] | list[dict[str, Any]], dead: DeadLetters | None
-    ) -> None:
+    def _transaction(self, batch_id: int, alerts: Alerts, dead: DeadLetters | None) -> None:
         s = self.settings
         now = int(time.time() * 1000)
         p = self.producer
@@ -182,46 +201,54 @@ class Publisher:
         self.marker.close()
 
 
-def produce_alerts(
-    p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
-) -> None:
-    """Produce a batch's alert, result and tombstone records (encoded together,
-    :func:`engine.sinks.alert_wire.encode_alerts`) in one loop, in the order of the alerts."""
+def produce_alerts(p: Producer, s: Any, alerts: Alerts, batch_id: int, now: int) -> None:
+    """Produce a batch's alert, result and tombstone records (encoded together from the batch's
+    columns, :func:`engine.sinks.alert_wire.encode_alerts`): every ``alerts`` record in the
+    alerts' order, then every ``results`` record, each EXIT's followed by its tombstone.  Each
+    topic's records keep the alerts' order (per partition too), as the one interleaved loop
+    before (kept in ``bench/delivery_bench.py``) gave them."""
     recs = encode_alerts(alerts, batch_id, now)
-    produce = p.produce
-
-    def put(topic: str, value: bytes | None, key: bytes) -> None:
-        try:
-            produce(topic, value=value, key=key)
-        except BufferError:  # the local queue is full: wait for deliveries, then once more
-            p.poll(1.0)
-            produce(topic, value=value, key=key)
-
-    ta, tr = s.topic_alerts, s.topic_results
-    for i, (ak, av, rk, rv, present) in enumerate(
-        zip(
-            recs.alert_keys,
-            recs.alert_values,
-            recs.result_keys,
-            recs.result_values,
-            recs.present,
-            strict=True,
-        )
-    ):
-        put(ta, av, ak)
-        put(tr, rv, rk)
-        if not present:
-            put(tr, None, rk)
-        if i % 1000 == 999:
-            p.poll(0)  # serve delivery reports
+    _produce_all(p, s.topic_alerts, recs.alert_values, recs.alert_keys)
+    present = np.asarray(recs.present, np.bool_)
+    if present.all():
+        _produce_all(p, s.topic_results, recs.result_values, recs.result_keys)
+    else:  # a tombstone after each EXIT's result record: its key again, no value
+        reps = np.where(present, 1, 2)
+        at = np.repeat(np.arange(len(present)), reps)
+        vals = _objects(recs.result_values)[at]
+        vals[(np.cumsum(reps) - 1)[~present]] = None
+        _produce_all(p, s.topic_results, vals.tolist(), _objects(recs.result_keys)[at].tolist())
     p.poll(0)
 
 
-def _produce_alerts_per_record(
-    p: Producer, s: Any, alerts: list[Alert] | list[dict[str, Any]], batch_id: int, now: int
-) -> None:
+def _objects(items: list[bytes]) -> np.ndarray:
+    """``items`` as a NumPy array of objects (one dimension, whatever the items are)."""
+    out = np.empty(len(items), object)
+    out[:] = items
+    return out
+
+
+def _produce_all(p: Producer, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes]) -> None:
+    """``produce(topic, values[i], keys[i])`` for every i, in order: one call per record, the
+    floor of confluent-kafka's Python API.  A full local queue (``BufferError``) waits for
+    deliveries, then the record is produced again."""
+    produce = p.produce
+    i = 0
+    n = len(values)
+    while i < n:
+        try:
+            for v, k in zip(values[i:] if i else values, keys[i:] if i else keys, strict=True):
+                produce(topic, v, k)
+                i += 1
+        except BufferError:  # the local queue is full: serve deliveries, then go on from record i
+            p.poll(1.0)
+
+
+def _produce_alerts_per_record(p: Producer, s: Any, alerts: Alerts, batch_id: int, now: int) -> None:
     """The alert loop before :func:`produce_alerts`: a dict and two fastavro encodings per alert.
-    Kept as the reference of tests/engine/sinks/test_alert_wire.py and ``bench/delivery_bench.py``."""
+    Kept as the reference of tests/engine/sinks/test_alert_wire.py."""
+    if isinstance(alerts, AlertColumns):
+        raise TypeError("the per-record reference takes Alert objects or rows")
     for a in alerts:
         rec = _alert_record(a, batch_id, now)
         p.produce(s.topic_alerts, key=rec["subscription_id"].encode(), value=encode("alerts", rec))

@@ -1,16 +1,27 @@
 """PostgreSQL side of the engine: the alert log, current results and batch ids in ONE transaction.
 
-A micro-batch is committed by inserting its id into ``engine_batches`` in the same
-transaction as its alerts (primary key: the stable alert id) and its changes to
-``current_results``; a batch id already present means the batch was committed
-before (a re-run after a crash) and nothing is written again (docs/ARCHITECTURE.md,
-"Exactly once, end to end").  Metrics go to ``engine_metrics`` in the same transaction.
+A micro-batch is committed by inserting (engine id, batch id) into ``engine_batches`` in the
+same transaction as its alerts (primary key: the stable alert id), its changes to
+``current_results`` and its dead letters (``engine_dead_letters``); a batch id already present
+for this engine means the batch was committed before (a re-run after a crash) and nothing is
+written again (docs/ARCHITECTURE.md, "Exactly once, end to end").  Metrics go to
+``engine_metrics`` in the same transaction.  Everything keyed by batch id is scoped by the
+store's engine id, so engines sharing a database (shards, deployments) each have their own
+batches; alerts and metrics carry the engine id too.
+
+A batch committed here whose Kafka transaction never happened is re-published from here after a
+restart (:meth:`engine.app.EngineApp.recover`): its alerts (:meth:`Store.alerts_of_batch`) and
+its dead letters (:meth:`Store.dead_letters_of_batch`).  Dead letters are only kept until then:
+see :meth:`Store.commit` for when they are deleted.
 
 The alerts of a batch (thousands while many rules' windows fill) are written by
-:func:`write_copy`: one ``COPY`` of the batch (CSV made by Arrow) into a temporary table of the
-session, then ``INSERT … SELECT`` into ``alerts`` and the net change of every (subscription, key)
-into ``current_results`` -- the rows the array-bound statements of :func:`_write_unnest` wrote,
-for less (docs/engine.md, "Alert delivery: COPY and one Avro kernel"; figures in
+:func:`write_direct`: the batch's columns (:class:`engine.sinks.alert_columns.AlertColumns`, shared
+with the Kafka transaction) in one ``COPY`` straight into ``alerts`` -- the batch id's row makes
+the insert happen at most once, so there is no ``ON CONFLICT`` probe -- and the net change of
+every (subscription, key) in a second ``COPY`` applied to ``current_results``.  The paths it
+replaced are kept as references: :func:`write_copy` (a staging table, then ``INSERT … SELECT …
+ON CONFLICT``; also the fallback when an alert id is already logged) and :func:`_write_unnest`
+(array-bound statements) (docs/engine.md, "Alert delivery"; figures in
 docs/measurements/engine.md).
 """
 
@@ -18,40 +29,28 @@ from __future__ import annotations
 
 import io
 import json
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import psycopg2
+import psycopg2.errors
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from engine.dead_letter import DeadLetters
 from engine.messages import Alert, BatchOutput
+from engine.sinks.alert_columns import AlertColumns, subscription_uuid, values_json
+from engine.sinks.alert_columns import uuid_text as _uuid_text
+from tidewatch.db.models import DEFAULT_ENGINE_ID, CurrentResult, EngineBatch, EngineDeadLetter, EngineMetric
 from tidewatch.db.models import Alert as AlertRow
-from tidewatch.db.models import CurrentResult, EngineBatch, EngineMetric
 
-_NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
-
-
-@lru_cache(maxsize=65536)
-def subscription_uuid(sid: str) -> uuid.UUID:
-    """The UUID of a subscription id (ids that are not UUIDs map to a stable uuid5); cached:
-    a batch's thousands of alerts come from far fewer subscriptions."""
-    try:
-        return uuid.UUID(sid)
-    except ValueError:
-        return uuid.uuid5(_NS, sid)
-
-
-@lru_cache(maxsize=65536)
-def _uuid_text(sid: str) -> str:
-    return str(subscription_uuid(sid))
+_S = pa.large_string()
 
 
 def ms_to_dt(ms: int) -> datetime:
@@ -63,21 +62,32 @@ def dt_to_ms(dt: datetime) -> int:
 
 
 class Store:
-    """Engine writes to PostgreSQL (tables from :mod:`tidewatch.db.models`)."""
+    """Engine writes to PostgreSQL (tables from :mod:`tidewatch.db.models`), as the engine
+    ``engine_id`` (``--engine-id``; the Kafka transactional id's suffix too)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, engine_id: str = DEFAULT_ENGINE_ID) -> None:
         self.engine = engine
+        self.engine_id = engine_id
+        #: dead letters of earlier batches may still be stored (unknown at start: True)
+        self._dead_stored = True
 
     def last_committed(self) -> int:
-        """The largest committed batch id (-1 when none)."""
+        """The largest batch id committed by this engine (-1 when none)."""
         with self.engine.connect() as conn:
-            v = conn.execute(select(func.max(EngineBatch.batch_id))).scalar()
+            v = conn.execute(
+                select(func.max(EngineBatch.batch_id)).where(EngineBatch.engine_id == self.engine_id)
+            ).scalar()
         return -1 if v is None else int(v)
 
     def is_committed(self, batch_id: int) -> bool:
+        """Whether this engine committed ``batch_id``."""
         with self.engine.connect() as conn:
             return (
-                conn.execute(select(EngineBatch.batch_id).where(EngineBatch.batch_id == batch_id)).first()
+                conn.execute(
+                    select(EngineBatch.batch_id).where(
+                        EngineBatch.engine_id == self.engine_id, EngineBatch.batch_id == batch_id
+                    )
+                ).first()
                 is not None
             )
 
@@ -87,33 +97,80 @@ class Store:
         *,
         watermark: int | None,
         metrics: dict[str, Any],
-        write: Callable[[Connection, BatchOutput], None] | None = None,
+        write: Callable[[Connection, BatchOutput, str], None] | None = None,
     ) -> bool:
-        """Write one batch's output atomically; False (nothing written) if it was committed before.
+        """Write one batch's output atomically; False (nothing written) if this engine committed
+        it before.
 
         ``write`` writes the alerts and the current-result changes inside the transaction:
-        :func:`write_copy` (the default) or :func:`_write_unnest`, the array-bound statements it
-        replaced (kept as the reference of the equivalence test and ``bench/delivery_bench.py``)."""
+        :func:`write_direct` (the default), or the paths it replaced, kept as references of the
+        equivalence test and ``bench/delivery_bench.py``: :func:`write_copy` (staging table) and
+        :func:`_write_unnest` (array-bound statements).
+
+        The batch's dead letters are written in the same transaction (:func:`write_dead_letters`,
+        one statement), and this engine's dead letters of every *earlier* batch are deleted:
+        they are in Kafka by now, because the engine delivers its batches in order, one at a
+        time (PostgreSQL commit, then Kafka transaction), and :meth:`EngineApp.recover
+        <engine.app.EngineApp.recover>` re-publishes a committed batch missing from Kafka before
+        any later batch is committed.  The delete is sent only when there can be something to
+        delete (dead letters written since the last delete, or the first commit of this store),
+        so a stream without dead letters pays nothing for them."""
+        prune = self._dead_stored
         with self.engine.begin() as conn:
             got = conn.execute(
                 pg_insert(EngineBatch)
                 .values(
+                    engine_id=self.engine_id,
                     batch_id=out.batch_id,
                     watermark=None if watermark is None else ms_to_dt(watermark),
                     events=sum(out.events.values()),
                     alerts=len(out.alerts),
                 )
-                .on_conflict_do_nothing(index_elements=[EngineBatch.batch_id])
+                .on_conflict_do_nothing(index_elements=[EngineBatch.engine_id, EngineBatch.batch_id])
                 .returning(EngineBatch.batch_id)
             ).first()
             if got is None:
                 return False
-            (write or write_copy)(conn, out)
-            conn.execute(insert(EngineMetric).values(batch_id=out.batch_id, **metrics))
+            (write or write_direct)(conn, out, self.engine_id)
+            if prune:
+                conn.execute(
+                    delete(EngineDeadLetter).where(
+                        EngineDeadLetter.engine_id == self.engine_id, EngineDeadLetter.batch_id < out.batch_id
+                    )
+                )
+            write_dead_letters(conn, out.dead, out.batch_id, self.engine_id)
+            conn.execute(
+                insert(EngineMetric).values(engine_id=self.engine_id, batch_id=out.batch_id, **metrics)
+            )
+        self._dead_stored = len(out.dead) > 0
         return True
 
+    def dead_letters_of_batch(self, batch_id: int) -> DeadLetters:
+        """The dead letters of this engine's committed batch ``batch_id``, in their order (to
+        re-publish them after a crash; empty once the batch is known to be in Kafka)."""
+        d = EngineDeadLetter
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    d.source_topic, d.source_partition, d.source_offset, d.key, d.value, d.reason,
+                    d.detail, d.event_ts, d.watermark,
+                )
+                .where(d.engine_id == self.engine_id, d.batch_id == batch_id)
+                .order_by(d.ord)
+            ).all()  # fmt: skip
+        out = DeadLetters()
+        if rows:
+            cols = list(zip(*rows, strict=True))
+            out.source_topic, out.reason, out.detail = list(cols[0]), list(cols[5]), list(cols[6])
+            out.source_partition, out.source_offset = list(cols[1]), list(cols[2])
+            out.key, out.value = [_bytes(b) for b in cols[3]], [_bytes(b) for b in cols[4]]
+            out.event_ts, out.watermark = list(cols[7]), list(cols[8])
+        return out
+
     def alerts_of_batch(self, batch_id: int) -> list[dict[str, Any]]:
-        """The alert rows of one committed batch (to re-publish them after a crash)."""
+        """The alert rows of this engine's committed batch ``batch_id`` (to re-publish them after
+        a crash).  An alert another engine logged first (the same id: the same rule on the same
+        events) stays that engine's."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 select(
@@ -124,7 +181,7 @@ class Store:
                     AlertRow.as_of,
                     AlertRow.values,
                 )
-                .where(AlertRow.batch_id == batch_id)
+                .where(AlertRow.engine_id == self.engine_id, AlertRow.batch_id == batch_id)
                 .order_by(AlertRow.seq)
             ).all()
         return [
@@ -151,28 +208,6 @@ class Store:
 
 
 # --------------------------------------------------------------------------- writing a batch
-def _json_encoder() -> Callable[[Any], str]:
-    """``json.dumps`` with its defaults, minus its per-call set-up (the C encoder made once): an
-    alert's values are encoded once per alert, thousands of times per batch.  Falls back to
-    ``json.dumps`` where the C encoder is missing or does not give the same text."""
-    import json.encoder as je
-
-    make = getattr(je, "c_make_encoder", None)
-    if make is None:
-        return json.dumps
-    try:
-        enc = make(
-            None, je.JSONEncoder().default, je.encode_basestring_ascii, None, ": ", ", ", False, False, True
-        )
-        probe = {'a\u00e9\\"': 1.5, "b": None, "c": 3, "d": float("nan"), "e": 1e-7}
-        if "".join(enc(probe, 0)) != json.dumps(probe):
-            return json.dumps
-    except TypeError:  # another signature
-        return json.dumps
-    return lambda obj: "".join(enc(obj, 0))
-
-
-values_json = _json_encoder()
 
 #: the batch's alerts staged by COPY: a temporary table per session, emptied by every commit
 _STAGE = (
@@ -183,8 +218,8 @@ _STAGE = (
 )
 _COPY = "COPY tw_alerts_in (ord, id, sid, key, kind, ms, vals) FROM STDIN WITH (FORMAT csv)"
 _FROM_STAGE = (
-    "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id) "
-    "SELECT id, sid, key, kind, to_timestamp(ms / 1000.0), vals, %(batch)s FROM tw_alerts_in "
+    "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id, engine_id) "
+    "SELECT id, sid, key, kind, to_timestamp(ms / 1000.0), vals, %(batch)s, %(engine)s FROM tw_alerts_in "
     "ORDER BY ms, ord ON CONFLICT (alert_id) DO NOTHING; "
     # the net change of each (subscription, key): its last alert; EXITs delete, ENTERs upsert
     # (one row per (subscription, key): the two never touch the same row)
@@ -219,9 +254,10 @@ def _stage_csv(alerts: list[Alert]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def write_copy(conn: Connection, out: BatchOutput) -> None:
-    """The batch's alerts and current-result changes, in the caller's transaction: the alerts go
-    to a temporary table in ONE ``COPY`` (CSV), then two statements in one round trip insert
+def write_copy(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_ENGINE_ID) -> None:
+    """The path :func:`write_direct` replaced (Nov 23 -- Nov 25), and its fallback when an alert id
+    is already logged.  The batch's alerts and current-result changes, in the caller's
+    transaction: the alerts go to a temporary table in ONE ``COPY`` (CSV), then two statements in one round trip insert
     them into ``alerts`` (``ON CONFLICT DO NOTHING``: an alert id written before is kept) and
     apply each (subscription, key)'s last change to ``current_results``.
 
@@ -241,7 +277,7 @@ def write_copy(conn: Connection, out: BatchOutput) -> None:
             data = _stage_csv(out.alerts)
             cur.execute(_STAGE)
             cur.copy_expert(_COPY, io.BytesIO(data), size=1 << 20)
-            cur.execute(_FROM_STAGE, {"batch": out.batch_id})
+            cur.execute(_FROM_STAGE, {"batch": out.batch_id, "engine": engine_id})
     except psycopg2.Error as err:  # raised as SQLAlchemy's, as its own statements would be
         gone = conn.dialect.is_disconnect(err, raw, None)
         raise sa_exc.DBAPIError.instance(
@@ -250,7 +286,139 @@ def write_copy(conn: Connection, out: BatchOutput) -> None:
         ) from err  # fmt: skip
 
 
-def _write_unnest(conn: Connection, out: BatchOutput) -> None:
+#: the batch's alerts straight into ``alerts``, in as_of order (``seq`` follows the rows' order)
+_COPY_ALERTS = (
+    "COPY alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id, engine_id) "
+    "FROM STDIN WITH (FORMAT csv)"
+)
+#: before the alerts' ``COPY``: the largest ``seq`` logged (the batch's rows get larger ones); a
+#: savepoint to go back to if an alert id is already logged; the temporary table of the net
+#: changes (per session, emptied by every commit) for batches whose rows cannot be read back
+_NET = (
+    "SET LOCAL TimeZone = 'UTC'; "  # the COPYs' timestamps are written without an offset: UTC
+    "SET LOCAL work_mem = '64MB'; "  # the net changes' sort in memory
+    "SAVEPOINT tw_alerts; "
+    "SET LOCAL client_min_messages = warning; "
+    "CREATE TEMP TABLE IF NOT EXISTS tw_net (sid uuid, key text, kind text, since timestamptz, "
+    "vals jsonb) ON COMMIT DELETE ROWS; "
+    "SELECT coalesce(max(seq), 0) FROM alerts"
+)
+#: the net change of each (subscription, key) read back from the batch's rows just logged (their
+#: ``seq`` order is the batch's order when the batch is in ``as_of`` order): its last alert
+_FROM_LOGGED = (
+    "WITH net AS MATERIALIZED (SELECT DISTINCT ON (subscription_id, key) subscription_id AS sid, key, "
+    "kind, as_of, values FROM alerts WHERE seq > %(after)s AND engine_id = %(engine)s "
+    "AND batch_id = %(batch)s ORDER BY subscription_id, key, seq DESC), "
+    "gone AS (DELETE FROM current_results c USING net "
+    "WHERE net.kind = 'EXIT' AND c.subscription_id = net.sid AND c.key = net.key) "
+    "INSERT INTO current_results (subscription_id, key, since, values) "
+    "SELECT sid, key, as_of, values FROM net WHERE kind = 'ENTER' "
+    "ON CONFLICT (subscription_id, key) DO UPDATE SET since = EXCLUDED.since, "
+    "values = EXCLUDED.values, updated_at = now(); "
+    "RELEASE SAVEPOINT tw_alerts"
+)
+_COPY_NET = "COPY tw_net (sid, key, kind, since, vals) FROM STDIN WITH (FORMAT csv)"
+_FROM_NET = (
+    "WITH gone AS (DELETE FROM current_results c USING tw_net n "
+    "WHERE n.kind = 'EXIT' AND c.subscription_id = n.sid AND c.key = n.key) "
+    "INSERT INTO current_results (subscription_id, key, since, values) "
+    "SELECT sid, key, since, vals FROM tw_net WHERE kind = 'ENTER' "
+    "ON CONFLICT (subscription_id, key) DO UPDATE SET since = EXCLUDED.since, "
+    "values = EXCLUDED.values, updated_at = now()"
+)
+#: the alerts of a batch whose ``COPY`` met an alert id already logged: as :func:`write_copy` does
+_FROM_STAGE_ALERTS = _FROM_STAGE.split("; WITH net")[0]
+
+
+def _last_of_each(keys: pa.Array) -> np.ndarray:
+    """Row numbers of the last row of each distinct value of ``keys`` (in the order of the values'
+    first rows, reversed: any order serves)."""
+    codes = np.asarray(keys.dictionary_encode().indices, np.int64)
+    _, first_from_end = np.unique(codes[::-1], return_index=True)
+    out: np.ndarray = len(codes) - 1 - first_from_end
+    return out
+
+
+def _csv(tbl: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pacsv.write_csv(tbl, sink, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
+    return sink.getvalue().to_pybytes()
+
+
+def write_direct(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_ENGINE_ID) -> None:
+    """The batch's alerts and current-result changes, in the caller's transaction, with no
+    per-alert Python past :class:`~engine.sinks.alert_columns.AlertColumns`: the alerts, sorted
+    by ``as_of`` (ties in batch order), go straight into ``alerts`` in ONE ``COPY`` (CSV made by
+    Arrow) -- no staging table, no ``ON CONFLICT`` probe: the batch id's row in
+    ``engine_batches``, inserted first in the same transaction, already makes the batch's insert
+    happen at most once (:meth:`Store.commit`).  The net change of each (subscription, key),
+    its last alert, is read back from the rows just logged (they follow the batch's order when the
+    batch is in ``as_of`` order, as the engine's are) and applied to ``current_results`` in one
+    statement; otherwise (a batch out of ``as_of`` order, or the fallback below) it is found by
+    Arrow and sent in a second ``COPY`` to a temporary table.
+
+    An alert id already in ``alerts`` (the same rule on the same events logged by another engine
+    id, or twice in one batch) makes the ``COPY`` fail; it is then rolled back to a savepoint
+    and the batch's alerts are inserted as :func:`write_copy` does (``ON CONFLICT DO NOTHING``:
+    the row written first is kept).  Writes what :func:`write_copy` and :func:`_write_unnest`
+    write (tests/engine/sinks/test_store_copy.py): the same rows, timestamps, values JSON and
+    ``alerts.seq`` order."""
+    raw: Any = conn.connection.dbapi_connection  # psycopg2's own: COPY is not in the DB-API
+    try:
+        with raw.cursor() as cur:
+            if out.removed:
+                cur.execute(
+                    "DELETE FROM current_results WHERE subscription_id = ANY(%s::uuid[])",
+                    ([_uuid_text(sid) for sid in out.removed],),
+                )
+            if not out.alerts:
+                return
+            cols = AlertColumns.of(out.alerts)
+            n = len(cols)
+            # as UTC wall times (Arrow formats them 30x faster than with a time zone): read as
+            # UTC by the server (``SET LOCAL TimeZone`` in :data:`_NET`)
+            ts = pa.array(cols.as_of, pa.int64()).cast(pa.timestamp("ms"))
+            sid, vals = cols.subscription_uuid_text, cols.values_json
+            alerts = pa.table(
+                {
+                    "id": cols.ids, "sid": sid, "key": cols.key, "kind": cols.kind, "as_of": ts,
+                    "vals": vals, "batch": pa.repeat(pa.scalar(int(out.batch_id), pa.int64()), n),
+                    "engine": pa.repeat(pa.scalar(engine_id, pa.large_string()), n),
+                }
+            )  # fmt: skip
+            in_order = n < 2 or not bool((cols.as_of[1:] < cols.as_of[:-1]).any())
+            if not in_order:
+                alerts = alerts.take(pa.array(np.argsort(cols.as_of, kind="stable")))
+            cur.execute(_NET)
+            after = int(cur.fetchone()[0])
+            try:
+                cur.copy_expert(_COPY_ALERTS, io.BytesIO(_csv(alerts)), size=1 << 20)
+                logged = True
+            except psycopg2.errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT tw_alerts")
+                cur.execute(_STAGE)
+                cur.copy_expert(_COPY, io.BytesIO(_stage_csv(out.alerts)), size=1 << 20)
+                cur.execute(_FROM_STAGE_ALERTS, {"batch": out.batch_id, "engine": engine_id})
+                logged = False
+            if logged and in_order:  # every row is the batch's, in its order: read them back
+                cur.execute(_FROM_LOGGED, {"after": after, "engine": engine_id, "batch": out.batch_id})
+                return
+            last = pa.array(_last_of_each(pc.binary_join_element_wise(sid, cols.key, pa.scalar("|", _S))))
+            net = pa.table(
+                {"sid": sid.take(last), "key": cols.key.take(last), "kind": cols.kind.take(last),
+                 "since": ts.take(last), "vals": vals.take(last)}
+            )  # fmt: skip
+            cur.copy_expert(_COPY_NET, io.BytesIO(_csv(net)), size=1 << 20)
+            cur.execute(_FROM_NET + "; RELEASE SAVEPOINT tw_alerts")
+    except psycopg2.Error as err:  # raised as SQLAlchemy's, as its own statements would be
+        gone = conn.dialect.is_disconnect(err, raw, None)
+        raise sa_exc.DBAPIError.instance(
+            "COPY of the batch's alerts", None, err, psycopg2.Error, connection_invalidated=gone,
+            dialect=conn.dialect,
+        ) from err  # fmt: skip
+
+
+def _write_unnest(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_ENGINE_ID) -> None:
     """The alert path before ``COPY``: every column bound as one array (``unnest``), one statement
     per table.  Kept as the reference :func:`write_copy` is tested and benchmarked against."""
     vals = [json.dumps(a.values) for a in out.alerts]  # once: alerts and current results
@@ -258,15 +426,17 @@ def _write_unnest(conn: Connection, out: BatchOutput) -> None:
         # one statement per table, rows bound as arrays (unnest): thousands of alerts per batch
         conn.execute(
             text(
-                "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id) "
-                "SELECT a.id, a.sid, a.key, a.kind, to_timestamp(a.ms / 1000.0), CAST(a.vals AS jsonb), "
-                ":batch FROM unnest(CAST(:ids AS text[]), CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
+                "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id, "
+                "engine_id) SELECT a.id, a.sid, a.key, a.kind, to_timestamp(a.ms / 1000.0), "
+                "CAST(a.vals AS jsonb), :batch, :engine FROM unnest(CAST(:ids AS text[]), "
+                "CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
                 "CAST(:kinds AS text[]), CAST(:ms AS bigint[]), CAST(:vals AS text[])) "
                 "AS a(id, sid, key, kind, ms, vals) "
                 "ORDER BY a.ms ON CONFLICT (alert_id) DO NOTHING"
             ),
             {
                 "batch": out.batch_id,
+                "engine": engine_id,
                 "ids": [a.id for a in out.alerts],
                 "sids": [_uuid_text(a.subscription_id) for a in out.alerts],
                 "keys": [a.key for a in out.alerts],
@@ -307,3 +477,44 @@ def _write_unnest(conn: Connection, out: BatchOutput) -> None:
                 "vals": [vals[i] for _, i in came],
             },
         )
+
+
+# --------------------------------------------------------------------------- dead letters
+_DEAD = text(
+    "INSERT INTO engine_dead_letters (engine_id, batch_id, ord, source_topic, source_partition, "
+    "source_offset, key, value, reason, detail, event_ts, watermark) "
+    "SELECT :engine, :batch, d.ord - 1, d.topic, d.part, d.off, d.key, d.value, d.reason, d.detail, d.ts, "
+    "d.wm FROM unnest(CAST(:topics AS text[]), CAST(:parts AS integer[]), CAST(:offs AS bigint[]), "
+    "CAST(:keys AS bytea[]), CAST(:vals AS bytea[]), CAST(:reasons AS text[]), CAST(:details AS text[]), "
+    "CAST(:ts AS bigint[]), CAST(:wms AS bigint[])) WITH ORDINALITY "
+    "AS d(topic, part, off, key, value, reason, detail, ts, wm, ord)"
+)
+
+
+def write_dead_letters(conn: Connection, dead: DeadLetters, batch_id: int, engine_id: str) -> None:
+    """A batch's dead letters into ``engine_dead_letters`` in the caller's transaction: ONE
+    statement, every column bound as an array (``unnest … WITH ORDINALITY`` numbers them in
+    their order); nothing is sent when there are none."""
+    if not len(dead):
+        return
+    conn.execute(
+        _DEAD,
+        {
+            "engine": engine_id,
+            "batch": batch_id,
+            "topics": dead.source_topic,
+            "parts": dead.source_partition,
+            "offs": dead.source_offset,
+            "keys": dead.key,
+            "vals": dead.value,
+            "reasons": dead.reason,
+            "details": dead.detail,
+            "ts": [None if t is None else int(t) for t in dead.event_ts],
+            "wms": [None if w is None else int(w) for w in dead.watermark],
+        },
+    )
+
+
+def _bytes(b: Any) -> bytes | None:
+    """A ``bytea`` as read (psycopg2: ``memoryview``) as ``bytes``."""
+    return None if b is None else bytes(b)

@@ -271,3 +271,24 @@ def progress(db: str) -> tuple[int, int | None]:
     finally:
         eng.dispose()
     return int(n), None if wm is None else round(wm.timestamp() * 1000)
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Every partition's high watermark (read_uncommitted: a transaction's marker may follow)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: int(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in parts}
+    finally:
+        c.close()
+
+
+def read_everything(app: Any, want: dict[str, dict[int, int]]) -> bool:
+    """Whether the engine's last batch reaches ``want`` ({topic: {partition: offset}}, e.g. of
+    :func:`end_offsets`) on every partition (its batch log's Spark end offsets)."""
+    from engine.sources.offsets import BatchLog
+
+    if app.core.last_batch < 0:
+        return False
+    ends = BatchLog.read(app._batch_log(app.core.last_batch)).ends or {}
+    return all(ends.get(t, {}).get(p, -1) >= o for t, ps in want.items() for p, o in ps.items())

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.dead_letter import DeadLetters
-from engine.decode import decode_records
+from engine.dead_letter import REASONS, DeadLetters
+from engine.decode import NULL_VALUE, decode_records
+from tidewatch.schema import STREAMS as SCHEMAS
+from tidewatch.schema import FieldSpec
 from tidewatch.wire.avro import decode, encode, encode_batch
 
 
@@ -91,16 +96,23 @@ def test_every_bad_record_is_dead_lettered_with_reason() -> None:
         watermark=1_004_500,
     )
     assert len(out) == 10
-    assert dead.counts() == {"undecodable": 3, "invalid": 5, "future": 1, "late": 1}
+    assert dead.counts() == {
+        **dict.fromkeys(REASONS, 0),
+        "undecodable": 3,
+        "invalid": 5,
+        "future": 1,
+        "late": 1,
+    }
     # raw bytes and source offsets are kept
     by_offset = dict(zip(dead.source_offset, dead.value, strict=True))
     for i, v in enumerate(bad):
         assert by_offset[10 + i] == v
     assert {
-        "negative size",
-        "empty symbol",
-        "price is NaN or infinite",
-        "size above 2**53 in magnitude",
+        "size -1 is not >= 0",
+        "symbol is empty (it must not be)",
+        "price nan is not a finite number",
+        "price inf is not a finite number",
+        "size 1152921504606846976 is not <= 2**53",
     } <= set(dead.detail)
     assert all(t == "trades" for t in dead.source_topic)
     recs = dead.records(logged_at=5)
@@ -162,3 +174,145 @@ def test_interleaved_partitions_are_decoded_in_arrival_order_with_their_own_keys
     assert dead.counts()["future"] == 1 and len(dead) == 1
     assert (dead.source_partition[0], dead.source_offset[0]) == (0, 15)
     assert dead.key == [b"k25"] and dead.value == [vals[25]]
+
+
+# ---------------------------------------------------------------- the fields' domains (tidewatch.schema)
+_PACKET = {
+    "ts": 1000,
+    "src_ip": "10.0.0.1",
+    "dst_ip": "10.0.0.2",
+    "src_port": 40000,
+    "dst_port": 443,
+    "protocol": "TCP",
+    "length": 60,
+    "tcp_flags": "SA",
+}
+_TRADE = {"symbol": "AAPL", "ts": 1000, "price": 10.5, "size": 5, "side": "BID", "exchange": "NASDAQ"}
+
+#: (stream, the field changed, its bad value, the dead letter's detail): one per rule of a domain
+DOMAIN_CASES = [
+    ("trades", "price", -1e12, "price -1e+12 is not > 0"),
+    ("trades", "price", 0.0, "price 0 is not > 0"),
+    ("trades", "price", 1e17, "price 1e+17 is not <= 2**53"),
+    ("trades", "side", "SIDEWAYS", "side 'SIDEWAYS' is not one of BID, ASK, UNKNOWN"),
+    ("trades", "side", "bid", "side 'bid' is not one of BID, ASK, UNKNOWN"),
+    ("trades", "exchange", "", "exchange is empty (it must not be)"),
+    ("trades", "ts", -1, "ts -1 is not >= 0"),
+    ("trades", "ts", 2**53 + 1, "ts 9007199254740993 is not <= 2**53"),
+    ("packets", "src_port", 65536, "src_port 65536 is not <= 65535"),
+    ("packets", "dst_port", -1, "dst_port -1 is not >= 0"),
+    ("packets", "length", 65576, "length 65576 is not <= 65575"),
+    ("packets", "dst_ip", "", "dst_ip is empty (it must not be)"),
+    (
+        "packets",
+        "protocol",
+        "tcp",
+        "protocol 'tcp' is not one of TCP, UDP, ICMP, ICMPv6, IP-<n> (the other IP protocol numbers n)",
+    ),
+    (
+        "packets",
+        "protocol",
+        "IP-6",
+        "protocol 'IP-6' is not one of TCP, UDP, ICMP, ICMPv6, IP-<n> (the other IP protocol numbers n)",
+    ),
+    (
+        "packets",
+        "tcp_flags",
+        "AS",
+        "tcp_flags 'AS' is not TCP flag letters in the order FSRPAUEC, each at most once (or '')",
+    ),
+    (
+        "packets",
+        "tcp_flags",
+        "SS",
+        "tcp_flags 'SS' is not TCP flag letters in the order FSRPAUEC, each at most once (or '')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stream", "field", "value", "detail"), DOMAIN_CASES)
+def test_a_field_outside_its_domain_is_an_invalid_dead_letter_naming_field_and_rule(
+    stream: str, field: str, value: object, detail: str
+) -> None:
+    base = _TRADE if stream == "trades" else _PACKET
+    good = encode(stream, base)
+    bad = encode(stream, {**base, field: value})
+    dead = DeadLetters()
+    out = decode_records(
+        stream, _records([good, bad, good], 1000), late_until=None, max_future_ms=60_000, dead=dead
+    )
+    assert out.offset.tolist() == [0, 2]
+    assert dead.reason == ["invalid"] and dead.detail == [detail]
+    assert dead.source_offset == [1] and dead.value == [bad]
+
+
+def test_the_edges_of_each_domain_are_valid() -> None:
+    trades = [
+        {**_TRADE, "price": 5e-324, "size": 0, "ts": 0, "side": "UNKNOWN"},
+        {**_TRADE, "price": float(2**53), "size": 2**53, "ts": 2**53},
+    ]
+    packets = [
+        {**_PACKET, "src_port": 0, "dst_port": 65535, "length": 0, "protocol": "IP-255", "tcp_flags": ""},
+        {**_PACKET, "length": 65575, "protocol": "ICMPv6", "tcp_flags": "FSRPAUEC"},
+    ]
+    for stream, recs in (("trades", trades), ("packets", packets)):
+        dead = DeadLetters()
+        out = decode_records(
+            stream,
+            _records([encode(stream, r) for r in recs], 1000),
+            late_until=None,
+            max_future_ms=None,
+            dead=dead,  # type: ignore[arg-type]
+        )
+        assert len(dead) == 0 and len(out) == 2, dead.detail
+
+
+def test_a_null_valued_kafka_message_is_an_undecodable_dead_letter_with_a_null_value() -> None:
+    good = encode("trades", _TRADE)
+    dead = DeadLetters()
+    out = decode_records(
+        "trades", _records([good, None, b""], 1000), late_until=None, max_future_ms=60_000, dead=dead
+    )
+    assert out.offset.tolist() == [0]
+    got = dict(zip(dead.source_offset, zip(dead.reason, dead.detail, dead.value, strict=True), strict=True))
+    assert got[1] == ("undecodable", NULL_VALUE, None)  # null stays null, not b""
+    assert got[2][0] == "undecodable" and got[2][1] != NULL_VALUE and got[2][2] == b""
+    rec = decode(encode("dead_letter", dead.records(logged_at=1)[dead.source_offset.index(1)]))
+    assert rec["value"] is None and rec["reason"] == "undecodable"
+
+
+def _domain_value(f: FieldSpec) -> st.SearchStrategy[object]:
+    if f.type == "int":
+        lo, hi = f.bounds
+        return st.integers(lo + 1 if f.low_open else lo, hi)
+    if f.type == "float":
+        lo, hi = f.bounds
+        return st.floats(float(lo), float(hi), allow_nan=False, exclude_min=f.low_open)
+    if f.values is not None:
+        return st.sampled_from(f.values)
+    text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+    return text if f.empty_ok else text.filter(bool)
+
+
+@st.composite
+def _valid_batch(draw: st.DrawFn) -> tuple[str, list[dict[str, object]]]:
+    stream = draw(st.sampled_from(sorted(SCHEMAS)))
+    fields = SCHEMAS[stream].fields
+    rec = st.fixed_dictionaries({name: _domain_value(f) for name, f in fields.items()})
+    return stream, draw(st.lists(rec, min_size=1, max_size=20))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_valid_batch())
+def test_valid_records_are_never_dead_lettered(batch: tuple[str, list[dict[str, object]]]) -> None:
+    stream, recs = batch
+    dead = DeadLetters()
+    out = decode_records(
+        stream,
+        _records([encode(stream, r) for r in recs], 0),
+        late_until=None,
+        max_future_ms=None,
+        dead=dead,  # type: ignore[arg-type]
+    )
+    assert len(dead) == 0, dead.detail
+    assert len(out) == len(recs)

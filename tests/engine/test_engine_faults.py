@@ -16,6 +16,10 @@ again.  Neither the engine nor the feed is restarted.  Afterwards:
   cursor taken before the fault lists exactly the alerts committed after it: with the alerts
   committed before the cursor they make up the whole log, none in both.
 
+And the crash between a batch's two commits, in process (:class:`engine.app.EngineApp`, no
+Spark): the batch is committed in PostgreSQL, its Kafka transaction never happens; the next
+engine's ``recover()`` publishes its alerts and its dead letters from PostgreSQL, once.
+
 docs/RELIABILITY.md, "Faults survived".
 """
 
@@ -45,12 +49,13 @@ from tests.engine.support import (
     engine_env,
     kill_engine,
     make_scenario,
+    produce,
     produce_rules,
     progress,
     read_topic,
     start_engine,
 )
-from tests.engine.test_engine_integration import engine_settings, fresh_database, wait_for
+from tests.engine.test_engine_integration import engine_settings, fresh_database, topics_of, wait_for
 from tidewatch.db.session import make_db_engine
 from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
@@ -221,3 +226,105 @@ def test_engine_rides_out_a_postgres_restart(
 
     r = _run_through(restart, restartable_kafka, restartable_pg, tmp_path)
     assert "PostgreSQL unreachable" in r.log, "no batch commit met the outage"
+
+
+class _Crash(Exception):
+    """The engine stops between the PostgreSQL commit and the Kafka transaction."""
+
+
+def _all_records(bootstrap: str, topics: list[str]) -> Any:
+    """Every committed record of ``topics`` as one batch of :data:`engine.sources.readers.RECORD_COLUMNS`
+    (what Spark's source would hand the engine)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from engine.sources.readers import records_table
+
+    ends = {}
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    for t in topics:
+        for p in c.list_topics(t, timeout=10).topics[t].partitions:
+            hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+            if hi > 0:  # an empty partition has no position to wait for
+                ends[(t, p)] = hi
+    c.assign([TopicPartition(t, p, 0) for t, p in ends])
+    msgs: list[Any] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        msgs += [m for m in c.consume(1000, 0.5) if not m.error()]
+        pos = c.position([TopicPartition(t, p) for t, p in ends])
+        if all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in pos):
+            break
+    c.close()
+    return records_table(msgs)
+
+
+def test_a_batch_committed_but_missing_from_kafka_is_republished_with_its_dead_letters(
+    restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path
+) -> None:
+    """Rules, trades and the scenario's six bad trades in one batch; the engine commits it in
+    PostgreSQL and stops before its Kafka transaction (``Publisher.publish`` raises).  A new
+    engine (same id, same checkpoint) recovers: the dead-letter topic then holds the batch's
+    dead letters exactly once (reasons, raw bytes, source offsets), the alerts topic its alerts;
+    a third start publishes nothing again; the next batch's commit deletes the stored dead
+    letters (docs/engine.md, "Exactly once and restart")."""
+    from engine.app import EngineApp
+
+    bootstrap = restartable_kafka.kafka_bootstrap
+    assert bootstrap is not None
+    run = uuid.uuid4().hex[:8]
+    s = engine_settings(run, tmp_path / "ckpt", engine_pipeline=False)
+    db = fresh_database(restartable_pg.sqlalchemy_url)
+    from engine.sinks.publish import ensure_topics
+
+    ensure_topics(bootstrap, s)
+    sc = make_scenario(n_trades=1500, n_packets=0, seed=29)
+    produce_rules(sc, bootstrap, s.topic_subscriptions)
+    produce(sc, bootstrap, topics_of(s))
+    tbl = _all_records(bootstrap, list(topics_of(s).values()))
+    bad = {v for v, _ in sc.bad_trades}
+    assert tbl.num_rows == 1500 + len(bad) + len(RULES)
+
+    def start() -> EngineApp:
+        return EngineApp(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
+
+    def crash(*_: Any, **__: Any) -> None:
+        raise _Crash
+
+    first = start()
+    first.publisher.publish = crash  # type: ignore[method-assign]
+    with pytest.raises(_Crash):
+        first.accept(tbl, 0, 0.0)
+    first.close()
+    assert _rows(db, "SELECT engine_id, batch_id FROM engine_batches") == [(run, 0)]
+    n_alerts = int(_rows(db, "SELECT count(*) FROM alerts WHERE batch_id = 0")[0][0])
+    assert n_alerts > 0 and _rows(db, "SELECT count(*) FROM engine_dead_letters")[0][0] == len(bad)
+    assert read_topic(bootstrap, s.topic_dead_letter, "dead_letter") == []
+    assert read_topic(bootstrap, s.topic_alerts, "alerts") == []
+
+    for _ in range(2):  # the second start finds the batch published: nothing is produced again
+        again = start()
+        again.recover()
+        again.close()
+        dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
+        assert sorted((d["value"], d["reason"]) for d in dead) == sorted(sc.bad_trades)
+        offsets = dict(zip(tbl.column("value").to_pylist(), tbl.column("offset").to_pylist(), strict=False))
+        assert all(
+            d["source_offset"] == offsets[d["value"]] and d["source_topic"] == s.topic_trades for d in dead
+        )
+        alerts = read_topic(bootstrap, s.topic_alerts, "alerts")
+        assert len(alerts) == len({a["id"] for a in alerts}) == n_alerts
+
+    # the next batch (no records) is committed: batch 0 is in Kafka, its dead letters go
+    last = start()
+    last.recover()
+    last.accept(tbl.slice(0, 0), 1, 0.0)
+    last.close()
+    assert _rows(db, "SELECT count(*) FROM engine_dead_letters")[0][0] == 0
+    assert len(read_topic(bootstrap, s.topic_dead_letter, "dead_letter")) == len(bad)

@@ -6,9 +6,10 @@ Who writes what:
   ``login_attempts``, ``subscriptions``, ``subscription_versions``, ``outbox``,
   ``client_cursors``;
 * the outbox relay (:mod:`subscriptions.outbox`): ``outbox.published_at`` and offsets;
-* the engine: ``alerts``, ``current_results``, ``engine_batches``, ``engine_metrics`` --
-  idempotent per micro-batch: an alert's primary key is its stable id
-  (subscription, key, kind, as_of), so writing the same batch twice changes nothing
+* the engine: ``alerts``, ``current_results``, ``engine_batches``, ``engine_metrics``,
+  ``engine_dead_letters`` -- idempotent per micro-batch: an alert's primary key is its stable id
+  (subscription, key, kind, as_of), and a batch is keyed by (engine id, batch id), so writing the
+  same batch twice changes nothing
   (the design brief's "Delivery" semantics; docs/ARCHITECTURE.md, "Exactly once, end to end").
 
 ``alerts`` and ``current_results`` carry no foreign key to ``subscriptions`` on purpose:
@@ -62,6 +63,20 @@ class Base(DeclarativeBase):
 
 def _now() -> Any:
     return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+#: engine id of a row written without one: ``tidewatch engine run``'s default ``--engine-id``
+DEFAULT_ENGINE_ID = "default"
+
+
+def _engine_id(primary_key: bool = False) -> Any:
+    return mapped_column(
+        Text,
+        nullable=False,
+        primary_key=primary_key,
+        server_default=DEFAULT_ENGINE_ID,
+        default=DEFAULT_ENGINE_ID,
+    )
 
 
 # --- users and sessions -------------------------------------------------------------------
@@ -201,6 +216,8 @@ class Alert(Base):
     values: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     batch_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
     created_at: Mapped[datetime] = _now()
+    #: the engine that wrote it (with ``batch_id``: its batch; it re-publishes only its own)
+    engine_id: Mapped[str] = _engine_id()
 
 
 class CurrentResult(Base):
@@ -229,10 +246,13 @@ class ClientCursor(Base):
 
 
 class EngineBatch(Base):
-    """Micro-batches whose output is committed; a batch id present here is never applied again."""
+    """Micro-batches whose output is committed, per engine: a batch id present here for an
+    engine id is never applied again by that engine (engines sharing the database -- shards,
+    deployments -- each have their own batch ids)."""
 
     __tablename__ = "engine_batches"
 
+    engine_id: Mapped[str] = _engine_id(primary_key=True)
     batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     committed_at: Mapped[datetime] = _now()
     watermark: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -260,6 +280,29 @@ class EngineMetric(Base):
     dead_letter_reasons: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
+    engine_id: Mapped[str] = _engine_id()
+
+
+class EngineDeadLetter(Base):
+    """The dead letters of an engine's committed batch (:class:`engine.dead_letter.DeadLetters`,
+    in order ``ord``), written in the batch's transaction so that a batch committed here whose
+    Kafka transaction never happened is re-published with them; deleted by the engine once the
+    batch is in Kafka.  Times in epoch ms (an absurd event time still fits)."""
+
+    __tablename__ = "engine_dead_letters"
+
+    engine_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    ord: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    source_topic: Mapped[str] = mapped_column(Text, nullable=False)
+    source_partition: Mapped[int] = mapped_column(Integer, nullable=False)
+    source_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    value: Mapped[bytes | None] = mapped_column(LargeBinary)
+    reason: Mapped[str] = mapped_column(Text, nullable=False)
+    detail: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
+    event_ts: Mapped[int | None] = mapped_column(BigInteger)
+    watermark: Mapped[int | None] = mapped_column(BigInteger)
 
 
 __all__ = [
@@ -269,7 +312,9 @@ __all__ = [
     "Base",
     "ClientCursor",
     "CurrentResult",
+    "DEFAULT_ENGINE_ID",
     "EngineBatch",
+    "EngineDeadLetter",
     "EngineMetric",
     "LoginAttempt",
     "Outbox",

@@ -63,7 +63,7 @@ def test_backtest_writes_alerts_in_order_and_strategies_agree(
         + "X,5200,A,1,1,ASK\n"
     )
     outs = {}
-    for strategy in ("shared", "naive"):
+    for strategy in ("shared", "naive", "scan"):
         out = tmp_path / f"{strategy}.jsonl"
         res = runner.invoke(
             app,
@@ -74,7 +74,7 @@ def test_backtest_writes_alerts_in_order_and_strategies_agree(
         outs[strategy] = out.read_text()
         assert "5 events" in res.output and "lookups" in res.output and "alerts" in res.output
         assert "events/s" in res.output
-    assert outs["shared"] == outs["naive"]
+    assert outs["shared"] == outs["naive"] == outs["scan"]
     lines = [json.loads(x) for x in outs["shared"].splitlines()]
     # lookups at 1000, 2000, ..., 6000 (t0 = 1000, the first tau >= 5200 is 6000)
     # 2000: A sum 60, B sum 60, counts 1 -> nothing; 3000: B (1500, 2100) count 2 sum 120; A count 2 sum 70

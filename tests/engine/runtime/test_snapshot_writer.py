@@ -1,42 +1,72 @@
-"""engine.runtime.snapshot_writer: the state snapshot written by a forked child while the batches go on."""
+"""engine.runtime.snapshot_writer: the state snapshot serialized in the calling thread and written
+by one background thread while the batches go on (no fork)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from engine.runtime import snapshot_writer
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+@pytest.fixture
+def slow_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``fsync`` takes 0.4 s; the names of the threads that called it."""
+    threads: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.4)
+        real(fd)
+
+    monkeypatch.setattr(snapshot_writer.os, "fsync", fsync)
+    return threads
 
 
-def test_the_child_writes_the_state_as_it_was_at_the_fork(tmp_path: Path) -> None:
-    state = {"batch": 7, "values": list(range(100_000))}
+def test_serialized_at_once_in_the_calling_thread_written_in_the_background(
+    tmp_path: Path, slow_disk: list[str]
+) -> None:
+    state = {"batch": 7}
+    serialized_in: list[str] = []
+
+    def serialize() -> bytes:
+        serialized_in.append(threading.current_thread().name)
+        return repr(state).encode()
+
     w = SnapshotWriter()
     path = tmp_path / "000000000007.bin"
-    assert w.write(7, path, lambda: (time.sleep(0.3), pickle.dumps(state))[1])
-    # the parent goes on at once and changes the state while the child writes
-    state["batch"] = 8
-    state["values"].append(-1)
-    assert w.busy
+    t0 = time.perf_counter()
+    assert w.write(7, path, serialize)
+    assert time.perf_counter() - t0 < 0.3  # the caller does not wait for the disk
+    state["batch"] = 8  # the next batch changes the state while the snapshot is written
+    assert w.busy and not path.exists()
     w.wait()
-    assert pickle.loads(path.read_bytes()) == {"batch": 7, "values": list(range(100_000))}
-    assert [(b, p) for b, p, _, _ in w.written] == [(7, path)]
+    assert not w.busy
+    assert path.read_bytes() == b"{'batch': 7}"
+    assert serialized_in == [threading.current_thread().name]
+    assert slow_disk == ["tidewatch-snapshot-7"]
+    assert [(b, p, n) for b, p, n, _ in w.written] == [(7, path, 12)]
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_snapshot_due_while_one_is_written_is_skipped(tmp_path: Path) -> None:
+def test_a_snapshot_due_while_one_is_written_is_skipped(
+    tmp_path: Path, slow_disk: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
     w = SnapshotWriter()
-    assert w.write(1, tmp_path / "000000000001.bin", lambda: (time.sleep(1.0), b"one")[1])
-    assert not w.write(2, tmp_path / "000000000002.bin", lambda: b"two")
+    assert w.write(1, tmp_path / "000000000001.bin", lambda: b"one")
+    with caplog.at_level(logging.INFO, "tidewatch.engine"):
+        assert not w.write(2, tmp_path / "000000000002.bin", lambda: b"two")
+    assert "snapshot of batch 2 skipped: the one of batch 1 is still being written" in caplog.text
     assert w.skipped == 1
     w.wait()
     assert w.write(3, tmp_path / "000000000003.bin", lambda: b"three")
@@ -44,7 +74,7 @@ def test_a_snapshot_due_while_one_is_written_is_skipped(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("*.bin")) == ["000000000001.bin", "000000000003.bin"]
 
 
-def test_a_failing_child_is_logged_and_the_next_snapshot_is_taken(
+def test_a_state_that_cannot_be_serialized_is_logged_and_the_next_snapshot_is_taken(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken() -> bytes:
@@ -52,31 +82,40 @@ def test_a_failing_child_is_logged_and_the_next_snapshot_is_taken(
 
     w = SnapshotWriter()
     with caplog.at_level(logging.WARNING, "tidewatch.engine"):
-        w.write(1, tmp_path / "000000000001.bin", broken)
-        w.wait()
-    assert "state snapshot of batch 1 failed" in caplog.text
-    assert not w.written and not list(tmp_path.iterdir())
+        assert not w.write(1, tmp_path / "000000000001.bin", broken)
+    assert "state snapshot of batch 1 failed" in caplog.text and w.failed == 1
+    assert not w.busy and not w.written and not list(tmp_path.iterdir())
     assert w.write(2, tmp_path / "000000000002.bin", lambda: b"ok")
     w.wait()
     assert (tmp_path / "000000000002.bin").read_bytes() == b"ok"
 
 
-def test_a_stuck_child_is_killed_after_the_timeout(tmp_path: Path) -> None:
-    w = SnapshotWriter(timeout_s=0.5)
-    w.write(1, tmp_path / "000000000001.bin", lambda: (time.sleep(60), b"late")[1])
-    t0 = time.monotonic()
-    while w.busy and time.monotonic() - t0 < 10:
-        time.sleep(0.05)
-    assert not w.busy and time.monotonic() - t0 < 5
-    assert not w.written and not (tmp_path / "000000000001.bin").exists()
+def test_a_failed_write_is_logged_leaves_no_temporary_and_the_next_is_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(snapshot_writer.os, "fsync", full)
+    w = SnapshotWriter()
+    with caplog.at_level(logging.WARNING, "tidewatch.engine"):
+        assert w.write(1, tmp_path / "000000000001.bin", lambda: b"state")
+        w.wait()
+    assert "state snapshot of batch 1 failed: could not write" in caplog.text and w.failed == 1
+    assert not w.written and not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    assert w.write(2, tmp_path / "000000000002.bin", lambda: b"ok")
+    w.wait()
+    assert [p.name for p in tmp_path.iterdir()] == ["000000000002.bin"]
 
 
-def test_in_the_calling_thread_when_asked(tmp_path: Path) -> None:
-    w = SnapshotWriter(in_child=False)
-    pid_seen: list[int] = []
-    assert w.write(4, tmp_path / "000000000004.bin", lambda: (pid_seen.append(os.getpid()), b"x")[1])
-    assert pid_seen == [os.getpid()] and not w.busy
-    assert (tmp_path / "000000000004.bin").read_bytes() == b"x"
+def test_in_the_calling_thread_when_asked(tmp_path: Path, slow_disk: list[str]) -> None:
+    w = SnapshotWriter(background=False)
+    assert not w.background
+    path = tmp_path / "000000000004.bin"
+    assert w.write(4, path, lambda: b"x") and not w.busy  # done on return
+    assert path.read_bytes() == b"x"
+    assert slow_disk == [threading.current_thread().name]
 
 
 def test_keeps_the_newest_three(tmp_path: Path) -> None:
@@ -87,12 +126,25 @@ def test_keeps_the_newest_three(tmp_path: Path) -> None:
     assert sorted(int(p.stem) for p in tmp_path.glob("*.bin")) == [3, 4, 5]
 
 
+def test_never_forks_and_leaves_sockets_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer of before forked the driver and patched ``socket.shutdown`` for its child."""
+
+    def no_fork() -> int:
+        raise AssertionError("the snapshot writer forked")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    w = SnapshotWriter()
+    assert w.write(1, tmp_path / "000000000001.bin", lambda: b"state")
+    w.wait()
+    assert (tmp_path / "000000000001.bin").read_bytes() == b"state"
+    assert not getattr(socket.socket.shutdown, "_tidewatch_guard", False)
+    assert socket.socket.shutdown.__qualname__ == "socket.shutdown"
+
+
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)  # a pid that is gone
-    dead = tmp_path / f"000000000001.bin.{pid}.tmp"
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()  # a pid that is gone
+    dead = tmp_path / f"000000000001.bin.{gone.pid}.tmp"
     live = tmp_path / f"000000000002.bin.{os.getpid()}.tmp"
     odd = tmp_path / "000000000003.bin.tmp"
     for f in (dead, live, odd):
@@ -104,46 +156,3 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
 def test_atomic_write_leaves_no_temporary(tmp_path: Path) -> None:
     atomic_write(tmp_path / "sub" / "a.json", b"{}")
     assert [p.name for p in (tmp_path / "sub").iterdir()] == ["a.json"]
-
-
-class _ClosesItsSocket:
-    """Like py4j's connection to the JVM: shuts its socket down when it is freed."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-
-
-def test_the_child_leaves_the_parents_connections_open(tmp_path: Path) -> None:
-    """At the fork CPython clears the thread states of the threads the child lacks; what they
-    held alone (here, as in py4j, in a thread-local) is freed and its finalizer shuts the
-    socket down -- which would end the connection for the parent too."""
-    ours, theirs = socket.socketpair()
-    local = threading.local()
-    ready, done = threading.Event(), threading.Event()
-
-    def holder() -> None:
-        local.conn = _ClosesItsSocket(ours)  # only this thread's thread-local holds it
-        ready.set()
-        done.wait(30)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    ready.wait(10)
-    try:
-        w = SnapshotWriter()
-        w.write(1, tmp_path / "000000000001.bin", lambda: b"state")
-        w.wait()
-        assert (tmp_path / "000000000001.bin").read_bytes() == b"state"
-        ours.sendall(b"still open")  # the parent's connection works in both directions
-        assert theirs.recv(100) == b"still open"
-        theirs.sendall(b"both ways")
-        assert ours.recv(100) == b"both ways"
-    finally:
-        done.set()
-        t.join()
-        ours.close()
-        theirs.close()

@@ -1,6 +1,8 @@
 """Real Kafka (the embedded broker of ``restartable_kafka``): a batch published with the batch
 encoder lands, partition by partition, as the per-alert fastavro loop it replaced landed it --
-alerts, results, EXIT tombstones, keys -- and consumers see it once, read_committed."""
+alerts, results, EXIT tombstones, keys -- and consumers see it once, read_committed; the same
+from the batch's columns (:class:`engine.sinks.alert_columns.AlertColumns`) and through a local
+queue far smaller than the batch (``BufferError``: the loop waits and goes on)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from engine.messages import Alert
 from engine.sinks import publish
+from engine.sinks.alert_columns import AlertColumns
 from tests.engine.support import read_topic
 from tidewatch.settings import Settings
 from tidewatch.wire.avro import decode
@@ -35,12 +38,22 @@ def _alerts(n: int) -> list[Alert]:
     ]  # fmt: skip
 
 
+class _SmallQueue(publish.Publisher):
+    producer_config = {**publish.Publisher.producer_config, "queue.buffering.max.messages": 700}  # noqa: RUF012
+
+
 def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_kafka: Settings) -> None:
     bootstrap = restartable_kafka.kafka_bootstrap
     alerts = _alerts(2500)
     n_exit = sum(a.kind == "EXIT" for a in alerts)
     got = {}
-    for name, produce in (("old", publish._produce_alerts_per_record), ("new", publish.produce_alerts)):
+    variants = {
+        "old": (publish._produce_alerts_per_record, publish.Publisher, alerts),
+        "new": (publish.produce_alerts, publish.Publisher, alerts),
+        "columns": (publish.produce_alerts, publish.Publisher, AlertColumns.of(alerts)),
+        "small-queue": (publish.produce_alerts, _SmallQueue, alerts),
+    }
+    for name, (produce, publisher, given) in variants.items():
         run = uuid.uuid4().hex[:6]
         s = restartable_kafka.model_copy(
             update={
@@ -49,10 +62,10 @@ def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_k
             }
         )
         publish.ensure_topics(bootstrap, s)
-        pub = publish.Publisher(bootstrap, s, f"pub-test-{name}-{run}")
+        pub = publisher(bootstrap, s, f"pub-test-{name}-{run}")
         pub.produce_alerts = produce
         try:
-            pub.publish(0, alerts)
+            pub.publish(0, given)
             assert pub.last_published() == 0
         finally:
             pub.close()
@@ -60,15 +73,18 @@ def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_k
             _records(bootstrap, s.topic_alerts),
             _records(bootstrap, s.topic_results),
         )
-    (old_alerts, old_results), (new_alerts, new_results) = got["old"], got["new"]
+    (old_alerts, old_results) = got.pop("old")
     assert sum(map(len, old_alerts.values())) == len(alerts)
     assert sum(map(len, old_results.values())) == len(alerts) + n_exit
-    assert new_results == old_results  # byte for byte, tombstones in place
-    assert sum(v is None for recs in new_results.values() for _, v in recs) == n_exit
 
     def strip(recs: dict[int, list[tuple[Any, Any]]]) -> dict[int, list[tuple[Any, Any]]]:
         # emitted_at is the wall clock of each transaction: the rest must match
         return {p: [(k, {**decode(v, "alerts"), "emitted_at": 0}) for k, v in r] for p, r in recs.items()}
 
-    assert strip(new_alerts) == strip(old_alerts)
-    assert sorted(d["id"] for r in strip(new_alerts).values() for _, d in r) == sorted(a.id for a in alerts)
+    for name, (new_alerts, new_results) in got.items():
+        assert new_results == old_results, name  # byte for byte, tombstones in place
+        assert sum(v is None for recs in new_results.values() for _, v in recs) == n_exit
+        assert strip(new_alerts) == strip(old_alerts), name
+        assert sorted(d["id"] for r in strip(new_alerts).values() for _, d in r) == sorted(
+            a.id for a in alerts
+        )

@@ -1,5 +1,6 @@
-"""The engine's batch commit through ``COPY`` writes, row for row, what the array-bound statements
-it replaced wrote; a re-commit of a batch id writes nothing (real PostgreSQL: the embedded server
+"""The engine's batch commit through ``COPY`` -- straight into ``alerts`` (:func:`write_direct`, the
+default) or through a staging table (:func:`write_copy`, before) -- writes, row for row, what the
+array-bound statements it replaced wrote; a re-commit of a batch id writes nothing (real PostgreSQL: the embedded server
 of the ``restartable_pg`` fixture, one fresh database per path)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from engine.messages import Alert, BatchOutput
-from engine.sinks.store import Store, _write_unnest, write_copy
+from engine.sinks.store import Store, _write_unnest, write_copy, write_direct
 from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,10 @@ def _batches() -> list[BatchOutput]:
         Alert(SUBS[2], "r", "packets", "10.0.0.1", "ENTER", T0 + 999_999, {"SUM(length)": 7000})
     ]
     out.append(BatchOutput(batch_id=3, alerts=again))
+    # batch 4: one alert twice in the batch (the first one is kept), out of as_of order
+    twice = Alert(SUBS[3], "r", "trades", "TWICE", "ENTER", T0 + 2_000_000, {"n": 1})
+    late = Alert(SUBS[4], "r", "trades", "EARLY", "EXIT", T0 + 1_500_000, {"n": 0.5})
+    out.append(BatchOutput(batch_id=4, alerts=[twice, twice, late]))
     return out
 
 
@@ -76,8 +81,12 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
     from tests.engine.test_engine_integration import fresh_database
 
     got: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
-    for name, write in (("arrays", _write_unnest), ("copy", write_copy)):
-        eng = create_engine(fresh_database(restartable_pg.sqlalchemy_url))
+    for name, write in (("arrays", _write_unnest), ("copy", write_copy), ("direct", write_direct)):
+        # a session time zone other than UTC: the timestamps must not depend on it
+        eng = create_engine(
+            fresh_database(restartable_pg.sqlalchemy_url),
+            connect_args={"options": "-c TimeZone=Asia/Kolkata"},
+        )
         store = Store(eng)
         try:
             for out in _batches():
@@ -89,17 +98,19 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
             assert _tables(eng) == got[name]
         finally:
             eng.dispose()
-    arrays, copy = got["arrays"], got["copy"]
-    assert len(arrays["alerts"]) == 801  # 400 + 400 + 1 new one in batch 3
+    arrays = got["arrays"]
+    assert len(arrays["alerts"]) == 803  # 400 + 400 + 1 new one in batch 3 + 2 in batch 4
     assert all(r[-1] for r in arrays["alerts"]) and all(r[-1] for r in arrays["current_results"])
-    assert {r[2] for r in arrays["alerts"]} == {*KEYS, "10.0.0.1"}
-    assert arrays["current_results"] and len(arrays["engine_metrics"]) == 3
-    for table in arrays:
-        assert copy[table] == arrays[table], table
+    assert {r[2] for r in arrays["alerts"]} == {*KEYS, "10.0.0.1", "TWICE", "EARLY"}
+    assert arrays["current_results"] and len(arrays["engine_metrics"]) == 4
+    assert [r[2] for r in arrays["alerts"][-2:]] == ["EARLY", "TWICE"]  # seq in as_of order
+    for name in ("copy", "direct"):
+        for table in arrays:
+            assert got[name][table] == arrays[table], (name, table)
 
 
 def test_the_default_commit_is_copy_and_a_batch_rolls_back_whole(restartable_pg: Settings) -> None:
-    """``Store.commit`` uses :func:`write_copy`; an alert the database refuses fails the batch with
+    """``Store.commit`` uses :func:`write_direct`; an alert the database refuses fails the batch with
     SQLAlchemy's error and leaves nothing of it (not even its batch id), on the pool's next use too."""
     from sqlalchemy.exc import IntegrityError
 
@@ -117,7 +128,7 @@ def test_the_default_commit_is_copy_and_a_batch_rolls_back_whole(restartable_pg:
         assert [a["key"] for a in store.alerts_of_batch(1)] == ["K"]
         with eng.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM current_results")).scalar() == 1
-            # the staging table is empty after the commit
-            assert conn.execute(text("SELECT count(*) FROM tw_alerts_in")).scalar() == 0
+            # the net changes' table is empty after the commit
+            assert conn.execute(text("SELECT count(*) FROM tw_net")).scalar() == 0
     finally:
         eng.dispose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool, text
@@ -27,6 +28,7 @@ TABLES = {
     "client_cursors",
     "engine_batches",
     "engine_metrics",
+    "engine_dead_letters",
 }
 
 
@@ -107,3 +109,94 @@ def test_constraints_hold(scratch_url):
             )
     finally:
         engine.dispose()
+
+
+def _fill_0003(url: str) -> None:
+    """Engine output as a database at 0003 holds it: two batches, their alerts and metrics."""
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO engine_batches (batch_id, events, alerts) VALUES (0, 5, 1), (1, 7, 0)")
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, batch_id) "
+                    "VALUES ('a0', :s, 'K', 'ENTER', now(), 0)"
+                ),
+                {"s": uuid.uuid4()},
+            )
+            conn.execute(text("INSERT INTO engine_metrics (batch_id, alerts) VALUES (0, 1), (1, 0)"))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("old_id", [None, "deployment-7"])
+def test_0004_keys_batches_by_engine_and_keeps_the_rows_there(scratch_url, old_id):
+    """Upgrading a database with engine output from 0003: existing rows get the engine id given
+    (``-x engine_id=`` / the config attribute), else ``default``; the old engine's store finds its
+    batches, another engine commits the same batch ids; the downgrade refuses two engines' rows."""
+    from engine.messages import Alert, BatchOutput
+    from engine.sinks.store import Store
+
+    migrate.upgrade(scratch_url, "0003")
+    _fill_0003(scratch_url)
+    cfg = migrate.alembic_config(scratch_url)
+    if old_id is not None:
+        cfg.attributes["engine_id"] = old_id
+    command.upgrade(cfg, "0004")
+    old = old_id or "default"
+    assert _diff(scratch_url) == [] and _tables(scratch_url) == TABLES
+    engine = create_engine(scratch_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            for t in ("engine_batches", "alerts", "engine_metrics"):
+                got = conn.execute(text(f"SELECT engine_id, count(*) FROM {t} GROUP BY 1")).all()
+                assert got == [(old, 2 if t != "alerts" else 1)], t
+        # the dead letters' raw bytes: the engine's role only (where the roles exist: per cluster)
+        with engine.connect() as conn:
+            roles = set(conn.execute(text("SELECT rolname FROM pg_roles")).scalars())
+            priv = "SELECT has_table_privilege(:r, 'engine_dead_letters', :p)"
+            if "tidewatch_engine" in roles:
+                for p in ("SELECT", "INSERT", "DELETE"):
+                    assert conn.execute(text(priv), {"r": "tidewatch_engine", "p": p}).scalar(), p
+            for r in {"tidewatch_dashboard", "tidewatch_relay"} & roles:
+                assert not conn.execute(text(priv), {"r": r, "p": "SELECT"}).scalar(), r
+        pk = inspect(engine).get_pk_constraint("engine_batches")
+        assert pk["name"] == "pk_engine_batches" and pk["constrained_columns"] == ["engine_id", "batch_id"]
+        mine, other = Store(engine, old), Store(engine, "shard-2")
+        assert mine.last_committed() == 1 and [a["key"] for a in mine.alerts_of_batch(0)] == ["K"]
+        assert other.last_committed() == -1
+        metrics = {"alerts": 1}
+        for store in (mine, other):
+            out = BatchOutput(
+                batch_id=1, alerts=[Alert(str(uuid.uuid4()), "r", "trades", "X", "ENTER", 0, {})]
+            )
+            assert store.commit(out, watermark=None, metrics=metrics) is (store is other)
+        with engine.begin() as conn:  # a row written without an engine id: the default engine's
+            conn.execute(text("INSERT INTO engine_batches (batch_id) VALUES (9)"))
+            assert conn.execute(text("SELECT engine_id FROM engine_batches WHERE batch_id = 9")).scalar() == (
+                "default"
+            )
+            conn.execute(text("DELETE FROM engine_batches WHERE batch_id = 9"))
+        with pytest.raises(RuntimeError, match="batches of 2 engines"):
+            migrate.downgrade(scratch_url, "0003")
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM engine_batches WHERE engine_id = 'shard-2'"))
+        migrate.downgrade(scratch_url, "0003")
+        assert migrate.current(scratch_url) == "0003"
+        assert "engine_dead_letters" not in _tables(scratch_url)
+        assert inspect(engine).get_pk_constraint("engine_batches")["constrained_columns"] == ["batch_id"]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM engine_batches")).scalar() == 2
+    finally:
+        engine.dispose()
+
+
+def test_0004_refuses_an_engine_id_it_cannot_quote(scratch_url):
+    migrate.upgrade(scratch_url, "0003")
+    cfg = migrate.alembic_config(scratch_url)
+    cfg.attributes["engine_id"] = "x'; DROP TABLE alerts; --"
+    with pytest.raises(ValueError, match="letters, digits"):
+        command.upgrade(cfg, "head")
+    assert migrate.current(scratch_url) == "0003"

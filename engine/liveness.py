@@ -1,0 +1,318 @@
+"""The engine's run record and the one rule of its health (issue #21).
+
+Two readers must say the same thing about the engine: the dashboard's Health page
+(:func:`dashboard.queries.health`) and ``tidewatch status`` (:func:`check`).  Both call
+:func:`verdict` on the same inputs: the time of the newest batch in PostgreSQL, the recent lag
+series (:func:`observe`) and the engine's *run record* (:func:`read_record`).
+
+Run record
+    ``tidewatch engine run`` writes one small JSON file per engine id,
+    ``<run_dir>/engine/<engine_id>.run.json``: ``started`` when it starts, then ``stopped`` (a
+    SIGTERM / SIGINT, a clean stop) or ``failed`` (its fatal error: type, first line of the
+    message, and a hint naming the setting to fix).  A file, not a table: the engine that cannot
+    reach its database (a wrong password, the issue's proof) must still say why.  It is read by
+    processes on the same host -- the embedded stack; a dashboard elsewhere sees no record and
+    Health falls back to the age rule below.  A ``started`` record keeps the previous run's
+    failure (``previous``), so a crash loop is explained while the engine restarts.
+
+The rule (:func:`verdict`), first match wins; ``last`` is the newest committed batch:
+
+1. the record is newer than ``last`` (or there is no batch) and says ``failed``: **down**, its
+   error and hint;
+2. ... says ``stopped``: **down**, stopped at that time;
+3. ... says ``started``: **starting** within ``engine_down_after_s`` of the start, else **down**
+   ("started, no batch since");
+4. no batch and no record: **unknown**;
+5. ``last`` older than ``engine_down_after_s``: **down** (not running, or no events arrive);
+6. :func:`lag_behind` over the recent lag series: **behind**;
+7. **ok**.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from tidewatch.settings import Settings
+
+Kind = Literal["started", "stopped", "failed"]
+#: share of ``engine_behind_lag_ms`` the lag must fall below to leave "behind" (hysteresis)
+LEAVE_BEHIND = 0.8
+#: consecutive batches over (under) the threshold that enter (leave) "behind"
+SUSTAIN = 3
+RESTART = "`tidewatch restart engine`"
+_SECRET_URL = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The newest event of one engine's life: ``started``, ``stopped`` or ``failed``."""
+
+    engine_id: str
+    kind: Kind
+    at: datetime
+    error_type: str = ""
+    message: str = ""
+    hint: str = ""
+    previous: str = ""  # a ``started`` record: the failure of the run before ("" for none)
+
+    @property
+    def failure(self) -> str:
+        """``type: message`` of a ``failed`` record."""
+        return f"{self.error_type}: {self.message}" if self.error_type else self.message
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self) | {"at": self.at.isoformat()})
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        d: dict[str, Any] = json.loads(text)
+        d["at"] = datetime.fromisoformat(d["at"])
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The engine's status (``ok``, ``behind``, ``starting``, ``down``, ``unknown``), one sentence
+    of cause and what to do (``hint``, "" when nothing)."""
+
+    status: str
+    cause: str
+    hint: str = ""
+
+    @property
+    def text(self) -> str:
+        return f"{self.cause} {self.hint}".strip()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What PostgreSQL says of the engine: newest batch time, lag series (oldest first), now."""
+
+    last_at: datetime | None
+    lags_ms: Sequence[float | None] = field(default_factory=list)
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+# --- the run record -----------------------------------------------------------------------------
+
+
+def record_dir(settings: Settings) -> Path:
+    return settings.run_dir / "engine"
+
+
+def record_path(settings: Settings, engine_id: str) -> Path:
+    return record_dir(settings) / f"{engine_id}.run.json"
+
+
+def write_record(settings: Settings, rec: RunRecord) -> None:
+    """Write ``rec`` atomically (a temporary file renamed over the old one)."""
+    path = record_path(settings, rec.engine_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(rec.to_json())
+    os.replace(tmp, path)
+
+
+def read_record(settings: Settings, engine_id: str | None = None) -> RunRecord | None:
+    """The record of ``engine_id``, or (None) the newest of every engine's; None when none can
+    be read."""
+    paths = (
+        [record_path(settings, engine_id)] if engine_id else sorted(record_dir(settings).glob("*.run.json"))
+    )
+    recs = []
+    for p in paths:
+        try:
+            recs.append(RunRecord.from_json(p.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return max(recs, key=lambda r: r.at, default=None)
+
+
+def started(settings: Settings, engine_id: str, now: datetime | None = None) -> RunRecord:
+    """The ``started`` record of a run, carrying the previous run's failure."""
+    prev = read_record(settings, engine_id)
+    failure = prev.failure if prev is not None and prev.kind == "failed" else ""
+    if prev is not None and prev.kind == "started":
+        failure = prev.previous  # it died without a record (SIGKILL): keep what was known
+    return RunRecord(engine_id, "started", now or datetime.now(UTC), previous=failure)
+
+
+def failed(engine_id: str, exc: BaseException, settings: Settings, now: datetime | None = None) -> RunRecord:
+    """The ``failed`` record of ``exc`` (:func:`describe`)."""
+    error_type, message, hint = describe(exc, settings)
+    return RunRecord(engine_id, "failed", now or datetime.now(UTC), error_type, message, hint)
+
+
+def _modules(exc: BaseException) -> set[str]:
+    return {c.__module__.split(".")[0] for c in type(exc).__mro__}
+
+
+def describe(exc: BaseException, settings: Settings) -> tuple[str, str, str]:
+    """``(error type, message, hint)`` of the engine's fatal error: the message is the first
+    non-empty line of the error (a password in a URL masked, at most 300 characters), the hint
+    names the setting to check, by the error's type (never its text) and, for PostgreSQL, its
+    SQLSTATE."""
+    cause: BaseException = exc
+    while cause.__cause__ is not None and type(cause).__name__ in ("Exit", "RetryError"):
+        cause = cause.__cause__
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    message = _SECRET_URL.sub(r"\1***@", lines[0] if lines else type(cause).__name__)[:300]
+    mods = _modules(cause)
+    log = settings.run_dir / "logs" / "engine.log"
+    if "sqlalchemy" in mods or "psycopg" in mods:
+        orig = getattr(cause, "orig", cause)
+        code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)  # psycopg 3, psycopg2
+        what = "user and password" if code in ("28P01", "28000") else "host, port, user and password"
+        hint = (
+            f"Check `database_url` ({what}; TIDEWATCH_DATABASE_URL) in the settings and that "
+            f"PostgreSQL runs, then {RESTART}."
+        )
+    elif "confluent_kafka" in mods:
+        hint = (
+            "Check `kafka_bootstrap` (TIDEWATCH_KAFKA_BOOTSTRAP) and the Kafka security settings, "
+            f"and that Kafka runs, then {RESTART}."
+        )
+    elif "pydantic" in mods or "pydantic_core" in mods:
+        hint = f"Fix the setting named above (.env or TIDEWATCH_* variables), then {RESTART}."
+    elif "py4j" in mods or "pyspark" in mods:
+        hint = f"Spark failed: the cause is in the engine's log ({log}); then {RESTART}."
+    else:
+        hint = f"The engine's log has the details ({log}); fix the cause, then {RESTART}."
+    return type(cause).__name__, message, hint
+
+
+# --- the rule -----------------------------------------------------------------------------------
+
+
+def lag_behind(
+    lags_ms: Sequence[float | None], enter_ms: float, leave_ms: float, sustain: int = SUSTAIN
+) -> bool:
+    """Is the engine behind after the lag series ``lags_ms`` (oldest first)?  Hysteresis: it
+    enters "behind" after ``sustain`` consecutive lags above ``enter_ms`` and leaves it only
+    after ``sustain`` consecutive lags below ``leave_ms`` (< ``enter_ms``); a lag between the two
+    keeps the state.  Missing values (None, NaN) are skipped.  A lag hovering at the threshold
+    (9.8 s against 10 s) therefore gives one answer, not a flicker."""
+    state, over, under = False, 0, 0
+    for v in lags_ms:
+        if v is None or v != v:
+            continue
+        over = over + 1 if v > enter_ms else 0
+        under = under + 1 if v < leave_ms else 0
+        if not state and over >= sustain:
+            state = True
+        elif state and under >= sustain:
+            state = False
+    return state
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def verdict(obs: Observed, settings: Settings, record: RunRecord | None) -> Verdict:
+    """The engine's status by the rule of the module docstring (pure)."""
+    now, last = obs.now, obs.last_at
+    down_s = settings.engine_down_after_s
+    log = settings.run_dir / "logs" / "engine.log"
+    if record is not None and (last is None or record.at >= last):
+        at = f"{record.at.astimezone(UTC):%H:%M:%S} UTC"
+        if record.kind == "failed":
+            return Verdict(
+                "down", f"The engine is down: it stopped on an error at {at}: {record.failure}", record.hint
+            )
+        if record.kind == "stopped":
+            return Verdict(
+                "down",
+                f"The engine is down: it was stopped at {at} (a clean stop).",
+                f"Start it with {RESTART} (or `tidewatch up`).",
+            )
+        since = (now - record.at).total_seconds()
+        before = f" Its previous run failed: {record.previous}" if record.previous else ""
+        if since <= down_s:
+            return Verdict(
+                "starting", f"The engine started at {at} and has not committed a batch yet.{before}"
+            )
+        return Verdict(
+            "down",
+            f"The engine looks down: it started {ago(since)} ago and has committed no batch since "
+            f"(more than {down_s:g} s): it is stuck, or no events arrive.{before}",
+            f"Its log: {log}; `tidewatch status` shows whether it runs.",
+        )
+    if last is None:
+        return Verdict(
+            "unknown", "The engine has not reported any batch yet: it is not running, or has just started."
+        )
+    age = (now - last).total_seconds()
+    if age > down_s:
+        return Verdict(
+            "down",
+            f"The engine looks down: its last batch was {ago(age)} ago (more than {down_s:g} s): "
+            "it is not running, or no events arrive. Alerts and results are not current.",
+            f"`tidewatch status` shows whether it runs; its log: {log}.",
+        )
+    enter = settings.engine_behind_lag_ms
+    if lag_behind(obs.lags_ms, enter, enter * LEAVE_BEHIND):
+        lag = next((v for v in reversed(obs.lags_ms) if v is not None and v == v), None)
+        shown = "" if lag is None else f"lag {lag / 1000:.1f} s, "
+        return Verdict(
+            "behind",
+            f"The engine is behind: {shown}over {enter / 1000:g} s for {SUSTAIN}+ batches "
+            f"(clears below {enter * LEAVE_BEHIND / 1000:g} s). Alerts arrive late.",
+        )
+    return Verdict("ok", f"The engine is running: last batch {ago(age)} ago.")
+
+
+# --- reading PostgreSQL -------------------------------------------------------------------------
+
+
+def observe(session: Any, recent: int = 30) -> Observed:
+    """The newest batch time (``engine_metrics``, else ``engine_batches``), the last ``recent``
+    lags (oldest first) and the database's ``now()``, in an open SQLAlchemy ``session``."""
+    from sqlalchemy import func, select
+
+    from tidewatch.db.models import EngineBatch, EngineMetric
+
+    now = session.scalar(select(func.now()))
+    rows = session.execute(
+        select(EngineMetric.ts, EngineMetric.lag_ms).order_by(EngineMetric.id.desc()).limit(recent)
+    ).all()
+    last = rows[0][0] if rows else session.scalar(select(func.max(EngineBatch.committed_at)))
+    return Observed(
+        last, [r[1] for r in reversed(rows)], now if isinstance(now, datetime) else datetime.now(UTC)
+    )
+
+
+def check(settings: Settings) -> Verdict:
+    """The verdict ``tidewatch status`` prints: :func:`observe` over ``settings.sqlalchemy_url``
+    and the newest run record (a database that does not answer: ``unknown``, why)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.orm import Session
+    from sqlalchemy.pool import NullPool
+
+    record = read_record(settings)
+    eng = create_engine(settings.sqlalchemy_url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with Session(eng) as s:
+            obs = observe(s)
+    except SQLAlchemyError as exc:
+        if record is not None and record.kind == "failed":
+            return verdict(Observed(None), settings, record)
+        return Verdict("unknown", f"Cannot read the engine's batches from PostgreSQL ({type(exc).__name__}).")
+    finally:
+        eng.dispose()
+    return verdict(obs, settings, record)

@@ -1,0 +1,246 @@
+"""A batch's alerts as columns, built once per batch for both sinks.
+
+:class:`AlertColumns` holds what :mod:`engine.sinks.store` (one ``COPY`` into ``alerts``) and
+:mod:`engine.sinks.alert_wire` (the Avro records) read: the string fields as Arrow arrays, the
+lookup times as one NumPy array and every alert's values flattened (entries per alert, their
+labels, their values).  Reading the fields out of the :class:`~engine.messages.Alert` objects is
+the one per-alert Python left (a comprehension per field); everything derived from them -- the
+stable alert ids, the subscriptions' UUID text, the values' JSON text, the ENTER flags -- is
+computed column-wise (Arrow compute, NumPy).  :func:`AlertColumns.of` keeps the columns of the
+last list it was given, so the PostgreSQL commit and the Kafka transaction of a batch (handed
+the same ``BatchOutput.alerts`` list, :meth:`engine.app.EngineApp._deliver`) build them once.
+
+The values' JSON text is the text ``json.dumps(alert.values)`` gives (tests/engine/sinks/
+test_alert_columns.py): each distinct label encoded once by :func:`engine.sinks.store`'s JSON
+encoder, numbers by ``repr`` (what ``json`` writes for ``int`` and ``float``), and any entry
+whose ``repr`` is not a JSON number (None, NaN, infinities, booleans, other types) encoded by
+``json`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.messages import Alert
+
+_S = pa.large_string()
+_NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
+#: what ``repr`` gives for an ``int`` or a finite ``float``: exactly what ``json`` writes for it
+_JSON_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?(e[+-][0-9]+)?$"
+
+
+@lru_cache(maxsize=65536)
+def subscription_uuid(sid: str) -> uuid.UUID:
+    """The UUID of a subscription id (ids that are not UUIDs map to a stable uuid5); cached:
+    a batch's thousands of alerts come from far fewer subscriptions."""
+    try:
+        return uuid.UUID(sid)
+    except ValueError:
+        return uuid.uuid5(_NS, sid)
+
+
+@lru_cache(maxsize=65536)
+def uuid_text(sid: str) -> str:
+    return str(subscription_uuid(sid))
+
+
+def _json_encoder() -> Any:
+    """``json.dumps`` with its defaults, minus its per-call set-up (the C encoder made once).
+    Falls back to ``json.dumps`` where the C encoder is missing or does not give the same text."""
+    import json.encoder as je
+
+    make = getattr(je, "c_make_encoder", None)
+    if make is None:
+        return json.dumps
+    try:
+        enc = make(
+            None, je.JSONEncoder().default, je.encode_basestring_ascii, None, ": ", ", ", False, False, True
+        )
+        probe = {'a\u00e9\\"': 1.5, "b": None, "c": 3, "d": float("nan"), "e": 1e-7}
+        if "".join(enc(probe, 0)) != json.dumps(probe):
+            return json.dumps
+    except TypeError:  # another signature
+        return json.dumps
+    return lambda obj: "".join(enc(obj, 0))
+
+
+#: ``json.dumps`` of an alert's values (or of one value), as the sinks have always written it
+values_json = _json_encoder()
+
+
+def large_utf8(values: Sequence[Any] | pa.Array, what: str) -> pa.Array:
+    """A column of ``str`` as an Arrow ``large_string`` array (ValueError if one is missing)."""
+    arr = values.cast(_S) if isinstance(values, pa.Array) else pa.array(values, _S)
+    if arr.null_count:
+        raise ValueError(f"alert {what} missing")
+    return arr
+
+
+def utf8_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(data uint8, offsets int64 starting at 0)`` of a ``large_string`` / ``large_binary`` array."""
+    bufs = arr.buffers()
+    offs = np.frombuffer(bufs[1], np.int64, arr.offset + len(arr) + 1)[arr.offset :]
+    if bufs[2] is None or offs[-1] == offs[0]:
+        return np.zeros(0, np.uint8), np.zeros(len(arr) + 1, np.int64)
+    data = np.frombuffer(bufs[2], np.uint8, int(offs[-1]))[int(offs[0]) :]
+    return data, offs - offs[0]
+
+
+def split_bytes(data: np.ndarray, offs: np.ndarray) -> list[bytes]:
+    """``[data[offs[i]:offs[i+1]] as bytes]``, the slicing done by Arrow (in C)."""
+    n = len(offs) - 1
+    arr = pa.Array.from_buffers(
+        pa.large_binary(), n, [None, pa.py_buffer(np.ascontiguousarray(offs, np.int64)), pa.py_buffer(data)]
+    )
+    out: list[bytes] = arr.to_pylist()
+    return out
+
+
+@dataclass(eq=False)
+class AlertColumns:
+    """The alerts of one batch, column by column (see the module docstring); alert ``i`` is row
+    ``i`` of every column, in the batch's order."""
+
+    subscription_id: pa.Array
+    rule_name: pa.Array
+    stream: pa.Array
+    key: pa.Array
+    kind: pa.Array
+    as_of: np.ndarray
+    #: the values' entries per alert, their labels (``None``: a label that is not a ``str``) and values
+    counts: np.ndarray
+    value_labels: pa.Array | None
+    value_items: list[Any]
+    #: each alert's values dict (for the rare entries the columns cannot say)
+    values: list[dict[str, Any]]
+    #: the stable ids, when given (rows read back from PostgreSQL); else computed
+    given_ids: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.as_of)
+
+    # ---------------------------------------------------------------- building
+    @classmethod
+    def of(cls, alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]]) -> AlertColumns:
+        """The columns of ``alerts`` (Alert objects, or alert rows of
+        :meth:`engine.sinks.store.Store.alerts_of_batch`: dicts without rule or stream); the
+        columns of the last list given are kept and returned again for the same list (a batch's
+        alerts are not changed once its output is made: the sinks only read them)."""
+        if isinstance(alerts, AlertColumns):
+            return alerts
+        last = _LAST.get("alerts")
+        if last is not None and last[0] is alerts and len(last[1]) == len(alerts):
+            return last[1]
+        cols = cls._build(alerts)
+        _LAST["alerts"] = (alerts, cols)
+        return cols
+
+    @classmethod
+    def _build(cls, alerts: Sequence[Alert] | Sequence[dict[str, Any]]) -> AlertColumns:
+        ids: pa.Array | None = None
+        if alerts and isinstance(alerts[0], Alert):
+            al: Sequence[Alert] = alerts  # type: ignore[assignment]
+            sids = [a.subscription_id for a in al]
+            rules = [a.rule_name for a in al]
+            streams = [a.stream for a in al]
+            keys = [a.key for a in al]
+            kinds = [a.kind for a in al]
+            as_of = [a.as_of for a in al]
+            values: list[dict[str, Any]] = [a.values for a in al]
+        else:
+            rows: Sequence[dict[str, Any]] = alerts  # type: ignore[assignment]
+            ids = large_utf8([r["id"] for r in rows], "id")
+            sids = [r["subscription_id"] for r in rows]
+            rules = [r.get("rule_name", "") for r in rows]
+            streams = [r.get("stream", "") for r in rows]
+            keys = [r["key"] for r in rows]
+            kinds = [r["kind"] for r in rows]
+            as_of = [r["as_of"] for r in rows]
+            values = [r.get("values") or {} for r in rows]
+        counts = np.fromiter(map(len, values), np.int64, len(values))
+        labels: pa.Array | None
+        try:
+            labels = pa.array([k for v in values for k in v], _S)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str
+            labels = None
+        return cls(
+            subscription_id=large_utf8(sids, "subscription_id"),
+            rule_name=large_utf8(rules, "rule_name"),
+            stream=large_utf8(streams, "stream"),
+            key=large_utf8(keys, "key"),
+            kind=large_utf8(kinds, "kind"),
+            as_of=np.asarray(as_of, np.int64).reshape(len(values)),
+            counts=counts,
+            value_labels=labels,
+            value_items=[x for v in values for x in v.values()],
+            values=values,
+            given_ids=ids,
+        )
+
+    # ---------------------------------------------------------------- derived columns
+    @cached_property
+    def ids(self) -> pa.Array:
+        """The stable alert ids ``subscription|key|kind|as_of`` (:attr:`engine.messages.Alert.id`)."""
+        if self.given_ids is not None:
+            return self.given_ids
+        bar = pa.scalar("|", _S)
+        ms = pc.cast(pa.array(self.as_of, pa.int64()), _S)
+        return pc.binary_join_element_wise(self.subscription_id, self.key, self.kind, ms, bar)
+
+    @cached_property
+    def subscription_uuid_text(self) -> pa.Array:
+        """Each alert's subscription as the text of its UUID (:func:`subscription_uuid`)."""
+        enc = self.subscription_id.dictionary_encode()
+        texts = pa.array([uuid_text(s) for s in enc.dictionary.to_pylist()], _S)
+        return texts.take(enc.indices)
+
+    @cached_property
+    def present(self) -> np.ndarray:
+        """``kind == "ENTER"`` per alert (bool)."""
+        return np.asarray(pc.equal(self.kind, pa.scalar("ENTER", _S)).fill_null(False), np.bool_)
+
+    @cached_property
+    def value_floats(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(bits uint64, null bool)`` of the flattened values as doubles (COUNTs as doubles)."""
+        vals = self.value_items
+        try:
+            arr = pa.array(vals, pa.float64())
+        except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError, ValueError, OverflowError):
+            arr = pa.array([None if x is None else float(x) for x in vals], pa.float64())
+        vnull = np.asarray(arr.is_null(), np.bool_)
+        vbits = arr.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64).view(np.uint64)
+        return vbits, vnull
+
+    @cached_property
+    def values_json(self) -> pa.Array:
+        """``json.dumps(values)`` of every alert, as a ``large_string`` array."""
+        n = len(self)
+        if self.value_labels is None:  # labels json would convert: per alert, as before
+            return pa.array([values_json(v) for v in self.values], _S)
+        labels = self.value_labels.dictionary_encode()
+        label_json = pa.array([values_json(s) for s in labels.dictionary.to_pylist()], _S)
+        lj = label_json.take(labels.indices)
+        vt = pa.array(list(map(repr, self.value_items)), _S)
+        bad = np.asarray(pc.invert(pc.match_substring_regex(vt, _JSON_NUMBER)), np.bool_)
+        if bad.any():
+            at = np.flatnonzero(bad)
+            fixed = pa.array([values_json(self.value_items[i]) for i in at.tolist()], _S)
+            vt = pc.replace_with_mask(vt, pa.array(bad), fixed)
+        entries = pc.binary_join_element_wise(lj, vt, pa.scalar(": ", _S))
+        offs = np.zeros(n + 1, np.int64)
+        np.cumsum(self.counts, out=offs[1:])
+        joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offs), entries), pa.scalar(", ", _S))
+        return pc.binary_join_element_wise(pa.scalar("{", _S), joined, pa.scalar("}", _S), pa.scalar("", _S))
+
+
+#: the last list :meth:`AlertColumns.of` was given and its columns
+_LAST: dict[str, tuple[Any, AlertColumns]] = {}

@@ -1,0 +1,81 @@
+"""A batch's alert columns say what the Alert objects say: ids, the subscriptions' UUID text, the
+values' JSON text exactly as ``json.dumps`` writes it (the text the sinks always stored), the ENTER
+flags; built once per list (the PostgreSQL and Kafka sinks share them). No services."""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.messages import Alert
+from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid
+
+SUBS = [str(uuid.UUID(int=7)), "not-a-uuid", str(uuid.UUID(int=9)).upper(), "déjà vu"]
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+AWKWARD: list[dict[str, Any]] = [
+    {},
+    {"COUNT(*) OVER LAST 10 SECONDS": 13, "AVG(price)": 1234.56},
+    {"a": None, "b": float("nan"), "c": float("inf"), "d": float("-inf"), "e": True},
+    {'é"\\\n': -0.0, "tiny": 1e-7, "big": 1e16, "huge": 10**20, "neg": -3, "exp": 1.5e300},
+    {"np": np.float64(2.5), "enum": Level.HIGH, "third": 1 / 3},
+]
+
+
+def _alerts() -> list[Alert]:
+    return [
+        Alert(SUBS[i % 4], f"r{i}", "trades", ["K", "", "a,b", "q\"", "ü"][i % 5], "ENTER" if i % 3 else "EXIT",
+              1_763_900_000_000 + i * 7 - (i % 4) * 1000, AWKWARD[i % len(AWKWARD)])
+        for i in range(60)
+    ]  # fmt: skip
+
+
+def test_columns_say_what_the_alerts_say() -> None:
+    alerts = _alerts()
+    c = AlertColumns.of(alerts)
+    assert len(c) == 60
+    assert c.ids.to_pylist() == [a.id for a in alerts]
+    assert c.values_json.to_pylist() == [json.dumps(a.values) for a in alerts]
+    assert c.subscription_uuid_text.to_pylist() == [str(subscription_uuid(a.subscription_id)) for a in alerts]
+    assert c.present.tolist() == [a.kind == "ENTER" for a in alerts]
+    assert c.as_of.tolist() == [a.as_of for a in alerts]
+    assert c.counts.tolist() == [len(a.values) for a in alerts]
+    bits, null = c.value_floats
+    flat = [x for a in alerts for x in a.values.values()]
+    assert null.tolist() == [x is None for x in flat]
+    assert [float(b) for b, n in zip(bits.view(np.float64), null, strict=True) if not n] == pytest.approx(
+        [float(x) for x in flat if x is not None], nan_ok=True
+    )
+
+
+def test_columns_are_built_once_per_list_and_rows_keep_their_ids() -> None:
+    alerts = _alerts()
+    c = AlertColumns.of(alerts)
+    assert AlertColumns.of(alerts) is c and AlertColumns.of(c) is c
+    assert AlertColumns.of(list(alerts)) is not c  # another list: built again
+    rows = [{"id": f"given-{i}", "subscription_id": SUBS[0], "key": "K", "kind": "EXIT", "as_of": i,
+             "values": {"x": i}} for i in range(3)]  # fmt: skip
+    r = AlertColumns.of(rows)
+    assert r.ids.to_pylist() == ["given-0", "given-1", "given-2"]
+    assert r.rule_name.to_pylist() == ["", "", ""] and r.values_json.to_pylist()[2] == '{"x": 2}'
+
+
+def test_labels_that_are_not_strings_are_encoded_as_json_encodes_them() -> None:
+    alerts = [Alert(SUBS[0], "r", "s", "k", "ENTER", 1, {1: 2.0, None: 3})]  # type: ignore[dict-item]
+    assert AlertColumns.of(alerts).values_json.to_pylist() == [json.dumps(alerts[0].values)]
+
+
+def test_a_missing_field_is_refused_and_bytes_are_split_as_sliced() -> None:
+    with pytest.raises(ValueError, match="key"):
+        AlertColumns.of([{"id": "i", "subscription_id": "s", "key": None, "kind": "ENTER", "as_of": 1}])
+    data = np.frombuffer(b"abcdef", np.uint8)
+    assert split_bytes(data, np.array([0, 2, 2, 6])) == [b"ab", b"", b"cdef"]
