@@ -3,7 +3,8 @@
 Each area registers its own sub-commands from its own package (imported explicitly below),
 so the CLI is a thin shell over the library:
 
-* ``tidewatch up | down | status``          -- the embedded stack (:mod:`tidewatch.stack.embedded`)
+* ``tidewatch up | down | status | restart`` -- the embedded stack (:mod:`tidewatch.stack.embedded`;
+  the apps under supervisord: :mod:`tidewatch.stack.supervision`)
 * ``tidewatch rules …``, ``backtest``,
   ``subscribe``, ``subscriptions …``        -- rules and subscriptions (:mod:`subscriptions.cli`, :mod:`engine.cli`)
 * ``tidewatch feed …``, ``export``          -- feeds (:mod:`ingest.cli`)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import typer
 
 from dashboard import cli as dashboard_cli
+from dashboard import tail as alerts_tail
 from engine import cli as engine_cli
 from ingest import cli as ingest_cli
 from subscriptions import cli as subscriptions_cli
@@ -49,7 +51,7 @@ def version() -> None:
 
 
 # Each area adds its own commands; the order is the order of ``tidewatch --help``.
-for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli):
+for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli, alerts_tail):
     _area.register(app)
 
 

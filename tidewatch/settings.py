@@ -109,14 +109,10 @@ class Settings(BaseSettings):
     max_future_ms: int = 60_000
     checkpoint_dir: Path | None = None
     snapshot_every_batches: int = 50
-    engine_snapshot_in_child: bool = Field(
-        True,
-        description="write the state snapshot from a forked child (copy-on-write, like Redis' BGSAVE) "
-        "while the batches go on; false writes it in the evaluation thread, which waits for it",
-    )
     engine_history_ms: int | None = Field(
         None,
-        description="raw history the engine keeps so a new rule sees old data (PSoup); None: longest window in use",
+        description="raw history the engine keeps so a new rule sees old data (PSoup), at least the longest "
+        "time window in use (None: exactly that); ROWS windows add each key's newest n rows, so it stays bounded",
     )
     engine_max_offsets_per_trigger: int | None = Field(
         100_000, description="cap on Kafka records per micro-batch (bounds driver memory on a backlog)"
@@ -153,6 +149,20 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='more Spark configuration, set last (env: JSON, e.g. {"spark.executor.memory": '
         '"2g", "spark.cores.max": "4"})',
+    )
+    # --- `tidewatch up --workers N`: a standalone cluster on 127.0.0.1 (docs/engine.md) ------
+    spark_master_port: int | None = Field(
+        None,
+        description="RPC port of the standalone master `tidewatch up --workers N` starts; None: a free port",
+    )
+    spark_master_webui_port: int | None = Field(
+        None, description="port of that master's web UI (its /json status); None: a free port"
+    )
+    spark_worker_cores: int = Field(1, description="cores each worker of `tidewatch up --workers N` offers")
+    spark_worker_memory: str = Field(
+        "1g",
+        description="memory each of those workers offers; also the engine's spark.executor.memory "
+        "(one executor per worker) unless spark_extra_conf sets it",
     )
 
     # --- collective indexes --------------------------------------------------

@@ -1,24 +1,39 @@
-"""``tidewatch up | down | status`` and ``tidewatch db …``: the embedded stack.
+"""``tidewatch up | down | status | restart`` and ``tidewatch db …``: the embedded stack.
 
 ``up`` starts, as local processes on 127.0.0.1 with private ports: PostgreSQL (migrated to
 Alembic head), Kafka (KRaft, topics created), then the app processes that exist in this
-checkout -- the engine, the dashboard and a demo feed.  The app list is data
+checkout -- the outbox relay, the engine, the dashboard and a demo feed.  The app list is data
 (:data:`APPS`); an app whose command or file is not there yet is skipped with a message.
-``down`` stops exactly the processes ``up`` recorded in ``<run_dir>/pids`` (children
-included), apps first, PostgreSQL last.  ``status`` shows what runs.
+
+The apps run under supervisord (:mod:`tidewatch.stack.supervision`), which restarts one that
+exits and leaves one that keeps failing at start-up ``FATAL``; ``up`` starts them one by one
+through it and waits for each (``RUNNING`` for its ``startsecs``, and its health URL if it has
+one).  Kafka and PostgreSQL stay outside it, started and recorded by ``up`` itself: they come
+first, need set-up between start and use (storage format, SCRAM users and ACLs, roles,
+migrations, topics) that a restart by supervisord would skip, PostgreSQL is started by
+``pg_ctl`` as the ``postgres`` user, and the apps already ride out a restart of either
+(docs/RELIABILITY.md).  Every process ``up`` starts itself -- Kafka, PostgreSQL, supervisord --
+is recorded in ``<run_dir>/pids``.  ``down`` stops supervisord (which stops the apps in reverse
+start order), then Kafka, then PostgreSQL, each by its recorded PID, children included.
+``status`` shows what runs, each app's state from supervisord, and exits 1 when something that
+should run does not; ``restart APP`` restarts one app through supervisord.
+
+``up --workers N`` also starts a Spark standalone master and N workers on 127.0.0.1 as
+supervisord programs (:mod:`tidewatch.stack.spark_cluster`), waits until the master reports N
+ALIVE workers, and starts the engine on it (``spark_master = spark://127.0.0.1:PORT``).
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,9 +41,11 @@ from rich.table import Table
 
 from tidewatch.kafka import client as kafka_client
 from tidewatch.settings import PROJECT_ROOT, Settings, get_settings
+from tidewatch.stack import db_cli, supervision
 from tidewatch.stack import kafka_broker as kafka_service
 from tidewatch.stack import postgres_server as pg_service
 from tidewatch.stack import processes as process
+from tidewatch.stack import spark_cluster as cluster_mod
 
 console = Console(stderr=True)
 out = Console()
@@ -74,10 +91,18 @@ class App:
     port: Callable[[Settings], int | None] = lambda s: None
     health_url: Callable[[Settings], str | None] = lambda s: None
     env: Callable[[Settings], dict[str, str]] = field(default=lambda s: {})
-    #: seconds to wait for health (or, without a health URL, to see it stay up)
+    #: seconds to wait for its health URL once it is RUNNING
     settle_s: float = 3.0
     #: its Kafka principal (:data:`tidewatch.kafka.client.PRINCIPALS`; SCRAM user in the SCRAM modes)
     principal: str | None = None
+    #: supervisord: seconds it must stay up for a start to count (fewer: a failed start, retried
+    #: ``startretries`` times, then FATAL); seconds from SIGTERM to SIGKILL when it is stopped
+    startsecs: int = 3
+    stopwaitsecs: int = 15
+    #: SIGTERM to its whole process group (False: to the app alone, which stops its children)
+    stopasgroup: bool = True
+    #: supervisord's ``priority`` (start order; stopped in the reverse one); None: by its place in APPS
+    priority: int | None = None
 
 
 def _kafka_env(s: Settings, principal: str | None) -> dict[str, str]:
@@ -115,7 +140,8 @@ APPS: list[App] = [
         missing="`tidewatch subscriptions relay` is not there yet (subscriptions/store_cli.py)",
         argv=lambda s: _tidewatch("subscriptions", "relay"),
         env=lambda s: _role_env(s, "relay"),
-        settle_s=3.0,
+        # a transaction stalled by a broker outage is given up after relay_kafka_stall_s (20 s)
+        stopwaitsecs=30,
     ),
     App(
         name="engine",
@@ -129,7 +155,11 @@ APPS: list[App] = [
             "PYSPARK_DRIVER_PYTHON": sys.executable,
             **_role_env(s, "engine"),
         },
-        settle_s=5.0,
+        startsecs=10,
+        # SIGTERM to the engine alone: it stops its Spark JVM (spark.stop()) and waits for a
+        # snapshot being written; its batch transaction is given up after engine_kafka_stall_s
+        stopwaitsecs=40,
+        stopasgroup=False,
     ),
     App(
         name="dashboard",
@@ -156,6 +186,8 @@ APPS: list[App] = [
         health_url=lambda s: f"http://{s.dashboard_host}:{s.dashboard_port}/_stcore/health",
         env=lambda s: _role_env(s, "dashboard"),
         settle_s=60.0,
+        startsecs=5,
+        stopwaitsecs=10,
     ),
     App(
         name="feed",
@@ -164,51 +196,120 @@ APPS: list[App] = [
         available=lambda: _cli_has("feed", "trades"),
         missing="`tidewatch feed trades` is not there yet (ingest/cli.py)",
         argv=lambda s: _tidewatch("feed", "trades", "--demo"),
-        settle_s=3.0,
     ),
 ]
+
+APP_NAMES = [a.name for a in APPS]
+
+
+class AppName(enum.StrEnum):
+    """The apps ``tidewatch restart`` takes (the names of :data:`APPS`; a test checks they match)."""
+
+    relay = "relay"
+    engine = "engine"
+    dashboard = "dashboard"
+    feed = "feed"
 
 
 def _log(s: Settings, name: str) -> Path:
     return s.run_dir / "logs" / f"{name}.log"
 
 
-def start_app(app: App, s: Settings) -> process.ProcessRecord:
-    rec = process.read_record(s.run_dir, app.name)
-    if process.is_running(rec):
-        assert rec is not None
-        return rec
-    env = {**os.environ, **app.env(s), **_kafka_env(s, app.principal)}
-    rec = process.spawn(
-        s.run_dir, app.name, app.argv(s), log=_log(s, app.name), cwd=PROJECT_ROOT, env=env, port=app.port(s)
-    )
+def cluster_apps(s: Settings) -> list[App]:
+    """The Spark master and workers of the cluster ``up --workers N`` started in this run dir
+    (:mod:`tidewatch.stack.spark_cluster`; none without one): supervisord programs after the relay
+    and before the engine (``priority`` 11 and 12), so the engine is stopped first."""
+    c = cluster_mod.load(s)
+    if c is None:
+        return []
+
+    def daemon(name: str, what: str, port: int, webui: int, priority: int) -> App:
+        return App(
+            name=name,
+            what=what,
+            available=lambda: True,
+            missing="",
+            argv=lambda s: cluster_mod.argv(name, s, c),
+            port=lambda s: port,
+            health_url=lambda s: f"http://127.0.0.1:{webui}/json/",
+            env=lambda s: cluster_mod.env(name, s),
+            settle_s=60.0,
+            startsecs=5,
+            stopwaitsecs=20,
+            priority=priority,
+        )
+
+    master = daemon(cluster_mod.MASTER, "Spark standalone master", c.master_port, c.webui_port, 11)
+    workers = [
+        daemon(cluster_mod.worker_name(i), f"Spark worker {i}", port, port, 12)
+        for i, port in enumerate(c.worker_webui_ports, start=1)
+    ]
+    return [master, *workers]
+
+
+def _priority(app: App) -> int:
+    return app.priority if app.priority is not None else 10 * (APPS.index(app) + 1)
+
+
+def all_apps(s: Settings) -> list[App]:
+    """Every supervisord program of the run dir's stack: :data:`APPS` and the cluster's daemons,
+    in start order."""
+    return sorted([*APPS, *cluster_apps(s)], key=_priority)
+
+
+def _app(name: str, s: Settings | None = None) -> App:
+    return next(a for a in (APPS if s is None else all_apps(s)) if a.name == name)
+
+
+def app_command(name: str, s: Settings) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of app ``name`` (run by :mod:`tidewatch.stack.app_exec`
+    under supervisord): this process's environment, the app's own additions (its database role's
+    URL; the engine's: the cluster's master, :func:`tidewatch.stack.spark_cluster.engine_env`) and
+    its Kafka credentials (:func:`_kafka_env`; none for the Spark daemons)."""
+    app = _app(name, s)
+    extra = cluster_mod.engine_env(s, cluster_mod.load(s)) if name == "engine" else {}
+    return app.argv(s), {**os.environ, **app.env(s), **extra, **_kafka_env(s, app.principal)}
+
+
+def programs(s: Settings, apps: list[App]) -> list[supervision.Program]:
+    """supervisord's programs of ``apps``, started in this order (``priority``) and stopped in the
+    reverse one; each runs ``python -m tidewatch.stack.app_exec NAME`` (no secret in the conf)."""
+    return [
+        supervision.Program(
+            name=app.name,
+            argv=[sys.executable, "-m", "tidewatch.stack.app_exec", app.name],
+            log=_log(s, app.name),
+            priority=_priority(app),
+            startsecs=app.startsecs,
+            stopwaitsecs=app.stopwaitsecs,
+            stopasgroup=app.stopasgroup,
+        )
+        for app in apps
+    ]
+
+
+def _shutdown_timeout(s: Settings) -> float:
+    """supervisord stops the apps one after the other: their stop times, and a margin."""
+    return float(sum(a.stopwaitsecs for a in all_apps(s)) + 15)
+
+
+def start_app(app: App, s: Settings) -> dict[str, Any]:
+    """Have supervisord start ``app`` and wait until it is RUNNING (and healthy, with a health
+    URL); supervisord's process info.  On failure: stopped again, RuntimeError with its log's tail."""
     url = app.health_url(s)
-
-    def ready() -> bool:
-        if not process.is_running(rec):
-            raise process.StartupFailed(f"{app.name} exited at start-up; see {_log(s, app.name)}")
-        return url is not None and _http_ok(url)
-
+    # every failed start waits out startsecs, then a back-off of 1, 2, 3 ... s
+    timeout = (app.startsecs + 5) * 4 + (app.settle_s if url else 0.0)
     try:
-        if url is not None:
-            process.wait_until(ready, timeout=app.settle_s, what=app.what)
-        else:
-            deadline = time.monotonic() + app.settle_s
-            while time.monotonic() < deadline:
-                ready()
-                time.sleep(0.25)
+        return supervision.start_program(
+            s, app.name, timeout=timeout, ready=(lambda: _http_ok(url)) if url else None
+        )
     except BaseException as exc:
-        process.stop(s.run_dir, app.name)  # kills it if it hangs, drops the record either way
-        tail = _tail(_log(s, app.name))
+        try:
+            supervision.stop_program(s, app.name)
+        except (supervision.SupervisionError, OSError):
+            pass
+        tail = supervision.tail(_log(s, app.name))
         raise RuntimeError(f"{exc}" + (f"\n--- last lines of its log ---\n{tail}" if tail else "")) from exc
-    return rec
-
-
-def _tail(path: Path, n: int = 12) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 # --- up / down / status ---------------------------------------------------------------------
@@ -300,18 +401,36 @@ def _user_exists(s: Settings) -> bool:
 
 
 def _running(s: Settings) -> set[str]:
-    return {r.name for r in process.all_records(s.run_dir) if process.is_running(r)}
+    """The recorded processes that run (Kafka, PostgreSQL, supervisord) and the apps up under it."""
+    names = {r.name for r in process.all_records(s.run_dir) if process.is_running(r)}
+    infos = supervision.program_infos(s)
+    return names | {n for n, i in infos.items() if i["statename"] in supervision.RUNNING_STATES}
 
 
 def stop_all(s: Settings, *, only: set[str] | None = None) -> list[str]:
-    """Stop recorded processes (all, or the names in ``only``): apps in reverse start order,
-    anything else recorded, then Kafka, then PostgreSQL."""
+    """Stop what ``up`` started (all, or the names in ``only``): the apps -- by stopping
+    supervisord, or each app through it when supervisord itself is not to be stopped --, anything
+    else recorded (app PID files of an older ``up``), then Kafka, then PostgreSQL.  The names
+    stopped, in that order."""
     wanted = (lambda name: True) if only is None else (lambda name: name in only)
     stopped = []
+    infos = supervision.program_infos(s)
+    up_apps = [
+        a.name
+        for a in reversed(all_apps(s))
+        if infos.get(a.name, {}).get("statename") in supervision.RUNNING_STATES
+    ]
+    if wanted(supervision.NAME) and supervision.record(s) is not None:
+        if supervision.shutdown(s, timeout=_shutdown_timeout(s)):
+            stopped += [*up_apps, supervision.NAME]
+    else:
+        for name in up_apps:
+            if wanted(name) and supervision.stop_program(s, name):
+                stopped.append(name)
     for app in reversed(APPS):
         if wanted(app.name) and process.stop(s.run_dir, app.name):
             stopped.append(app.name)
-    known = {a.name for a in APPS} | {kafka_service.NAME, pg_service.NAME}
+    known = {a.name for a in APPS} | {kafka_service.NAME, pg_service.NAME, supervision.NAME}
     for rec in process.all_records(s.run_dir):
         if rec.name not in known and wanted(rec.name) and process.stop(s.run_dir, rec.name):
             stopped.append(rec.name)
@@ -319,7 +438,34 @@ def stop_all(s: Settings, *, only: set[str] | None = None) -> list[str]:
         stopped.append(kafka_service.NAME)
     if wanted(pg_service.NAME) and pg_service.stop(s):
         stopped.append(pg_service.NAME)
+    if (
+        supervision.program_infos(s).get(cluster_mod.MASTER, {}).get("statename")
+        not in supervision.RUNNING_STATES
+    ):
+        cluster_mod.forget(s)  # no cluster any more: a restarted engine runs local
     return stopped
+
+
+def start_cluster(s: Settings, cluster: cluster_mod.Cluster) -> None:
+    """Have supervisord start the cluster's master, then its workers, and wait until the master
+    reports every worker ALIVE (the workers start in parallel, once the master answers)."""
+    master, *workers = cluster_apps(s)
+
+    def started(app: App, info: dict[str, Any]) -> None:
+        console.print(
+            f"[green]✓[/] {app.what} on 127.0.0.1:{app.port(s)} "
+            f"(pid {info['pid']}, log {_short(str(_log(s, app.name)))})"
+        )
+
+    started(master, start_app(master, s))
+    with ThreadPoolExecutor(max_workers=len(workers)) as pool:
+        for app, fut in [(w, pool.submit(start_app, w, s)) for w in workers]:
+            started(app, fut.result())
+    status = cluster_mod.wait_for_workers(cluster)
+    console.print(
+        f"[green]✓[/] Spark cluster {cluster.master_url}: {len(cluster_mod.alive_workers(status))} workers "
+        f"ALIVE, {status.get('cores')} cores (web UI http://127.0.0.1:{cluster.webui_port})"
+    )
 
 
 def up(
@@ -329,8 +475,20 @@ def up(
     skip: Annotated[
         list[str] | None, typer.Option("--skip", help="an app not to start: relay, engine, dashboard, feed")
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="run the engine on a Spark standalone cluster on 127.0.0.1: a master and N workers "
+            "(supervised; spark_worker_cores / spark_worker_memory each); 0: Spark in local mode",
+        ),
+    ] = 0,
 ) -> None:
-    """Start the embedded stack: Kafka, PostgreSQL (migrated), engine, dashboard, demo feed."""
+    """Start the embedded stack: Kafka, PostgreSQL (migrated), relay, engine, dashboard, demo feed.
+
+    The apps run under supervisord, which restarts one that dies.  With --workers N the engine
+    runs on a Spark master and N workers that supervisord runs too."""
     s = get_settings()
     apps = [] if services_only else [a for a in APPS if a.name not in (skip or [])]
     try:
@@ -339,36 +497,107 @@ def up(
         console.print(f"[red]✗ cannot start:[/] {exc}")
         raise typer.Exit(2) from None
     already = _running(s)
+    cluster = cluster_mod.load(s) if cluster_mod.MASTER in already else None
+    if cluster is not None and workers not in (0, cluster.workers):
+        console.print(
+            f"[red]✗ cannot start:[/] a Spark cluster with {cluster.workers} workers runs "
+            f"({cluster.master_url}); stop it first with [bold]{typed_command()} down[/]"
+        )
+        raise typer.Exit(2)
     try:
         start_services(s)
         if not services_only:
             seed_demo(s)
+            if cluster is None:
+                cluster_mod.forget(s)  # of a run that ended without `down`
+                cluster = cluster_mod.plan(s, workers) if workers else None
+            to_start = []
             for app in APPS:
                 if app not in apps:
                     console.print(f"[dim]-[/] {app.what}: skipped (--skip)")
-                    continue
-                if not app.available():
+                elif not app.available():
                     console.print(f"[yellow]![/] {app.what}: not started, {app.missing}")
-                    continue
-                rec = start_app(app, s)
+                else:
+                    to_start.append(app)
+            if to_start or cluster:
+                # every app that exists is a program (a skipped one stays STOPPED until
+                # `tidewatch restart` starts it), so a later `up` without --skip finds it there
+                rec = supervision.start(s, programs(s, [a for a in all_apps(s) if a.available()]))
+                console.print(
+                    f"[green]✓[/] supervisord (pid {rec.pid}, socket {_short(str(supervision.socket_path(s)))})"
+                )
+            if cluster is not None:
+                start_cluster(s, cluster)
+            for app in to_start:
+                info = start_app(app, s)
                 where = f" on {s.dashboard_host}:{app.port(s)}" if app.port(s) else ""
-                console.print(f"[green]✓[/] {app.what}{where} (pid {rec.pid}, log {_log(s, app.name)})")
+                where = f" on {cluster.master_url}" if app.name == "engine" and cluster else where
+                console.print(
+                    f"[green]✓[/] {app.what}{where} (pid {info['pid']}, log {_short(str(_log(s, app.name)))})"
+                )
     except (Exception, KeyboardInterrupt) as exc:
         console.print(f"[red]✗ start-up failed:[/] {exc}")
         # undo only what this invocation started; what ran before keeps running
         stopped = stop_all(s, only=_running(s) - already)
         console.print(f"stopped again: {', '.join(stopped) or 'nothing'}")
         raise typer.Exit(1) from None
-    if process.is_running(process.read_record(s.run_dir, "dashboard")):
+    if supervision.program_infos(s).get("dashboard", {}).get("statename") == "RUNNING":
         out.print(f"Dashboard: [bold]http://{s.dashboard_host}:{s.dashboard_port}[/]")
-    out.print("Stop everything with: [bold]tidewatch down[/]")
+    cmd = typed_command()
+    out.print(f"Stop everything with: [bold]{cmd} down[/]")
+    if cmd != "tidewatch":
+        out.print(
+            f"(the tidewatch command is in the project's virtualenv: [bold]source {Path(cmd).parent}/activate[/] puts it on your PATH)"
+        )
+
+
+def typed_command() -> str:
+    """``tidewatch`` as the user must type it: the bare name when the shell finds this very
+    program on the PATH, else its path relative to the working directory (``.venv/bin/tidewatch``
+    after ``make run``, whose venv is not activated)."""
+    import shutil
+
+    me = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    found = shutil.which("tidewatch")
+    if me is None or me.name != "tidewatch" or (found and Path(found).resolve() == me):
+        return "tidewatch"
+    try:
+        return str(Path(sys.argv[0]).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(me)
 
 
 def down() -> None:
-    """Stop exactly what `tidewatch up` started (by PID, children included)."""
+    """Stop exactly what `tidewatch up` started (supervisord and its apps, Kafka, PostgreSQL)."""
     s = get_settings()
     stopped = stop_all(s)
     out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+def restart(
+    app: Annotated[AppName, typer.Argument(help="the app to restart", case_sensitive=False)],
+) -> None:
+    """Restart one app of the stack under supervisord: relay, engine, dashboard or feed.
+
+    Stops it (SIGTERM, SIGKILL after its stop time), starts it, waits until it runs (the
+    dashboard: until it answers) and prints its new PID."""
+    s = get_settings()
+    name = app.value
+    if not supervision.is_up(s):
+        console.print("[red]✗[/] supervisord is not running: start the stack with [bold]tidewatch up[/]")
+        raise typer.Exit(1)
+    infos = supervision.program_infos(s)
+    if name not in infos:
+        console.print(f"[red]✗[/] {name} is not one of supervisord's programs ({_app(name).missing})")
+        raise typer.Exit(1)
+    old = infos[name]["pid"] or None
+    try:
+        supervision.stop_program(s, name)
+        info = start_app(_app(name), s)
+    except (Exception, KeyboardInterrupt) as exc:
+        console.print(f"[red]✗ {name} did not come back:[/] {exc}")
+        raise typer.Exit(1) from None
+    out.print(f"{name} restarted: pid {old or '-'} -> {info['pid']}")
 
 
 def _health(name: str, s: Settings) -> str:
@@ -376,6 +605,10 @@ def _health(name: str, s: Settings) -> str:
         return "ok" if kafka_service.healthy(s) else "not answering"
     if name == pg_service.NAME:
         return "ok" if pg_service.healthy(s) else "not answering"
+    if name == supervision.NAME:
+        return "ok" if supervision.is_up(s) else "not answering"
+    if name == cluster_mod.MASTER or cluster_mod.worker_index(name) is not None:
+        return cluster_mod.health(name, s)
     app = next((a for a in APPS if a.name == name), None)
     if app is not None and (url := app.health_url(s)):
         return "ok" if _http_ok(url) else "not answering"
@@ -389,87 +622,159 @@ def _short(path: str) -> str:
         return path
 
 
+def _uptime(info: dict[str, Any]) -> str:
+    if info["statename"] != "RUNNING" or not info.get("start"):
+        return "-"
+    secs = max(0, int(info["now"]) - int(info["start"]))
+    return f"{secs // 3600}:{secs % 3600 // 60:02d}:{secs % 60:02d}"
+
+
+def _app_row(app: App, s: Settings, info: dict[str, Any] | None, spawns: dict[str, int]) -> dict[str, str]:
+    """An app's status row from supervisord's process info (None: supervisord does not run it).
+    ``ok`` is "yes" unless it should run and does not: it was started (``start`` > 0) and is
+    not RUNNING (BACKOFF, FATAL, EXITED, STOPPED, ...), or supervisord is gone."""
+    port = app.port(s)
+    row = {
+        "name": app.name,
+        "pid": "-",
+        "uptime": "-",
+        "restarts": "-",
+        "health": "-",
+        "error": "",
+        "last": "",
+        "why": "",
+    }
+    row |= {"port": str(port) if port else "-", "log": _short(str(_log(s, app.name))), "ok": "yes"}
+    if info is None:
+        legacy = process.read_record(s.run_dir, app.name)  # a PID file of an `up` before supervision
+        if process.is_running(legacy):
+            assert legacy is not None
+            return row | {
+                "state": "running (unsupervised)",
+                "pid": str(legacy.pid),
+                "health": _health(app.name, s),
+            }
+        return row | {"state": "not built yet" if not app.available() else "stopped"}
+    state = str(info["statename"])
+    row |= {"state": state, "uptime": _uptime(info)}
+    if app.name in spawns:
+        row["restarts"] = str(max(0, spawns[app.name] - 1))
+    if state in supervision.RUNNING_STATES and info.get("pid"):
+        row["pid"] = str(info["pid"])
+    if state == "RUNNING":
+        row["health"] = _health(app.name, s)
+    elif info.get("start"):  # started once, and not running now
+        row["ok"] = "no"
+        row["why"] = info.get("spawnerr") or supervision.last_exit(s, app.name) or ""
+        row["error"], row["last"] = supervision.last_lines(info.get("stdout_logfile") or _log(s, app.name))
+    else:
+        row["state"] = "STOPPED (not started)"
+    return row
+
+
 def status_rows(s: Settings) -> list[dict[str, str]]:
+    """One row per component: PostgreSQL, Kafka, supervisord, then each app (its state from
+    supervisord), then anything else recorded.  Keys: name, state, pid, uptime, restarts, port,
+    health, log, ok ("no": it should run and does not; ``status`` then exits 1), and for such a
+    one error and last (its log's last error line and last line) and why (supervisord's reason,
+    e.g. "Exited too quickly")."""
     rows = []
-    names = [pg_service.NAME, kafka_service.NAME, *(a.name for a in APPS)]
-    names += [r.name for r in process.all_records(s.run_dir) if r.name not in names]
+    infos = supervision.program_infos(s)
+    spawns = supervision.spawn_counts(s) if infos else {}
+    sup = supervision.record(s)
     ports = {pg_service.NAME: s.pg_port, kafka_service.NAME: s.kafka_port}
+    names = [pg_service.NAME, kafka_service.NAME, supervision.NAME]
+    names += [r.name for r in process.all_records(s.run_dir) if r.name not in names + APP_NAMES]
     for name in names:
         rec = process.read_record(s.run_dir, name)
         running = process.is_running(rec)
-        app = next((a for a in APPS if a.name == name), None)
         if running:
             state, health = "running", _health(name, s)
         elif rec is not None:
             state, health = "dead (stale pid file)", "-"
-        elif app is not None and not app.available():
-            state, health = "not built yet", "-"
         else:
             state, health = "stopped", "-"
-        port = rec.port if rec and rec.port else ports.get(name) or (app.port(s) if app else None)
+        port = rec.port if rec and rec.port else ports.get(name)
+        if name == supervision.NAME:
+            port = None
+        log = _short(rec.log) if rec and rec.log else "-"
+        error, last = supervision.last_lines(rec.log) if rec and rec.log and not running else ("", "")
         rows.append(
             {
                 "name": name,
                 "state": state,
                 "pid": str(rec.pid) if rec and running else "-",
+                "uptime": "-",
+                "restarts": "-",
                 "port": str(port) if port else "-",
                 "health": health,
-                "log": _short(rec.log) if rec and rec.log else "-",
+                "log": log,
+                "error": error,
+                "last": last,
+                "why": "",
+                # Kafka and PostgreSQL must run; supervisord once `up` started it
+                "ok": "no" if (not running and (name in ports or rec is not None)) else "yes",
             }
         )
+        if name == supervision.NAME:
+            rows += [_app_row(a, s, infos.get(a.name) if sup else None, spawns) for a in all_apps(s)]
     return rows
 
 
+def engine_verdict(s: Settings, rows: list[dict[str, str]]) -> Any:
+    """The engine's health by the rule of the dashboard's Health page
+    (:func:`engine.liveness.verdict`: its last batch, lag and run record): set as the engine
+    row's ``health``; ``down`` makes the row not ok (``status`` exits 1).  Returns the verdict."""
+    from engine import liveness
+
+    v = liveness.check(s)
+    for r in rows:
+        if r["name"] == "engine":
+            r["health"] = v.status
+            r["ok"] = "no" if v.status == "down" else r["ok"]
+    return v
+
+
 def status() -> None:
-    """What runs: component, PID, port, health."""
+    """What runs: state (apps: RUNNING, BACKOFF, FATAL, ...), PID, uptime, restarts, port, health, log.
+
+    The engine's health is the dashboard's (:func:`engine_verdict`), its cause printed when it
+    is not ok.  Exits 1 when something that should run does not, and prints its log and last
+    error line."""
     table = Table(title="tidewatch status")
-    for col in ("component", "state", "pid", "port", "health", "log"):
-        table.add_column(col)
-    for r in status_rows(get_settings()):
-        colour = (
-            "green"
-            if r["state"] == "running" and r["health"] == "ok"
-            else ("yellow" if r["state"] == "running" else "dim")
-        )
-        table.add_row(r["name"], f"[{colour}]{r['state']}[/]", r["pid"], r["port"], r["health"], r["log"])
+    for col in ("component", "state", "pid", "uptime", "restarts", "port", "health", "log"):
+        table.add_column(col, overflow="fold")
+    settings = get_settings()
+    rows = status_rows(settings)
+    engine = engine_verdict(settings, rows)
+    for r in rows:
+        good = r["state"] in ("running", "RUNNING")
+        colour = "green" if good and r["health"] == "ok" else ("yellow" if good else "dim")
+        colour = "red" if r["ok"] == "no" else colour
+        cells = (r["pid"], r["uptime"], r["restarts"], r["port"], r["health"], r["log"])
+        table.add_row(r["name"], f"[{colour}]{r['state']}[/]", *cells)
     out.print(table)
+    if summary := cluster_mod.summary(get_settings()):
+        out.print(summary, highlight=False)
+    bad = [r for r in rows if r["ok"] == "no"]
+    for r in bad:
+        why = f" ({r['why']})" if r["why"] else ""
+        out.print(f"[red]✗ {r['name']}[/] is {r['state']}{why}; log: {r['log']}", highlight=False)
+        if r["error"] or r["last"]:
+            said = f"last error: {r['error']}" if r["error"] else f"last log line: {r['last']}"
+            out.print(f"  {said}", markup=False, highlight=False)
+    if engine.status != "ok":
+        out.print(f"engine health ({engine.status}): {engine.text}", markup=False, highlight=False)
+    if bad:
+        raise typer.Exit(1)
 
 
 # --- tidewatch db ---------------------------------------------------------------------------
-
-db_app = typer.Typer(help="Database schema (Alembic migrations in migrations/).", no_args_is_help=True)
-
-
-@db_app.command("upgrade")
-def db_upgrade(revision: Annotated[str, typer.Argument()] = "head") -> None:
-    """Migrate the database up to REVISION (default head)."""
-    from tidewatch.db import migrate as db_migrate
-
-    url = get_settings().sqlalchemy_url
-    db_migrate.upgrade(url, revision=revision)
-    out.print(f"database at {db_migrate.current(url)}")
-
-
-@db_app.command("downgrade")
-def db_downgrade(revision: Annotated[str, typer.Argument(help="target revision, e.g. base or -1")]) -> None:
-    """Migrate the database down to REVISION."""
-    from tidewatch.db import migrate as db_migrate
-
-    url = get_settings().sqlalchemy_url
-    db_migrate.downgrade(url, revision=revision)
-    out.print(f"database at {db_migrate.current(url)}")
-
-
-@db_app.command("current")
-def db_current() -> None:
-    """Print the revision the database is at."""
-    from tidewatch.db import migrate as db_migrate
-
-    out.print(str(db_migrate.current(get_settings().sqlalchemy_url)))
 
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)
-    app.add_typer(db_app, name="db")
+    app.command("restart")(restart)
+    app.add_typer(db_cli.db_app, name="db")

@@ -46,6 +46,18 @@ def _secure_stack(mode: str) -> Iterator[Settings]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture()
+def run_root() -> Iterator[Path]:
+    """A temporary dir for a run dir the ``postgres`` user can reach (pytest's tmp_path is 0700
+    root) and short enough for supervisord's Unix socket."""
+    d = Path(tempfile.mkdtemp(prefix="tidewatch-stack-test-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def scram_stack() -> Iterator[Settings]:
     """The embedded stack's services in the opt-in Kafka SASL/SCRAM + ACL mode, started the way

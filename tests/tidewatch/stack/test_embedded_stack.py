@@ -8,10 +8,7 @@ binaries, the Kafka jars), no container engine.
 
 from __future__ import annotations
 
-import shutil
 import socket
-import tempfile
-from pathlib import Path
 
 import psutil
 import pytest
@@ -31,17 +28,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture()
-def run_root():
-    """A run dir the ``postgres`` user can reach (pytest's tmp_path is 0700 root)."""
-    d = Path(tempfile.mkdtemp(prefix="tidewatch-stack-test-"))
-    d.chmod(0o755)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_services_up_then_down_leaves_nothing(run_root):
