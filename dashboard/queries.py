@@ -8,17 +8,18 @@ filter simply matches nothing.  All values are bound parameters; the key filter 
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard.catchup import AlertRow, as_values
+from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
 from tidewatch.settings import Settings
 
@@ -142,9 +143,15 @@ def known_keys(sessions: sessionmaker[Session], username: str, limit: int = 500)
 
 @dataclass(frozen=True)
 class Health:
-    """Engine status from ``engine_metrics`` / ``engine_batches``."""
+    """Engine status from ``engine_metrics`` / ``engine_batches`` and the engine's run record.
 
-    status: str  # "ok" | "behind" | "down" | "unknown"
+    ``events_per_s`` is the *input* rate: events per wall-clock second over the last
+    :data:`RATE_WINDOW_S` of committed batches (:func:`input_rate`), what the feeds deliver.
+    ``capacity_per_s`` is the newest batch's events over its evaluation time: how fast the
+    engine could go, not how fast events arrive.  ``status`` and ``banner`` (its cause and
+    hint) come from :func:`engine.liveness.verdict`, the rule ``tidewatch status`` uses too."""
+
+    status: str  # "ok" | "behind" | "starting" | "down" | "unknown"
     banner: str
     last_batch_at: datetime | None
     last_batch_id: int | None
@@ -155,43 +162,64 @@ class Health:
     dead_letters_total: int
     dead_letters_recent: int
     series: list[dict[str, Any]]  # recent metric rows, oldest first
+    #: ranges of Kafka offsets deleted by retention before the engine read them (dead letters
+    #: with reason ``lost``, all time): data the alerts could not see
+    lost_ranges: int = 0
+    capacity_per_s: float | None = None
+    cause: str = ""
+    hint: str = ""
+
+    @property
+    def lost_banner(self) -> str | None:
+        if not self.lost_ranges:
+            return None
+        return (
+            f"Kafka deleted records before the engine read them ({self.lost_ranges:,} range(s) of "
+            "offsets, by the topic's retention): alerts over that time may be missing. The dead-letter "
+            "topic has each range (reason 'lost'); raise the topics' retention or keep the engine "
+            "running."
+        )
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
 
+#: span of committed batches the input rate is measured over (seconds before the newest one)
+RATE_WINDOW_S = 60.0
+
+
+def input_rate(
+    times_s: Sequence[float], events: Sequence[float], window_s: float = RATE_WINDOW_S
+) -> float | None:
+    """Events per wall-clock second from batches committed at ``times_s`` (any order) holding
+    ``events``: the batches of the last ``window_s`` before the newest one, the oldest of them
+    the start of the span (its events arrived before it, so they are not counted), the rest's
+    events over the span.  None with fewer than two batches in the window (no span)."""
+    t = np.asarray(times_s, dtype=np.float64)
+    e = np.nan_to_num(np.asarray(events, dtype=np.float64))
+    if len(t) < 2:
+        return None
+    order = np.argsort(t, kind="stable")
+    t, e = t[order], e[order]
+    keep = t >= t[-1] - window_s
+    t, e = t[keep], e[keep]
+    span = float(t[-1] - t[0])
+    if len(t) < 2 or span <= 0:
+        return None
+    return float(e[1:].sum() / span)
+
+
 def classify(
-    last_at: datetime | None, lag_ms: float | None, now: datetime, settings: Settings
+    last_at: datetime | None,
+    lags_ms: Sequence[float | None],
+    now: datetime,
+    settings: Settings,
+    record: liveness.RunRecord | None = None,
 ) -> tuple[str, str]:
-    """(status, banner) from the time of the last batch and the lag it reported."""
-    if last_at is None:
-        return "unknown", "The engine has not reported any batch yet: it is not running, or has just started."
-    age = (now - last_at).total_seconds()
-    if age > settings.engine_down_after_s:
-        return (
-            "down",
-            f"The engine looks down: its last batch was {_ago(age)} ago "
-            f"(more than {settings.engine_down_after_s:g} s). Alerts and results are not current.",
-        )
-    if lag_ms is not None and not math.isnan(lag_ms) and lag_ms > settings.engine_behind_lag_ms:
-        return (
-            "behind",
-            f"The engine is behind: lag {lag_ms / 1000:.1f} s "
-            f"(more than {settings.engine_behind_lag_ms / 1000:g} s). Alerts arrive late.",
-        )
-    return "ok", f"The engine is running: last batch {_ago(age)} ago."
-
-
-def _ago(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+    """(status, banner) by :func:`engine.liveness.verdict` (the lag series oldest first)."""
+    v = liveness.verdict(liveness.Observed(last_at, list(lags_ms), now), settings, record)
+    return v.status, v.text
 
 
 def health(
@@ -200,22 +228,32 @@ def health(
     now: datetime | None = None,
     recent: int = 300,
 ) -> Health:
-    """Engine health: the latest metrics, dead letters, a status and its banner."""
+    """Engine health: the latest metrics, input rate, dead letters, a status and its banner."""
     st = settings
     with sessions() as s:
-        db_now = s.scalar(select(func.now()))
+        obs = liveness.observe(s)
         rows = s.execute(select(EngineMetric).order_by(EngineMetric.id.desc()).limit(recent)).scalars().all()
         dl_total = s.scalar(select(func.coalesce(func.sum(EngineMetric.dead_letters), 0)))
+        lost = s.scalar(
+            select(func.coalesce(func.sum(EngineMetric.dead_letter_reasons["lost"].as_integer()), 0))
+        )
         last_batch = s.execute(
             select(EngineBatch.batch_id, EngineBatch.committed_at, EngineBatch.watermark)
-            .order_by(EngineBatch.batch_id.desc())
+            .order_by(EngineBatch.committed_at.desc())
             .limit(1)
         ).first()
-    now = now or (db_now if isinstance(db_now, datetime) else datetime.now(UTC))
+        since = select(func.max(EngineBatch.committed_at)).scalar_subquery() - timedelta(
+            seconds=RATE_WINDOW_S
+        )
+        recent_batches = s.execute(
+            select(func.extract("epoch", EngineBatch.committed_at), EngineBatch.events).where(
+                EngineBatch.committed_at >= since
+            )
+        ).all()
+    if now is not None:
+        obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
+    verdict = liveness.verdict(obs, st, liveness.read_record(st))
     latest = rows[0] if rows else None
-    last_at = latest.ts if latest is not None else (last_batch[1] if last_batch else None)
-    lag = latest.lag_ms if latest is not None else None
-    status, banner = classify(last_at, lag, now, st)
     series = [
         {
             "ts": r.ts,
@@ -229,15 +267,19 @@ def health(
         for r in reversed(rows)
     ]
     return Health(
-        status=status,
-        banner=banner,
-        last_batch_at=last_at,
+        status=verdict.status,
+        banner=verdict.text,
+        last_batch_at=obs.last_at,
         last_batch_id=(latest.batch_id if latest is not None else (last_batch[0] if last_batch else None)),
         watermark=last_batch[2] if last_batch else None,
-        events_per_s=latest.events_per_s if latest is not None else None,
+        events_per_s=input_rate([float(r[0]) for r in recent_batches], [r[1] or 0 for r in recent_batches]),
         batch_ms=latest.batch_ms if latest is not None else None,
-        lag_ms=lag,
+        lag_ms=latest.lag_ms if latest is not None else None,
         dead_letters_total=int(dl_total or 0),
         dead_letters_recent=sum(int(r.dead_letters or 0) for r in rows),
         series=series,
+        lost_ranges=int(lost or 0),
+        capacity_per_s=latest.events_per_s if latest is not None else None,
+        cause=verdict.cause,
+        hint=verdict.hint,
     )

@@ -107,7 +107,7 @@ class _Checker:
             raise self.err(
                 f"{value!r} is not a possible value of {f.name!r}",
                 pos,
-                [", ".join(repr(v) for v in f.values)],
+                [f.values_text or ", ".join(repr(v) for v in f.values)],
             )
 
     def row(self, c: A.RowCond) -> None:

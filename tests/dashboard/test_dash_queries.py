@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import queries
 from subscriptions.service import NotFound, SubscriptionService
 from tests.dashboard.support import add_alerts, subscribe
-from tidewatch.db.models import EngineMetric
+from tidewatch.db.models import EngineBatch, EngineMetric
 from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -96,10 +99,11 @@ def test_key_results_show_membership_per_subscription(
     assert got == {"one": True, "two": False}
 
 
-def test_health_from_engine_metrics(sm: sessionmaker[Session]) -> None:
-    s = Settings(engine_behind_lag_ms=10_000, engine_down_after_s=60)
+def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -> None:
+    s = Settings(engine_behind_lag_ms=10_000, engine_down_after_s=60, run_dir=tmp_path)
     now = datetime.now(UTC)
     with sm.begin() as db:
+        db.execute(delete(EngineMetric))  # the lag series of other tests (hysteresis reads it)
         db.add(
             EngineMetric(
                 ts=now - timedelta(seconds=3),
@@ -123,10 +127,46 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session]) -> None:
             )
         )
     h = queries.health(sm, s, now=now)
-    assert h.status == "ok" and h.events_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
+    assert h.status == "ok" and h.capacity_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
     assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2
     assert queries.health(sm, s, now=now + timedelta(minutes=10)).status == "down"
     with sm.begin() as db:
-        db.add(EngineMetric(ts=now, batch_id=3, events_per_s=10.0, batch_ms=9000.0, lag_ms=45_000.0))
+        for i in range(3):  # three batches over the threshold: "behind" (hysteresis)
+            db.add(EngineMetric(ts=now, batch_id=3 + i, events_per_s=10.0, batch_ms=9000.0, lag_ms=45_000.0))
     behind = queries.health(sm, s, now=now)
     assert behind.status == "behind" and "45.0 s" in behind.banner
+    assert behind.lost_ranges == 0 and behind.lost_banner is None
+
+
+def test_health_reports_offsets_lost_to_retention(sm: sessionmaker[Session]) -> None:
+    now = datetime.now(UTC)
+    before = queries.health(sm, Settings(), now=now).lost_ranges
+    with sm.begin() as db:
+        db.add(EngineMetric(ts=now, batch_id=7, dead_letters=3, dead_letter_reasons={"late": 1, "lost": 2}))
+    h = queries.health(sm, Settings(), now=now)
+    assert h.lost_ranges == before + 2
+    assert h.lost_banner is not None and "retention" in h.lost_banner
+
+
+def test_health_events_per_s_is_the_input_rate(sm: sessionmaker[Session], tmp_path: Path) -> None:
+    """events/s from ``engine_batches`` per wall-clock second (the feed's rate), not a batch's
+    events over its evaluation time (``capacity_per_s``)."""
+    s = Settings(run_dir=tmp_path)
+    t0 = datetime.now(UTC) + timedelta(days=1)  # the newest batches of the database
+    engine_id = f"rate-{uuid.uuid4().hex[:8]}"
+    with sm.begin() as db:
+        for i, events in enumerate([5_000, 8_000, 8_000, 8_000]):
+            db.add(
+                EngineBatch(
+                    engine_id=engine_id,
+                    batch_id=i,
+                    committed_at=t0 + timedelta(seconds=10 * i),
+                    events=events,
+                )
+            )
+        db.add(EngineMetric(ts=t0, batch_id=3, events_per_s=300_000.0, batch_ms=27.0, lag_ms=900.0))
+    h = queries.health(sm, s, now=t0 + timedelta(seconds=31))
+    with sm.begin() as db:  # batches from the future would stay the newest for other tests
+        db.execute(delete(EngineBatch).where(EngineBatch.engine_id == engine_id))
+    assert h.events_per_s == 800.0  # 24,000 events after the first batch, over 30 s
+    assert h.capacity_per_s == 300_000.0

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from dashboard import charts
+from dashboard import charts, queries
 from dashboard.catchup import NO_VALUES, AlertRow, as_values, format_values
 from dashboard.queries import classify, escape_like
 from dashboard.rules import TEMPLATES, Threshold, thresholds, validate
@@ -92,12 +92,24 @@ def test_escape_like_makes_wildcards_literal() -> None:
 def test_health_status_banner() -> None:
     s = Settings(engine_behind_lag_ms=10_000, engine_down_after_s=60)
     now = datetime(2026, 1, 1, 12, tzinfo=UTC)
-    assert classify(None, None, now, s)[0] == "unknown"
-    assert classify(now - timedelta(seconds=2), 500.0, now, s)[0] == "ok"
-    status, banner = classify(now - timedelta(seconds=2), 25_000.0, now, s)
+    assert classify(None, [], now, s)[0] == "unknown"
+    assert classify(now - timedelta(seconds=2), [500.0], now, s)[0] == "ok"
+    status, banner = classify(now - timedelta(seconds=2), [25_000.0] * 3, now, s)
     assert status == "behind" and "25.0 s" in banner
-    status, banner = classify(now - timedelta(minutes=5), 0.0, now, s)
-    assert status == "down" and "5 min" in banner
+    # one batch over the threshold is not "behind" (hysteresis: three in a row)
+    assert classify(now - timedelta(seconds=2), [500.0, 25_000.0], now, s)[0] == "ok"
+    status, banner = classify(now - timedelta(minutes=5), [0.0], now, s)
+    assert status == "down" and "5 min" in banner and "tidewatch status" in banner
+
+
+def test_health_input_rate_is_events_per_wall_clock_second() -> None:
+    # 800 events/s arriving, batches every 0.5 s, each evaluated in 1 ms (capacity 400,000/s)
+    t = [1000.0 + 0.5 * i for i in range(121)]
+    assert queries.input_rate(t, [400] * 121) == 800.0
+    # only the last 60 s count: an old burst is forgotten
+    assert queries.input_rate([0.0, *t], [10**9] + [400] * 121) == 800.0
+    assert queries.input_rate([5.0], [100]) is None and queries.input_rate([], []) is None
+    assert queries.input_rate([3.0, 1.0, 2.0], [30, 10, 20]) == 25.0  # any order; the first is the start
 
 
 def test_charts_build_with_thresholds() -> None:

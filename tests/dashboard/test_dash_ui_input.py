@@ -9,6 +9,7 @@ SQL metacharacters are stored and shown verbatim and change no query.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard.catchup import NO_VALUES, format_values
+from engine import liveness
 from subscriptions.service import NAME_MAX, SubscriptionService
 from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
 from tests.dashboard.test_dash_apptest import app, frames, logged_in, shown, texts
@@ -277,17 +279,22 @@ def _metric(sm: sessionmaker[Session], ts: datetime, lag_ms: float) -> None:
 
 
 def test_health_banner_running_behind_and_down(
-    app_env: str, sm: sessionmaker[Session], new_user: Any
+    app_env: str, sm: sessionmaker[Session], new_user: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TIDEWATCH_RUN_DIR", str(tmp_path))  # the engine's run record: none yet
+    get_settings.cache_clear()
     name = new_user("hl")
     now = datetime.now(UTC)
     s = get_settings()
+    with sm.begin() as db:
+        db.execute(sa.delete(EngineMetric))  # the lag series of other tests (hysteresis reads it)
     _metric(sm, now - timedelta(seconds=2), 800.0)
     at = logged_in(sm, name, "Health")
     assert not at.exception
     assert [x.value for x in at.success][0].startswith("The engine is running")
     assert not at.warning and not at.error
-    _metric(sm, now - timedelta(seconds=1), s.engine_behind_lag_ms + 35_000)
+    for _ in range(3):  # three batches over the threshold in a row (hysteresis)
+        _metric(sm, now - timedelta(seconds=1), s.engine_behind_lag_ms + 35_000)
     at = logged_in(sm, name, "Health")
     (warn,) = [x.value for x in at.warning]
     assert warn.startswith("The engine is behind: lag ") and not at.error
@@ -295,6 +302,14 @@ def test_health_banner_running_behind_and_down(
     at = logged_in(sm, name, "Health")
     (err,) = [x.value for x in at.error]
     assert err.startswith("The engine looks down: its last batch was ") and not at.warning
+    # the engine then failed: the banner gives its error and what to do
+    boom = ValueError("TIDEWATCH_PANE_MS must divide every window <b>x</b>")
+    liveness.write_record(s, liveness.failed("default", boom, s))
+    at = logged_in(sm, name, "Health")
+    (err,) = [x.value for x in at.error]
+    assert err.startswith("The engine is down: it stopped on an error at ")
+    assert "ValueError: TIDEWATCH_PANE_MS must divide every window" in err
+    assert "`tidewatch restart engine`" in err
 
 
 def test_a_draft_rule_and_the_filters_survive_a_visit_to_another_page(

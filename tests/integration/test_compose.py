@@ -171,6 +171,26 @@ def test_compose_up_delivers_a_trade_to_the_engine(compose_project: ComposeProje
     finally:
         consumer.close()
     assert found is not None, compose_project.logs("engine")[-3000:]
+    # the engine, which just wrote the dead letter's batch to PostgreSQL, is connected as its
+    # least-privilege role (only the engine service's URL names it)
+    users = subprocess.run(
+        [
+            "podman",
+            "exec",
+            f"{compose_project.name}_postgres_1",
+            "psql",
+            "-U",
+            "tidewatch",
+            "-d",
+            "tidewatch",
+            "-Atc",
+            "SELECT DISTINCT usename FROM pg_stat_activity WHERE usename IS NOT NULL",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "tidewatch_engine" in users.stdout.split(), users.stdout + users.stderr
     if compose_project.security == "scram":
         _forbidden_actions_are_refused(compose_project)
 
