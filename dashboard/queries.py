@@ -168,6 +168,8 @@ class Health:
     capacity_per_s: float | None = None
     cause: str = ""
     hint: str = ""
+    #: times the engine was started again after it failed or was killed (its run record)
+    restarts: int = 0
 
     @property
     def lost_banner(self) -> str | None:
@@ -252,7 +254,8 @@ def health(
         ).all()
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
-    verdict = liveness.verdict(obs, st, liveness.read_record(st))
+    record = liveness.read_record(st)
+    verdict = liveness.verdict(obs, st, record)
     latest = rows[0] if rows else None
     series = [
         {
@@ -282,4 +285,5 @@ def health(
         capacity_per_s=latest.events_per_s if latest is not None else None,
         cause=verdict.cause,
         hint=verdict.hint,
+        restarts=record.restarts if record is not None else 0,
     )

@@ -34,7 +34,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +61,9 @@ class RunRecord:
     message: str = ""
     hint: str = ""
     previous: str = ""  # a ``started`` record: the failure of the run before ("" for none)
+    #: starts after a run that did not stop cleanly (it failed, or was killed: its record still
+    #: said ``started``) -- the restarts a supervisor made, carried from record to record
+    restarts: int = 0
 
     @property
     def failure(self) -> str:
@@ -112,7 +115,12 @@ def record_path(settings: Settings, engine_id: str) -> Path:
 
 
 def write_record(settings: Settings, rec: RunRecord) -> None:
-    """Write ``rec`` atomically (a temporary file renamed over the old one)."""
+    """Write ``rec`` atomically (a temporary file renamed over the old one), with the restart
+    count of the record before it (one more for a start after an unclean end)."""
+    prev = read_record(settings, rec.engine_id)
+    if prev is not None:
+        crash = rec.kind == "started" and prev.kind in ("started", "failed")
+        rec = replace(rec, restarts=prev.restarts + (1 if crash else 0))
     path = record_path(settings, rec.engine_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

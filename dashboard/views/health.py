@@ -17,6 +17,11 @@ def render(settings: Settings) -> None:
     {"ok": st.success, "behind": st.warning, "down": st.error}.get(h.status, st.info)(h.banner)
     if h.lost_banner:
         st.error(h.lost_banner)
+    if h.restarts:
+        st.warning(
+            f"The engine was started again {h.restarts:,} time(s) after it failed or was killed "
+            "(`tidewatch status` shows its supervisor's restarts and log)."
+        )
     cols = st.columns(6)
     cols[0].metric(
         "events/s",

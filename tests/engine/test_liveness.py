@@ -72,13 +72,27 @@ def test_run_record_round_trip_and_crash_loop(s: Settings) -> None:
     # the next start keeps the failure (a crash loop stays explained while it restarts)
     liveness.write_record(s, liveness.started(s, "e1", NOW + timedelta(seconds=5)))
     assert liveness.read_record(s, "e1") == RunRecord(
-        "e1", "started", NOW + timedelta(seconds=5), previous="ValueError: bad pane_ms"
+        "e1", "started", NOW + timedelta(seconds=5), previous="ValueError: bad pane_ms", restarts=1
     )
     liveness.write_record(s, RunRecord("e2", "stopped", NOW + timedelta(seconds=9)))
     newest = liveness.read_record(s)
     assert newest is not None and newest.engine_id == "e2"
     liveness.record_path(s, "e3").write_text("{not json")  # a damaged file is skipped
     assert liveness.read_record(s) == newest
+
+
+def test_restarts_count_only_starts_after_an_unclean_end(s: Settings) -> None:
+    def start(t: int) -> None:
+        liveness.write_record(s, liveness.started(s, "e", NOW + timedelta(seconds=t)))
+
+    start(0)  # the first start
+    liveness.write_record(s, RunRecord("e", "stopped", NOW + timedelta(seconds=1)))
+    start(2)  # after a clean stop: not a restart
+    start(3)  # after a kill (the record still said started)
+    liveness.write_record(s, liveness.failed("e", OSError("disk"), s, NOW + timedelta(seconds=4)))
+    start(5)  # after a failure
+    rec = liveness.read_record(s, "e")
+    assert rec is not None and rec.restarts == 2
 
 
 def test_describe_masks_passwords_and_names_the_setting(s: Settings) -> None:
