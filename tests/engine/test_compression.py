@@ -162,9 +162,11 @@ def stored_batches(
 
 def micro_batch_starts(case: Case) -> dict[tuple[str, int], list[int]]:
     """The first offset of each partition in each of the engine's micro-batches (its batch logs)."""
+    from engine.sources.offsets import BatchLog
+
     out: dict[tuple[str, int], list[int]] = {}
     for f in sorted((case.app.state_dir / "batches").glob("*.json")):
-        for t, parts in json.loads(f.read_text()).items():
+        for t, parts in BatchLog.read(f).ranges.items():
             for p, (first, _) in parts.items():
                 out.setdefault((t, int(p)), []).append(int(first))
     return out
