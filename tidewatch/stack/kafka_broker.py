@@ -244,8 +244,7 @@ def prepare(settings: Settings) -> Path:
                 *_jvm_args(s),
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                _cluster_id(),
+                f"--cluster-id={_cluster_id()}",  # an id may begin with "-": one argument, not an option
                 "-c",
                 str(props),
                 *scram,
