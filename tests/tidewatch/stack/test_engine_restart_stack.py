@@ -32,7 +32,6 @@ asserted.  The engine reads the subscription changes of a batch before its event
 from __future__ import annotations
 
 import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -46,7 +45,13 @@ from sqlalchemy.pool import NullPool
 
 from tests.engine.support import read_topic
 from tests.services import free_port
-from tests.tidewatch.stack.test_supervised_stack import _alive, _status_row, _tidewatch, _tree_pids
+from tests.tidewatch.stack.test_supervised_stack import (
+    _alive,
+    _kill_until_back,
+    _status_row,
+    _tidewatch,
+    _tree_pids,
+)
 from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import postgres_server as postgres
 from tidewatch.stack import processes as process
@@ -56,7 +61,6 @@ from tidewatch.wire.avro import decode
 pytestmark = pytest.mark.integration
 
 #: how long supervisord may take to have a SIGKILLed engine RUNNING again (startsecs 10 + Python start)
-BACK_WITHIN_S = 30.0
 #: batches the engine must commit before the kill, and after its restart
 BATCHES = 3
 #: the engine is taken as done when no batch came for this long after the feed stopped
@@ -184,22 +188,10 @@ def test_sigkilled_engine_is_back_and_its_alert_log_equals_the_backtest(run_root
         seen |= _tree_pids(s)
 
         # SIGKILL the engine's process (supervisord's pid): RUNNING again, as a new process
-        old = supervision.program_infos(s)["engine"]["pid"]
         last_before = _batches(db)[1]
         kill_ms = int(time.time() * 1000)
         t0 = time.monotonic()
-        os.kill(old, signal.SIGKILL)
-        new = 0
-        while time.monotonic() - t0 < BACK_WITHIN_S:
-            info = supervision.program_infos(s)["engine"]
-            if info["statename"] == "RUNNING" and info["pid"] != old:
-                new = info["pid"]
-                break
-            time.sleep(0.2)
-        back_s = time.monotonic() - t0
-        assert new, f"the engine was not RUNNING again within {BACK_WITHIN_S}s"
-        assert not _alive(old) and _alive(new)
-        print(f"engine SIGKILLed (pid {old}), RUNNING again as pid {new} after {back_s:.1f}s")
+        old, new, back_s = _kill_until_back(s, "engine")
         res = _tidewatch(env, "status")
         assert res.returncode == 0, res.stdout + res.stderr
         row = _status_row(res.stdout, "engine")

@@ -65,6 +65,26 @@ def _status_row(output: str, name: str) -> list[str]:
     return [c.strip() for c in re.split(r"[│|]", line) if c.strip()]
 
 
+def _kill_until_back(s: Settings, name: str) -> tuple[int, int, float]:
+    """SIGKILL app ``name`` (the pid supervisord reports) and wait until supervisord has it
+    RUNNING again as a new process: (old pid, new pid, seconds it took)."""
+    old = supervision.program_infos(s)[name]["pid"]
+    t0 = time.monotonic()
+    os.kill(old, signal.SIGKILL)
+    new = 0
+    while time.monotonic() - t0 < BACK_WITHIN_S:
+        info = supervision.program_infos(s)[name]
+        if info["statename"] == "RUNNING" and info["pid"] != old:
+            new = info["pid"]
+            break
+        time.sleep(0.2)
+    back_s = time.monotonic() - t0
+    assert new, f"the {name} was not RUNNING again within {BACK_WITHIN_S}s"
+    assert not _alive(old) and _alive(new)
+    print(f"{name} SIGKILLed (pid {old}), RUNNING again as pid {new} after {back_s:.1f}s")
+    return old, new, back_s
+
+
 def test_up_supervises_the_apps_restart_and_down_leaves_nothing(run_root: Path):
     base = get_settings()
     kp = free_port()
@@ -110,20 +130,7 @@ def test_up_supervises_the_apps_restart_and_down_leaves_nothing(run_root: Path):
         seen |= _tree_pids(s)
 
         # the relay SIGKILLed: supervisord has it RUNNING again, as a new process
-        old = infos["relay"]["pid"]
-        t0 = time.monotonic()
-        os.kill(old, signal.SIGKILL)
-        new = 0
-        while time.monotonic() - t0 < BACK_WITHIN_S:
-            info = supervision.program_infos(s)["relay"]
-            if info["statename"] == "RUNNING" and info["pid"] != old:
-                new = info["pid"]
-                break
-            time.sleep(0.2)
-        back_s = time.monotonic() - t0
-        assert new, f"the relay was not RUNNING again within {BACK_WITHIN_S}s"
-        assert not _alive(old) and _alive(new)
-        print(f"relay SIGKILLed (pid {old}), RUNNING again as pid {new} after {back_s:.1f}s")
+        old, new, back_s = _kill_until_back(s, "relay")
         res = _tidewatch(env, "status")
         assert res.returncode == 0, res.stdout + res.stderr
         row = _status_row(res.stdout, "relay")
