@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from engine.dead_letter import DeadLetters
 from tidewatch.schema import STREAMS, FieldSpec, valid, valid_strings, violations
 from tidewatch.wire.avro import decode_batch
+from tidewatch.wire.frame_ids import FrameIds
 
 
 @dataclass
@@ -159,9 +160,12 @@ class Predecoded:
     topic: str
 
 
-def predecode(stream: str, records: pa.Table, *, max_future_ms: int | None) -> Predecoded:
+def predecode(
+    stream: str, records: pa.Table, *, max_future_ms: int | None, ids: FrameIds | None = None
+) -> Predecoded:
     """Decode one stream's Kafka records and check the invariants that depend on the records
-    alone; see :func:`decode_records`."""
+    alone; see :func:`decode_records`.  ``ids``: how frame ids are read (None: the process's,
+    ``tidewatch.wire.frame_ids.frame_ids()``; a Schema Registry's with ``schema_registry_url``)."""
     spec = STREAMS[stream]
     dead = DeadLetters()
     if records.num_rows == 0:
@@ -177,7 +181,7 @@ def predecode(stream: str, records: pa.Table, *, max_future_ms: int | None) -> P
     def bad(idx: np.ndarray, reason: str, details: list[str] | str, ts: np.ndarray | None = None) -> None:
         _dead_add(dead, records, topic, idx if order is None else order[idx], reason, details, ts, None)
 
-    rb, ok = decode_batch(stream, values, order, dictionary=True)
+    rb, ok = decode_batch(stream, values, order, dictionary=True, ids=ids)
     undecodable = np.flatnonzero(~ok)
     if len(undecodable):
         null = np.asarray(values.is_null().to_numpy(zero_copy_only=False), np.bool_)
@@ -288,13 +292,15 @@ def decode_records(
     max_future_ms: int,
     dead: DeadLetters,
     watermark: int | None = None,
+    ids: FrameIds | None = None,
 ) -> Decoded:
     """Decode and validate one stream's Kafka records; bad ones are appended to ``dead``.
 
     ``records`` needs columns ``partition``, ``offset``, ``value`` and optionally ``topic``
     (named in dead letters; default: the stream name), ``timestamp`` (Kafka's; without it no
     ``future`` check) and ``key``.  ``late_until`` is the engine's last applied lookup time
-    (None before the first lookup).  :func:`predecode`, then :func:`finish`.
+    (None before the first lookup); ``ids`` as in :func:`predecode`.  :func:`predecode`, then
+    :func:`finish`.
     """
-    pre = predecode(stream, records, max_future_ms=max_future_ms)
+    pre = predecode(stream, records, max_future_ms=max_future_ms, ids=ids)
     return finish(pre, late_until=late_until, dead=dead, watermark=watermark)

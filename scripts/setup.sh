@@ -4,8 +4,8 @@
 #      default cluster), a Java runtime and Maven;
 #   2. the virtualenv .venv with `pip install -e '.[dev]'` (redone only when pyproject.toml
 #      changes: stamp .venv/.tidewatch-installed holds its hash);
-#   3. Apache Kafka's jars and the Spark connector jars from Maven Central into .cache/
-#      (python -m tidewatch.jars; no-op when cached);
+#   3. Apache Kafka's jars, its command-line tools and the Spark connector jars from Maven Central
+#      into .cache/ (python -m tidewatch.jars; no-op when cached);
 #   4. with --with-containers: scripts/containers_setup.sh (Podman + images for the
 #      integration tests), when that script is present.
 # Quiet and fast when everything is in place.  Usage: scripts/setup.sh [--with-containers]
@@ -17,7 +17,7 @@ WITH_CONTAINERS=0
 for arg in "$@"; do
     case "$arg" in
         --with-containers) WITH_CONTAINERS=1 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
         *) echo "setup.sh: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
@@ -77,8 +77,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || [ ! -x .venv/bin/tidewatch ];
 fi
 
 # --- 3. Kafka and Spark connector jars ------------------------------------------------------
-# Kafka is required; the Spark connector jars only warn (Spark may still resolve them with Ivy)
-.venv/bin/python -m tidewatch.jars kafka 'spark?' >/dev/null \
+# Kafka is required; Kafka's command-line tools (tidewatch kafka ...) and the Spark connector jars
+# only warn (the tools resolve on first use; Spark may still resolve its jars with Ivy)
+.venv/bin/python -m tidewatch.jars kafka 'kafka-tools?' 'spark?' >/dev/null \
     || die "could not fetch the Kafka jars (see above)"
 
 # --- 4. containers for the integration tests ------------------------------------------------

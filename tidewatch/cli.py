@@ -9,6 +9,7 @@ so the CLI is a thin shell over the library:
   ``subscribe``, ``subscriptions …``        -- rules and subscriptions (:mod:`subscriptions.cli`, :mod:`engine.cli`)
 * ``tidewatch feed …``, ``export``          -- feeds (:mod:`ingest.cli`)
 * ``tidewatch engine …``                    -- the Spark engine (:mod:`engine.cli`)
+* ``tidewatch kafka TOOL …``                -- Kafka's own command-line tools (:mod:`tidewatch.kafka.tools`)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dashboard import tail as alerts_tail
 from engine import cli as engine_cli
 from ingest import cli as ingest_cli
 from subscriptions import cli as subscriptions_cli
+from tidewatch.kafka import tools as kafka_tools
 from tidewatch.stack import embedded as stack
 
 app = typer.Typer(
@@ -35,6 +37,12 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Tidewatch: standing rules over live trade and packet streams, evaluated together."""
+    from tidewatch.settings import get_settings
+
+    if get_settings().schema_registry_url:  # frame ids from a Schema Registry (tidewatch/wire/registry.py)
+        from tidewatch.wire import registry
+
+        registry.install(get_settings())
 
 
 @app.command()
@@ -51,7 +59,7 @@ def version() -> None:
 
 
 # Each area adds its own commands; the order is the order of ``tidewatch --help``.
-for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli, alerts_tail):
+for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli, alerts_tail, kafka_tools):
     _area.register(app)
 
 

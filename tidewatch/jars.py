@@ -5,6 +5,10 @@ Path contract (other parts, e.g. the Kafka Containerfile, copy from these):
 * ``<cache_dir>/kafka/<kafka_version>/libs/*.jar`` -- ``org.apache.kafka:kafka_2.13:<version>``
   with its runtime dependencies and a log4j2 SLF4J binding: the classpath of a KRaft broker
   (``java -cp 'libs/*' kafka.Kafka server.properties``).
+* ``<cache_dir>/kafka/<kafka_version>/tools/*.jar`` -- ``org.apache.kafka:kafka-tools:<version>``
+  (the same version as the broker) with its runtime dependencies: the classpath of Kafka's
+  command-line tools (``java -cp 'tools/*' org.apache.kafka.tools.consumer.ConsoleConsumer ...``;
+  :mod:`tidewatch.kafka.tools` runs them as ``tidewatch kafka ...``).
 * ``<cache_dir>/spark-jars/*.jar`` -- ``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13``
   with their runtime dependencies, minus what the pyspark wheel already ships; pass them
   with ``spark.jars`` (see :func:`spark_jars`).
@@ -23,7 +27,7 @@ Each folder holds a ``.complete`` stamp naming the coordinates it was resolved f
 second run is a no-op.  Resolution uses ``mvn dependency:copy-dependencies`` on a generated
 pom, so Maven's own local repository (``~/.m2``) caches the downloads across clones.
 
-Run as ``python -m tidewatch.jars [kafka|spark|all][?] …``.
+Run as ``python -m tidewatch.jars [kafka|kafka-tools|spark|all][?] …``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,15 @@ def kafka_coordinates(settings: Settings) -> list[str]:
     ]
 
 
+def kafka_tools_coordinates(settings: Settings) -> list[str]:
+    """Kafka's command-line tools (console consumer and producer, ``kafka-topics``,
+    ``kafka-consumer-groups`` ...) of the broker's version, with the same log4j2 binding."""
+    return [
+        f"org.apache.kafka:kafka-tools:{settings.kafka_version}",
+        f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
+    ]
+
+
 def spark_coordinates(settings: Settings) -> list[str]:
     k, a = settings.spark_kafka_connector_version, settings.spark_avro_version
     return [
@@ -91,6 +104,10 @@ def spark_coordinates(settings: Settings) -> list[str]:
 
 def kafka_libs_dir(settings: Settings) -> Path:
     return settings.cache_dir / "kafka" / settings.kafka_version / "libs"
+
+
+def kafka_tools_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "kafka" / settings.kafka_version / "tools"
 
 
 def spark_jars_dir(settings: Settings) -> Path:
@@ -155,6 +172,11 @@ def ensure_kafka(settings: Settings) -> Path:
     return resolve(kafka_coordinates(settings), kafka_libs_dir(settings), name="kafka")
 
 
+def ensure_kafka_tools(settings: Settings) -> Path:
+    """The classpath folder of Kafka's command-line tools, resolved if missing."""
+    return resolve(kafka_tools_coordinates(settings), kafka_tools_dir(settings), name="kafka-tools")
+
+
 def _pyspark_artifacts() -> frozenset[str]:
     try:
         import pyspark
@@ -178,7 +200,8 @@ def spark_jars(settings: Settings) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kafka``, ``spark``, ``all``; a trailing ``?`` (``spark?``) only warns on failure."""
+    """``kafka``, ``kafka-tools``, ``spark``, ``all``; a trailing ``?`` (``spark?``) only warns on
+    failure."""
     what = (argv if argv is not None else sys.argv[1:]) or ["all"]
     settings = get_settings()
     rc = 0
@@ -188,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if w in ("kafka", "all"):
                 print(f"kafka jars: {ensure_kafka(settings)}")
+            if w in ("kafka-tools", "all"):
+                print(f"kafka tools: {ensure_kafka_tools(settings)}")
             if w in ("spark", "all"):
                 print(f"spark jars: {ensure_spark_jars(settings)}")
         except RuntimeError as exc:

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     topic_results: str = "results"
     topic_dead_letter: str = "dead-letter"
     topic_partitions: int = 2
+    schema_registry_url: str | None = Field(
+        None,
+        description="a Confluent-compatible Schema Registry (e.g. http://host:8081, or Apicurio's "
+        "http://host:8080/apis/ccompat/v7): records are framed with the ids it gives and read by them "
+        "(tidewatch/wire/registry.py); None: the ids of tidewatch/wire/schemas/registry.json",
+    )
     # --- feeds (ingest/) -------------------------------------------------------
     packets_key: str = Field("src_ip", description="packet field used as Kafka key (docs/feeds.md)")
     demo_user: str = Field(

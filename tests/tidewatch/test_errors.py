@@ -29,6 +29,7 @@ BUILTIN_BASES = {
     "tidewatch.wire.csv_io.CsvError": ValueError,
     "tidewatch.wire.avro.AvroDecodeError": ValueError,
     "tidewatch.kafka.txn.KafkaStalled": RuntimeError,
+    "tidewatch.kafka.tools.KafkaToolError": RuntimeError,
     "tidewatch.stack.processes.StartupFailed": RuntimeError,
     "subscriptions.errors.RuleError": ValueError,
     "subscriptions.outbox.RelayBusy": RuntimeError,

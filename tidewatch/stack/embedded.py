@@ -181,6 +181,8 @@ APPS: list[App] = [
             "true",
             "--browser.gatherUsageStats",
             "false",
+            "--client.toolbarMode",
+            "viewer",  # no "Deploy" button (issue 21)
         ],
         port=lambda s: s.dashboard_port,
         health_url=lambda s: f"http://{s.dashboard_host}:{s.dashboard_port}/_stcore/health",

@@ -24,6 +24,12 @@ go through fastavro record by record (:func:`encode`, :func:`decode`).
 
 Logical types (``timestamp-millis``) are carried on the wire as plain ``long``
 epoch milliseconds and are returned as ``int`` -- the platform's time unit.
+
+Frame ids.  Which id a schema is written with and which schema a frame id names is a
+:class:`tidewatch.wire.frame_ids.FrameIds`: by default ``registry.json``'s; with a Confluent
+Schema Registry (``settings.schema_registry_url``) :class:`tidewatch.wire.registry.RegistryIds`,
+installed for the process at its entry point (``frame_ids.use_frame_ids``) or passed to the
+decoders as ``ids``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tidewatch.errors import TidewatchError
+from tidewatch.wire.frame_ids import FrameIds, accepted_ids, frame_ids
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 MAGIC = 0
@@ -123,6 +130,16 @@ def field_names(name: str) -> list[str]:
 def header(sid: int) -> bytes:
     """The 5-byte frame for schema id ``sid``."""
     return struct.pack(">bI", MAGIC, sid)
+
+
+def local_schema_ids() -> dict[int, str]:
+    """Every id of ``schemas/registry.json`` (older versions too) -> its schema's name."""
+    return {sid: str(e["name"]) for sid, e in _registry().items()}
+
+
+def schema_json_by_id(sid: int) -> dict[str, Any]:
+    """The Avro schema (as in its .avsc file, a copy) of ``registry.json`` id ``sid``."""
+    return copy.deepcopy(_load_file(_registry()[sid]["file"]))
 
 
 # --------------------------------------------------------------------------- flat layout
@@ -365,7 +382,7 @@ def encode_batch(name: str, columns: Mapping[str, Any] | pd.DataFrame) -> Encode
             fbits[s] = np.asarray(cols[fname], dtype=np.float32).view(np.uint32)
         else:
             fbits[s] = np.asarray(cols[fname], dtype=np.float64).view(np.uint64)
-    hdr = np.frombuffer(header(schema_id(name)), np.uint8)
+    hdr = np.frombuffer(header(frame_ids().write_id(name)), np.uint8)
     bound = HEADER_LEN + max_str + 10 * len(lay.ints) + 8 * len(lay.floats)
     out = np.empty(max(n * bound, 1), np.uint8)
     rec_off = np.empty(n + 1, np.int64)
@@ -379,7 +396,7 @@ def encode_batch(name: str, columns: Mapping[str, Any] | pd.DataFrame) -> Encode
 def encode(name: str, record: Mapping[str, Any]) -> bytes:
     """One framed record of schema ``name`` (any schema, via fastavro)."""
     buf = io.BytesIO()
-    buf.write(header(schema_id(name)))
+    buf.write(header(frame_ids().write_id(name)))
     fastavro.schemaless_writer(buf, parsed_schema(name), dict(record))
     return buf.getvalue()
 
@@ -389,25 +406,27 @@ def encode_records(name: str, records: Iterable[Mapping[str, Any]]) -> list[byte
     return [encode(name, r) for r in records]
 
 
-def split_frame(payload: bytes) -> tuple[int, memoryview]:
-    """``(schema id, body)`` of a framed payload; raises :class:`AvroDecodeError`."""
+def split_frame(payload: bytes, ids: FrameIds | None = None) -> tuple[int, memoryview]:
+    """``(registry.json id, body)`` of a framed payload, its frame id read through ``ids``
+    (default :func:`frame_ids`); raises :class:`AvroDecodeError`."""
     if payload is None or len(payload) < HEADER_LEN or payload[0] != MAGIC:
         raise AvroDecodeError("not a Tidewatch Avro frame (magic byte 0 + 4-byte schema id)")
-    sid = int.from_bytes(payload[1:5], "big")
-    if sid not in _registry():
-        raise AvroDecodeError(f"unknown schema id {sid}")
+    fid = int.from_bytes(payload[1:5], "big")
+    sid = (ids or frame_ids()).local_id(fid)
+    if sid is None:
+        raise AvroDecodeError(f"unknown schema id {fid}")
     return sid, memoryview(payload)[HEADER_LEN:]
 
 
-def decode(payload: bytes, name: str | None = None) -> dict[str, Any]:
+def decode(payload: bytes, name: str | None = None, ids: FrameIds | None = None) -> dict[str, Any]:
     """Decode one framed record into a dict (timestamps as int epoch ms).
 
-    The frame's schema id names the writer schema; the record is resolved to the
-    current schema of its stream (or of ``name`` when given), so records written
-    with an older compatible version decode with the new fields' defaults.
+    The frame's schema id names the writer schema (through ``ids``, default :func:`frame_ids`);
+    the record is resolved to the current schema of its stream (or of ``name`` when given), so
+    records written with an older compatible version decode with the new fields' defaults.
     Raises :class:`AvroDecodeError` on anything malformed.
     """
-    sid, body = split_frame(payload)
+    sid, body = split_frame(payload, ids)
     writer_name = _registry()[sid]["name"]
     target = name or writer_name
     if name is not None and writer_name != name:
@@ -481,7 +500,7 @@ def zigzag_varint(data, p, e):  # type: ignore[no-untyped-def]  # pragma: no cov
 
 @nb.njit(cache=True, nogil=True)
 def _decode_kernel(  # pragma: no cover - compiled
-    data, starts, ends, sid, kinds, slots, n_str, ints, fbits, str_start, str_len, ok
+    data, starts, ends, sids, kinds, slots, n_str, ints, fbits, str_start, str_len, ok
 ):
     n = starts.shape[0]
     nf = kinds.shape[0]
@@ -496,7 +515,10 @@ def _decode_kernel(  # pragma: no cover - compiled
                 | (np.int64(data[p + 3]) << 8)
                 | np.int64(data[p + 4])
             )
-            good = got == sid
+            good = False
+            for j in range(sids.shape[0]):  # the frame ids of the schema (one without a registry)
+                if got == sids[j]:
+                    good = True
         p += 5
         f = 0
         high = np.uint8(0)  # the OR of every string byte of the record
@@ -656,17 +678,20 @@ def decode_batch(
     order: np.ndarray | None = None,
     *,
     dictionary: bool = False,
+    ids: FrameIds | None = None,
 ) -> tuple[pa.RecordBatch, np.ndarray]:
     """Decode many framed records of the flat schema ``name`` column-wise (``order``: the
     records in that order, ``payloads[order]`` without copying them; ``dictionary``: string
-    columns dictionary-encoded in the kernel, ``dictionary<int32, string>``).
+    columns dictionary-encoded in the kernel, ``dictionary<int32, string>``; ``ids``: how frame
+    ids are read, default :func:`frame_ids`).
 
     Returns ``(batch, ok)``: a :class:`pyarrow.RecordBatch` with one column per
     field (strings as ``string``, int/long as ``int64``, double/float as
     ``float64``, boolean as ``bool``; ``ts`` as int64 epoch ms) holding the rows
     that decoded, and a boolean mask over the input telling which rows did
     (the others are for the dead-letter topic).  Only records written with the
-    current schema id of ``name`` are accepted by this fast path.
+    current schema of ``name`` are accepted by this fast path: its ``registry.json`` id, or with a
+    Schema Registry every frame id of the batch that ``ids`` maps to it (:func:`accepted_ids`).
     """
     lay = flat_layout(name)
     if isinstance(payloads, pa.Array | pa.ChunkedArray):
@@ -696,7 +721,8 @@ def decode_batch(
     sst = np.zeros((max(ns, 1), n), np.int64)
     sln = np.zeros((max(ns, 1), n), np.int64)
     ok = np.zeros(n, np.bool_)
-    _decode_kernel(data, starts, ends, schema_id(name), lay.kinds, lay.slots, ns, ints, fbits, sst, sln, ok)
+    sids = accepted_ids(name, data, starts, ends, ids or frame_ids())
+    _decode_kernel(data, starts, ends, sids, lay.kinds, lay.slots, ns, ints, fbits, sst, sln, ok)
     keep = np.flatnonzero(ok)
     arrays = []
     for k, s in zip(lay.kinds, lay.slots, strict=True):
