@@ -3,9 +3,12 @@
 Both sides read the same Kafka ``trades`` topic (Avro, 5,000 symbols, Zipf-skewed activity) on
 the same SparkSession (``local[2]``) in the same process:
 
-* **baseline** (:mod:`bench.spark_baseline`): one ``groupBy(window(ts, T, slide), symbol)`` +
-  HAVING per rule (``queries``: a streaming query per rule; ``union``: one query over the
-  union), draining the backlog with ``Trigger.AvailableNow`` to the ``noop`` sink;
+* **baselines** (``--baseline perrule|onescan|both``), draining the backlog with
+  ``Trigger.AvailableNow`` to the ``noop`` sink: per rule (:mod:`bench.spark_baseline`, one
+  ``groupBy(window(ts, T, slide), symbol)`` + HAVING per rule; ``--shapes``: ``queries``, a
+  streaming query per rule, ``union``, one query over the union; both scan Kafka once per rule)
+  and one scan (:mod:`bench.onescan_baseline`: Kafka read once, the rules as a broadcast table,
+  one ``groupBy``); the ratio is also given against the better baseline;
 * **Tidewatch** (:class:`engine.app.EngineApp`): the same rules subscribed through the
   ``subscriptions`` topic, then the same events; every rule is looked up at every 1 s pane
   (a finer slide than the baseline's), alerts committed to PostgreSQL and published to Kafka
@@ -186,6 +189,33 @@ def run_tidewatch(
         "state_bytes": app.core.state_nbytes(),
         "driver_rss_bytes": rss,
         "cpu_s": cpu_s,  # the engine process's CPU while it drained the backlog (start-up included)
+    }
+
+
+def against_better(tw: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Tidewatch against the fastest of ``baselines`` (shape -> :func:`run_baseline`'s result
+    with ``events_per_s``): steady rates on both sides when every baseline has one, else rates
+    with start-up included.  A baseline that did not finish its first micro-batch counts at the
+    bound ``below_events_per_s`` (the ratio is then a lower bound, ``bound``)."""
+    basis = "steady" if tw.get("steady_events_per_s") and all(
+        b.get("steady_events_per_s") or b.get("below_events_per_s") for b in baselines.values()
+    ) else "incl. start-up"  # fmt: skip
+
+    def rate(b: dict[str, Any]) -> float:
+        if b.get("below_events_per_s"):
+            return float(b["below_events_per_s"])
+        return float(b["steady_events_per_s"] if basis == "steady" else b["events_per_s"])
+
+    shape = max(baselines, key=lambda k: rate(baselines[k]))
+    best = rate(baselines[shape])
+    mine = float(tw["steady_events_per_s"] if basis == "steady" else tw["events_per_s"])
+    return {
+        "shape": shape,
+        "basis": basis,
+        "events_per_s": best,
+        "tidewatch_events_per_s": mine,
+        "ratio": mine / best if best else float("inf"),
+        "bound": bool(baselines[shape].get("below_events_per_s")),
     }
 
 
@@ -610,7 +640,27 @@ def main() -> None:
         "--fixed-thresholds", action="store_true", help="the old low thresholds (most busy symbols alert)"
     )
     ap.add_argument("--slide", type=int, default=60, help="the baseline's slide in seconds")
-    ap.add_argument("--shapes", default="queries,union", help="baseline shapes to run (queries, union)")
+    ap.add_argument(
+        "--shapes", default="queries,union", help="the per-rule baseline's shapes to run (queries, union)"
+    )
+    ap.add_argument(
+        "--baseline",
+        choices=["perrule", "onescan", "both"],
+        default="both",
+        help="plain-Spark baselines: per rule (--shapes), one scan (bench/onescan_baseline.py), or both",
+    )
+    ap.add_argument(
+        "--modes",
+        default="executors",
+        help="Tidewatch's engine_preaggregate modes to run, each on its own copy of the events: "
+        "executors (the default path), driver (the records collected to the driver), or both (driver "
+        "CPU per event side by side)",
+    )
+    ap.add_argument(
+        "--no-bare",
+        action="store_true",
+        help="skip Spark's bare Kafka read of the same topic (the ceiling: nothing decoded or sent to Python)",
+    )
     ap.add_argument("--max-offsets", type=int, default=200_000, help="Tidewatch's maxOffsetsPerTrigger")
     ap.add_argument(
         "--baseline-max-offsets", type=int, default=20_000, help="the baseline's maxOffsetsPerTrigger"
@@ -686,21 +736,57 @@ def main() -> None:
         "rate": a.rate,
         "command": " ".join(sys.argv),
     }
+    modes = [m for m in a.modes.split(",") if m]
     try:
         db = fresh_database(a.database_url or base.sqlalchemy_url)
-        tw = run_tidewatch(spark, settings, bootstrap, db, rules, cols, a.max_offsets, a.timeout)
-        tw["events_per_s"] = tw["events"] / tw["seconds"]
-        out["tidewatch"] = tw
+        for i, mode in enumerate(modes):
+            # each mode drains its own copy of the events (its own topics); the baselines read the first's
+            s_mode = settings.model_copy(update={"engine_preaggregate": mode}) if i == 0 else run_settings(
+                base, "bench", f"{run}-{mode}", allowed_lateness_ms=a.lateness_ms, engine_preaggregate=mode
+            )  # fmt: skip
+            if i:
+                ensure_topics(bootstrap, s_mode)
+                db = fresh_database(a.database_url or base.sqlalchemy_url)
+            tw = run_tidewatch(spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout)
+            tw["events_per_s"] = tw["events"] / tw["seconds"]
+            tw["driver_cpu_us_per_event"] = tw["cpu_s"] / max(tw["events"], 1) * 1e6
+            out[f"tidewatch_{mode}"] = tw
+            if i == 0:
+                out["tidewatch"] = tw
+            steady = tw["steady_events_per_s"]
+            print(
+                f"tidewatch ({mode}): {tw['events']:,} events in {tw['seconds']:.1f} s = {tw['events_per_s']:,.0f} events/s "
+                f"(query start included; steady {steady or 0:,.0f} events/s) "
+                f"({tw['batches']} batches, {tw['alerts']:,} alerts, {tw['dead_letters']:,} dead letters, state {tw['state_bytes'] / 1e6:.1f} MB, "
+                f"driver RSS {tw['driver_rss_bytes'] / 1e9:.2f} GB, driver CPU {tw['cpu_s']:.1f} s = "
+                f"{tw['driver_cpu_us_per_event']:.2f} us/event)",
+                flush=True,
+            )
+        if len(modes) > 1:
+            ratio = out["tidewatch_driver"]["driver_cpu_us_per_event"] / max(
+                out["tidewatch_executors"]["driver_cpu_us_per_event"], 1e-9
+            )
+            out["driver_cpu_ratio"] = ratio
+            print(f"driver CPU per event, driver mode / executors mode = {ratio:,.1f}x", flush=True)
+        tw = out["tidewatch"]
         steady = tw["steady_events_per_s"]
-        print(
-            f"tidewatch: {tw['events']:,} events in {tw['seconds']:.1f} s = {tw['events_per_s']:,.0f} events/s "
-            f"(query start included; steady {steady or 0:,.0f} events/s) "
-            f"({tw['batches']} batches, {tw['alerts']:,} alerts, {tw['dead_letters']:,} dead letters, state {tw['state_bytes'] / 1e6:.1f} MB, "
-            f"driver RSS {tw['driver_rss_bytes'] / 1e9:.2f} GB, CPU {tw['cpu_s']:.1f} s = "
-            f"{tw['cpu_s'] / max(tw['events'], 1) * 1e6:.2f} us/event)",
-            flush=True,
-        )
-        for shape in [s for s in a.shapes.split(",") if s]:
+        if not a.no_bare:  # Spark's ceiling, same topic, same batch size as Tidewatch
+            bare = run_baseline(
+                spark, bootstrap, settings.topic_trades, rules, slide_s=a.slide, shape="bare",
+                max_offsets=a.max_offsets, timeout_s=a.timeout,
+            )  # fmt: skip
+            bare["events_per_s"] = (a.events if bare["finished"] else bare["processed"]) / bare["seconds"]
+            out["spark_bare_read"] = bare
+            b_steady = bare.get("steady_events_per_s")
+            print(
+                f"Spark's bare Kafka read: {bare['events_per_s']:,.0f} events/s (steady {b_steady or 0:,.0f}); "
+                f"Tidewatch ({modes[0]}) / bare = {tw['events_per_s'] / bare['events_per_s']:.2f} "
+                f"(steady {(steady or 0) / b_steady if b_steady else float('nan'):.2f})",
+                flush=True,
+            )
+        shapes = [s for s in a.shapes.split(",") if s] if a.baseline in ("perrule", "both") else []
+        shapes += ["onescan"] if a.baseline in ("onescan", "both") else []
+        for shape in shapes:
             res = run_baseline(
                 spark,
                 bootstrap,
@@ -713,16 +799,30 @@ def main() -> None:
             )
             n = a.events if res["finished"] else res["processed"]
             res["events_per_s"] = n / res["seconds"]
+            if not res["finished"] and not res["processed"]:  # not even its first micro-batch
+                res["below_events_per_s"] = min(a.baseline_max_offsets, a.events) / res["seconds"]
             out[f"baseline_{shape}"] = res
             ratio = tw["events_per_s"] / res["events_per_s"] if res["events_per_s"] else float("inf")
             bs = res.get("steady_events_per_s")
             if bs and steady:
                 print(f"steady state: Tidewatch {steady:,.0f} / baseline {bs:,.0f} = {steady / bs:,.1f}x")
+            bound = res.get("below_events_per_s")
             print(
                 f"baseline ({shape}, slide {a.slide} s): {n:,} events in {res['seconds']:.1f} s = "
-                f"{res['events_per_s']:,.0f} events/s, finished={res['finished']}"
+                f"{res['events_per_s']:,.0f} events/s"
+                f"{f' (first micro-batch not done: < {bound:,.0f} events/s)' if bound else ''}, finished={res['finished']}"
                 f"{' errors=' + str(res['errors'])[:300] if res['errors'] else ''}; "
                 f"Tidewatch / baseline = {ratio:,.1f}x",
+                flush=True,
+            )
+        if shapes:
+            out["against_better_baseline"] = better = against_better(
+                tw, {s: out[f"baseline_{s}"] for s in shapes}
+            )
+            print(
+                f"against the better baseline ({better['shape']}, {better['events_per_s']:,.0f} events/s "
+                f"{better['basis']}): Tidewatch {better['tidewatch_events_per_s']:,.0f} events/s = "
+                f"{'> ' if better['bound'] else ''}{better['ratio']:,.1f}x",
                 flush=True,
             )
     finally:

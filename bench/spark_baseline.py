@@ -7,14 +7,18 @@ application, in one of two shapes:
 * ``queries`` -- one streaming query per rule, all on the same Kafka source (each query reads
   and decodes the topic itself);
 * ``union``   -- one query: the rules' windowed projections (rule id, window, symbol, value)
-  unioned, then ONE ``groupBy(rule, window, symbol)`` with a per-rule HAVING.
+  unioned, then ONE ``groupBy(rule, window, symbol)`` with a per-rule HAVING (each branch of
+  the union still scans and decodes Kafka: one scan per rule).
+
+Beside them, ``onescan`` (:mod:`bench.onescan_baseline`): Kafka read once, the rules as a
+broadcast table, one ``groupBy``; the same alert rows (``tests/bench/test_onescan_baseline.py``).
 
 Throughput is measured as the time to drain a backlog (``Trigger.AvailableNow`` with
 ``maxOffsetsPerTrigger``), output to the ``noop`` sink (cheaper than any real sink: generous
 to the baseline).  Used by ``bench/engine_bench.py``; alone::
 
     .venv/bin/python bench/spark_baseline.py --bootstrap 127.0.0.1:19092 --topic trades --events N \\
-        --rules 10 --slide 60 --shape queries
+        --rules 10 --slide 60 --shape queries   # or union, onescan
 """
 
 from __future__ import annotations
@@ -85,13 +89,9 @@ def make_rules(
     return out
 
 
-def _events(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
-    from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro
-
-    from tidewatch.wire.avro import load_schema_json
-
-    raw = (
+def _records(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
+    """The topic's Kafka records as a streaming DataFrame (Spark's connector), from the start."""
+    return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
@@ -99,11 +99,70 @@ def _events(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
         .option("maxOffsetsPerTrigger", str(max_offsets))
         .load()
     )
+
+
+def _events(spark: Any, bootstrap: str, topic: str, max_offsets: int, *, watermark: bool = True) -> Any:
+    """The ``trades`` topic as a streaming DataFrame (``t`` = the event time, a TIMESTAMP), one
+    Kafka scan and one ``from_avro`` decode; with ``watermark``, a 5 s watermark on ``t``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    from tidewatch.wire.avro import load_schema_json
+
+    raw = _records(spark, bootstrap, topic, max_offsets)
     ev = raw.select(from_avro(F.expr("substring(value, 6)"), load_schema_json("trades")).alias("r")).select(
         "r.*"
     )
     # the schema's ts is timestamp-millis: from_avro gives a TIMESTAMP already
-    return ev.withColumn("t", F.col("ts")).withWatermark("t", "5 seconds")
+    ev = ev.withColumn("t", F.col("ts"))
+    return ev.withWatermark("t", "5 seconds") if watermark else ev
+
+
+def rule_frame(ev: Any, i: int, r: ThresholdRule, slide_s: int) -> Any:
+    """Rule ``r`` (number ``i``) alone: ``groupBy(window(t, W, slide), symbol)`` + HAVING; the
+    alert rows ``(rule, symbol, start, end, v)`` (the ``queries`` shape, one per rule)."""
+    from pyspark.sql import functions as F
+
+    agg = F.count(F.lit(1)).cast("double") if r.field is None else F.sum(F.col(r.field).cast("double"))
+    return (
+        ev.groupBy(F.window("t", f"{r.window_s} seconds", f"{slide_s} seconds").alias("w"), "symbol")
+        .agg(agg.alias("v"))
+        .where(F.col("v") > r.threshold)
+        .select(
+            F.lit(i).alias("rule"),
+            "symbol",
+            F.col("w.start").alias("start"),
+            F.col("w.end").alias("end"),
+            "v",
+        )
+    )
+
+
+def union_frame(ev: Any, rules: list[ThresholdRule], slide_s: int, deadline: float | None = None) -> Any:
+    """The ``union`` shape: every rule's windowed projection ``(rule, window, symbol, x)`` of
+    ``ev`` unioned (each branch scans and decodes the source again), ONE
+    ``groupBy(rule, window, symbol)`` and a per-rule HAVING; the alert rows ``(rule, symbol,
+    start, end, v)``.  ``None`` when building the union passed ``deadline`` (``perf_counter``):
+    at 1,000 rules the analysis of the union alone takes minutes in the driver."""
+    from pyspark.sql import functions as F
+
+    parts = []
+    for i, r in enumerate(rules):
+        w = F.window("t", f"{r.window_s} seconds", f"{slide_s} seconds")
+        val = F.lit(1.0) if r.field is None else F.col(r.field).cast("double")
+        parts.append(ev.select(F.lit(i).alias("rule"), w.alias("w"), "symbol", val.alias("x")))
+    u = parts[0]
+    for p in parts[1:]:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        u = u.unionByName(p)
+    thr = F.create_map(*[x for i, r in enumerate(rules) for x in (F.lit(i), F.lit(r.threshold))])
+    return (
+        u.groupBy("rule", "w", "symbol")
+        .agg(F.sum("x").alias("v"))
+        .where(F.col("v") > thr[F.col("rule")])
+        .select("rule", "symbol", F.col("w.start").alias("start"), F.col("w.end").alias("end"), "v")
+    )
 
 
 def run_baseline(
@@ -116,53 +175,49 @@ def run_baseline(
     shape: str,
     max_offsets: int,
     timeout_s: float,
+    sink: str = "noop",
+    query_prefix: str = "",
 ) -> dict[str, Any]:
-    """Drain the topic with the baseline; returns wall seconds and whether it finished."""
-    from pyspark.sql import functions as F
+    """Drain the topic with the baseline in ``shape`` (``queries``, ``union``: per rule, see the
+    module docstring; ``onescan``: :mod:`bench.onescan_baseline`; ``bare``: Spark's Kafka read
+    alone, the ceiling of any engine on Spark's connector); returns wall seconds and
+    whether it finished.  ``sink="memory"`` keeps the alert rows in the in-memory tables
+    ``<query_prefix><rule name | union | onescan>`` (for checking that the shapes agree)."""
 
     ckpt = Path(tempfile.mkdtemp(prefix="tw-baseline-"))
     queries = []
     t0 = time.perf_counter()
+    deadline = t0 + timeout_s
+    frames: list[tuple[str, Any]] = []
     if shape == "queries":
-        for r in rules:
-            ev = _events(spark, bootstrap, topic, max_offsets)
-            agg = F.count(F.lit(1)) if r.field is None else F.sum(r.field)
-            q = (
-                ev.groupBy(F.window("t", f"{r.window_s} seconds", f"{slide_s} seconds"), "symbol")
-                .agg(agg.alias("v"))
-                .where(F.col("v") > r.threshold)
-                .writeStream.outputMode("update")
-                .format("noop")
-                .option("checkpointLocation", str(ckpt / r.name))
-                .trigger(availableNow=True)
-                .start()
-            )
-            queries.append(q)
-    elif shape == "union":
-        ev = _events(spark, bootstrap, topic, max_offsets)
-        parts = []
         for i, r in enumerate(rules):
-            w = F.window("t", f"{r.window_s} seconds", f"{slide_s} seconds")
-            val = F.lit(1.0) if r.field is None else F.col(r.field).cast("double")
-            parts.append(ev.select(F.lit(i).alias("rule"), w.alias("w"), "symbol", val.alias("x")))
-        u = parts[0]
-        for p in parts[1:]:
-            u = u.unionByName(p)
-        thr = F.create_map(*[x for i, r in enumerate(rules) for x in (F.lit(i), F.lit(r.threshold))])
-        q = (
-            u.groupBy("rule", "w", "symbol")
-            .agg(F.sum("x").alias("v"))
-            .where(F.col("v") > thr[F.col("rule")])
-            .writeStream.outputMode("update")
-            .format("noop")
-            .option("checkpointLocation", str(ckpt / "union"))
-            .trigger(availableNow=True)
-            .start()
+            frames.append((r.name, rule_frame(_events(spark, bootstrap, topic, max_offsets), i, r, slide_s)))
+    elif shape == "union":
+        u = union_frame(_events(spark, bootstrap, topic, max_offsets), rules, slide_s, deadline)
+        if u is None:
+            return _not_built(
+                time.perf_counter() - t0, f"the {len(rules)}-branch union was not built in {timeout_s:.0f} s"
+            )
+        frames.append(("union", u))
+    elif shape == "bare":  # Spark's own ceiling: the Kafka read alone, nothing decoded or sent to Python
+        frames.append(
+            ("bare", _records(spark, bootstrap, topic, max_offsets).select("partition", "offset", "value"))
         )
-        queries.append(q)
+    elif shape == "onescan":
+        from bench.onescan_baseline import onescan_frame
+
+        ev = _events(spark, bootstrap, topic, max_offsets, watermark=False)
+        frames.append(("onescan", onescan_frame(ev, rules, slide_s)))
     else:
         raise ValueError(f"unknown shape {shape!r}")
-    deadline = t0 + timeout_s
+    for name, frame in frames:
+        q = (
+            frame.writeStream.outputMode("update")
+            .format(sink)
+            .option("checkpointLocation", str(ckpt / name))
+            .trigger(availableNow=True)
+        )
+        queries.append((q.queryName(f"{query_prefix}{name}") if sink == "memory" else q).start())
     finished = True
     for q in queries:
         left = deadline - time.perf_counter()
@@ -172,13 +227,13 @@ def run_baseline(
     wall = time.perf_counter() - t0
     # rows each query has read (progress reports; a rule is done only when its query is)
     processed = min(sum(int(p.get("numInputRows", 0)) for p in q.recentProgress) for q in queries)
-    if shape == "union":  # each branch of the union scans the Kafka source: rows are counted once per rule
-        processed //= len(rules)
+    scans = len(rules) if shape == "union" else 1  # each branch of the union scans the Kafka source
+    processed //= scans
     for q in queries:
         if q.isActive:
             q.stop()
     errors = [str(q.exception()) for q in queries if q.exception() is not None]
-    steady = [_steady(q.recentProgress, len(rules) if shape == "union" else 1) for q in queries]
+    steady = [_steady(q.recentProgress, scans) for q in queries]
     return {
         "seconds": wall,
         "finished": finished and not errors,
@@ -187,6 +242,18 @@ def run_baseline(
         # the slowest query's rate from the end of its first micro-batch to the end of its last
         "steady_events_per_s": None if None in steady else min(steady),  # type: ignore[type-var]
         "batches": max(len(q.recentProgress) for q in queries),
+    }
+
+
+def _not_built(seconds: float, why: str) -> dict[str, Any]:
+    """The result of a baseline whose query never started (same keys as :func:`run_baseline`)."""
+    return {
+        "seconds": seconds,
+        "finished": False,
+        "errors": [why],
+        "processed": 0,
+        "steady_events_per_s": None,
+        "batches": 0,
     }
 
 
@@ -215,7 +282,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, required=True, help="events in the topic (for the rate)")
     ap.add_argument("--rules", type=int, default=10)
     ap.add_argument("--slide", type=int, default=60)
-    ap.add_argument("--shape", choices=["queries", "union"], default="queries")
+    ap.add_argument("--shape", choices=["queries", "union", "onescan"], default="queries")
     ap.add_argument("--max-offsets", type=int, default=10_000)
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()

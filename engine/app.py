@@ -40,6 +40,7 @@ from engine.core import EngineCore, make_evaluator, rule_compiler
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
+from engine.executors.history import records_source, spark_history
 from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
@@ -186,7 +187,7 @@ class EngineApp:
         self.delivered: list[tuple[float, float, int]] = []
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
         #: ``engine_preaggregate = "executors"``: decode and pre-aggregation in Spark's tasks
-        self.executors = getattr(settings, "engine_preaggregate", "driver") == "executors"
+        self.executors = settings.engine_preaggregate == "executors"
         self.executor_pids: set[int] = set()  # process ids the executors' pane rows came from
         #: batch id -> its partitions with records not yet readable, until the batch is processed
         self._waiting_of: dict[int, list[tuple[str, int]]] = {}
@@ -195,6 +196,10 @@ class EngineApp:
         self.epoch = Epoch.read(self.state_dir / "spark-epoch.json")
         #: batch id -> its ``lost`` dead letters (offsets deleted by retention before they were read)
         self._lost: dict[int, DeadLetters] = {}
+        #: executors mode: where the core reads events again by offsets (a new rule's history, a
+        #: stream's pending events after a spec change): Spark's tasks live, this process on a
+        #: replay (:mod:`engine.executors.history`)
+        self._events: Any = records_source(self._read_ranges, self.topics, settings.max_future_ms)
 
     # ------------------------------------------------------------------ recovery
     def _snapshot_path(self, batch_id: int) -> Path:
@@ -269,6 +274,42 @@ class EngineApp:
         )
 
     # ------------------------------------------------------------------ batches
+    def _read_ranges(self, ranges: dict[str, dict[str, list[int]]]) -> pa.Table:
+        return read_ranges(self.bootstrap, ranges, settings=self.settings)
+
+    def kafka_options(self) -> dict[str, str]:
+        """Spark's Kafka source options every read of the engine uses (bootstrap, committed
+        records only, the ``engine`` principal's security settings)."""
+        return {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "kafka.isolation.level": "read_committed",
+            **spark_options(self.settings, "engine"),
+        }
+
+    def _spark_events(self, spark: Any) -> Callable[..., Any]:
+        """The core's ``EventSource`` through Spark (:func:`spark_history`): a batch read of the
+        offsets, decoded and filtered in the executors."""
+
+        def source(stream: str, index: Any, lo: int | None, hi: int | None) -> Any:
+            t0 = time.perf_counter()
+            d = spark_history(
+                spark,
+                self.kafka_options(),
+                index,
+                stream,
+                self.topics[stream],
+                lo=lo,
+                hi=hi,
+                max_future_ms=self.settings.max_future_ms,
+            )
+            log.info(
+                "read %d %s events again from Kafka (%d batches' offsets) in %.2f s",
+                len(d), stream, len(index), time.perf_counter() - t0,
+            )  # fmt: skip
+            return d
+
+        return source
+
     def _read_log(self, batch_id: int) -> BatchLog:
         """The batch's log; notes its partitions for :meth:`_process` (a replay decides as live)."""
         blog = BatchLog.read(self._batch_log(batch_id))
@@ -364,7 +405,9 @@ class EngineApp:
         waiting = self._waiting_of.pop(batch_id, None)
         if isinstance(batch, _Preaggregated):
             changes = subscription_changes(batch.eb.records)
-            out = self.core.process_preaggregated(batch_id, batch.eb, batch.params, changes, waiting)
+            out = self.core.process_preaggregated(
+                batch_id, batch.eb, batch.params, changes, waiting, history=self._events
+            )
         else:
             parts = dict(batch) if isinstance(batch, dict) else self._prepare(batch)
             changes = subscription_changes(parts.pop("subscriptions"))
@@ -417,6 +460,7 @@ class EngineApp:
         output collected and merged (:func:`merge_output`); its offset ranges (from that output,
         the format :func:`offset_ranges` writes) logged durably, then evaluated and delivered."""
         t0 = time.perf_counter()
+        self._events = self._spark_events(df.sparkSession)
         params = self.core.batch_params(self.topics)
         eb = merge_output(spark_preaggregate(df, params).toArrow(), params, batch=batch_id)
         self.read_s = time.perf_counter() - t0
@@ -652,14 +696,12 @@ class EngineApp:
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
         reader = (
             spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.bootstrap)
+            .options(**self.kafka_options())  # bootstrap, read_committed, SASL/SCRAM/TLS
             .option("subscribe", ",".join(self.topics.values()))
             .option("startingOffsets", starting)  # used only by a new checkpoint
             # offsets deleted by retention: not a stop of every stream -- each gap is found and
             # dead-lettered as ``lost`` (engine.sources.retention), never skipped silently
             .option("failOnDataLoss", "false")
-            .option("kafka.isolation.level", "read_committed")
-            .options(**spark_options(self.settings, "engine"))  # SASL/SCRAM in the scram mode
         )
         if max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import SnapshotUnreadable
+from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
@@ -53,6 +54,13 @@ log = logging.getLogger("tidewatch.engine")
 #: what :meth:`RuleEvaluator.values` gives per key: aggregate text -> value (None for NULL)
 Values = dict[str, float | int | str | None]
 
+#: executors mode: ``source(stream, index, lo, hi)`` -- the events of ``stream`` the batches of
+#: ``index`` took with ``lo < ts <= hi`` (None: unbounded), in arrival order, read again from
+#: Kafka (:func:`engine.executors.history.spark_history` live, or in this process on a replay)
+EventSource = Callable[[str, HistoryIndex, "int | None", "int | None"], Decoded]
+
+_NO_TS = -(2**62)  #: the lower bound of the first lookup's span (before every event time)
+
 
 class RuleEvaluator(Protocol):
     """What the engine needs from an evaluator: :class:`engine.evaluation.evaluator.Evaluator`
@@ -60,7 +68,7 @@ class RuleEvaluator(Protocol):
     (:meth:`EngineCore.to_bytes`), so it must be made of what :mod:`engine.runtime.state_codec`
     writes (classes of ``engine.``, or registered with its ``allow``)."""
 
-    def add_rule(self, name: str, plan: Any) -> None: ...
+    def add_rule(self, name: str, plan: Any, history: Any = None) -> None: ...
     def remove_rule(self, name: str) -> None: ...
     def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None: ...
 
@@ -135,6 +143,30 @@ def _concat(a: Decoded, b: Decoded) -> Decoded:
     )
 
 
+class _Reader:
+    """One batch's reads of events again from Kafka (an :data:`EventSource` over the core's
+    :class:`HistoryIndex`), each (stream, lo, hi) read once: rules added in one batch share it."""
+
+    def __init__(self, source: EventSource, index: HistoryIndex) -> None:
+        self.source, self.index = source, index
+        self._cache: dict[tuple[str, int | None, int | None], Decoded] = {}
+
+    def __call__(self, stream: str, lo: int | None, hi: int | None) -> Decoded:
+        k = (stream, lo, hi)
+        if k not in self._cache:
+            self._cache[k] = self.source(stream, self.index, lo, hi)
+        return self._cache[k]
+
+    def columns(self, stream: str, lo: int, hi: int) -> dict[str, np.ndarray] | None:
+        """The events as the evaluator's ``history`` gives them: columns sorted by ts (ties in
+        arrival order); None when there are none."""
+        d = self(stream, lo, hi)
+        if not len(d):
+            return None
+        order = np.argsort(d.ts, kind="stable")
+        return {k: np.asarray(v)[order] for k, v in d.columns.items()}
+
+
 def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec]:
     """The pane specs of ``stream`` by key field."""
     return {k: ks for (s, k), ks in specs.items() if s == stream}
@@ -193,6 +225,11 @@ class EngineCore:
         #: it is fed its raw events (the driver path) until every event pending then (``ts <=``
         #: this) is applied; its pane rows cover only the events of the batches since
         self.raw_fed: dict[str, int] = {}
+        #: executors mode: the batches whose events a rule may still need read again from Kafka
+        #: (PSoup backfill, a spec change while events are pending): :mod:`engine.executors.history`
+        self.history_index = HistoryIndex()
+        #: executors mode: the smallest valid event time seen before the first lookup
+        self.first_ts: int | None = None
 
     # ------------------------------------------------------------------ time
     @property
@@ -261,7 +298,7 @@ class EngineCore:
         return None if wm is None else (wm // self.L) * self.L
 
     # ------------------------------------------------------------------ rules
-    def _apply_change(self, ch: SubscriptionChange, out: BatchOutput) -> None:
+    def _apply_change(self, ch: SubscriptionChange, out: BatchOutput, history: Any = None) -> None:
         sid = ch.subscription_id
         seen = self._versions.get(sid)
         if ch.version is not None and seen is not None and ch.version <= seen:
@@ -279,7 +316,10 @@ class EngineCore:
             return
         try:
             plan, stream = self._compile(ch.text, ch.plan)
-            self.evaluator.add_rule(sid, plan)
+            if history is None:
+                self.evaluator.add_rule(sid, plan)
+            else:
+                self.evaluator.add_rule(sid, plan, history=history)
         except Exception as exc:  # a bad rule must not stop the engine
             log.warning("subscription %s (%s) refused: %s", sid, ch.name, exc)
             out.rule_errors.append((sid, str(exc)))
@@ -344,10 +384,12 @@ class EngineCore:
     def batch_params(self, topics: dict[str, str]) -> BatchParams:
         """What the executors need for the next batch (``engine_preaggregate = "executors"``),
         decided now, at batch start: the evaluator's pane specs (:func:`key_specs`), the late
-        bound (``applied_until``) and watermark the driver path would use, and every event
-        stream asked raw (ROWS windows, and the evaluator's history for PSoup backfill of a
-        rule added later, exactly as the driver path retains it)."""
-        specs, _ = key_specs(self.evaluator)
+        bound (``applied_until``) and watermark the driver path would use, and the streams
+        whose events must reach the driver raw: those a ROWS window (or a window that is not a
+        multiple of the pane width) reads, and those fed raw after a spec change (``raw_fed``).
+        Every other stream's events stay in the executors: a rule added later has them read
+        again from Kafka (:mod:`engine.executors.history`)."""
+        specs, raw = key_specs(self.evaluator)
         return batch_params(
             pane_ms=self.g,
             topics=topics,
@@ -355,7 +397,7 @@ class EngineCore:
             panes=specs,
             late_until=self.applied_until,
             watermark=self.watermark,
-            raw_streams=[s for s in topics if s in STREAMS],
+            raw_streams=[s for s in topics if s in STREAMS and (s in raw or s in self.raw_fed)],
         )
 
     def process_preaggregated(
@@ -365,31 +407,44 @@ class EngineCore:
         params: BatchParams,
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
+        history: EventSource | None = None,
     ) -> BatchOutput:
         """:meth:`process` of a batch the executors decoded and pre-aggregated (``eb``, made with
         ``params`` = :meth:`batch_params` at its start): the same output and state.
 
-        Subscription changes first, as :meth:`process`.  When they (or a restored state) change
-        a stream's pane specs, the pending pane rows of that stream (and this batch's, made with
-        the old specs) cannot serve the new specs: the stream is fed its raw events (the driver
-        path, exact) until every event pending now is applied (``raw_fed``), its pane rows
-        restarting empty under the new specs with the next batch."""
+        ``history``: where events are read again from Kafka by offsets (see :data:`EventSource`);
+        the batch is in :attr:`history_index` before anything reads it.  Subscription changes
+        first, as :meth:`process`; a rule added is filled from the evaluator's retained history,
+        whose events are read again where it holds pane rows only (PSoup).  When the changes (or
+        a restored state) change a stream's pane specs, the pending pane rows of that stream
+        (and this batch's, made with the old specs) cannot serve the new specs: the stream is
+        fed its raw events (the driver path, exact; read again unless they came raw) until every
+        event pending now is applied (``raw_fed``), its pane rows restarting empty under the new
+        specs with the next batch."""
         out = BatchOutput(batch_id)
+        tops = list(eb.part_max.values())
+        self.history_index.add(batch_id, eb.offsets, params.late_until, max(tops) if tops else None)
+        read = self._history_reader(history)
         for ch in changes or []:
-            self._apply_change(ch, out)
-        specs = {(k.stream, k.key): k for k in key_specs(self.evaluator)[0]}
+            self._apply_change(ch, out, None if read is None else read.columns)
+        specs_now, raw_now = key_specs(self.evaluator)
+        specs = {(k.stream, k.key): k for k in specs_now}
         before = {(k.stream, k.key): k for k in params.panes}
         stale = {
             s
             for s in STREAMS
             if _of(specs, s) != _of(before, s)
             or _of({k: p.spec for k, p in self.panes.items()}, s) != _of(before, s)
+            or (s in raw_now and s not in params.raw_streams)  # read raw from now: its pending too
         }
         out.dead = eb.dead
         delivered = set(eb.part_max)
         for k, top in eb.part_max.items():
             old = self.part_max.get(k)
             self.part_max[k] = top if old is None else max(old, top)
+        if self.applied_until is None:
+            for lo in eb.ts_min.values():
+                self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
         for stream, _ in params.topics:
             out.events[stream] = int(eb.events.get(stream, 0))
             d = eb.raw.get(stream)
@@ -404,13 +459,30 @@ class EngineCore:
             for key, ks in specs.items():
                 if key[0] == s:
                     self.panes[key] = PanePartial.empty(ks)
+            if s not in params.raw_streams:  # its pending events came as pane rows: read them
+                if read is None:
+                    raise ValueError(f"the pane specs of {s} changed with events pending: give history")
+                self.pending[s] = read(s, self.applied_until, None)
             if len(self.pending[s]):
                 top = int(self.pending[s].ts.max())
                 self.raw_fed[s] = max(self.raw_fed.get(s, top), top)
         self._advance_watermark(delivered, waiting)
         self._lookups(out, self._run_pane_lookups)
+        self.history_index.prune(self._history_bound())
         self.last_batch = batch_id
         return out
+
+    def _history_reader(self, source: EventSource | None) -> _Reader | None:
+        return None if source is None else _Reader(source, self.history_index)
+
+    def _history_bound(self) -> int | None:
+        """Events with ``ts`` at or below this are read again by nobody: not pending (``<=
+        applied_until``) and older than every retained unit's span."""
+        if self.applied_until is None:
+            return None
+        floor = getattr(self.evaluator, "history_floor", None)
+        lows = [f for f in (floor(s) for s in STREAMS) if f is not None] if floor else []
+        return min([self.applied_until, *lows])
 
     def _lookups(self, out: BatchOutput, run: Callable[[range, BatchOutput], None]) -> None:
         """Look up at every lookup time from the last one (or the first event) up to *now*."""
@@ -419,6 +491,7 @@ class EngineCore:
             return
         if self.applied_until is None:
             lows = [int(p.ts.min()) for p in self.pending.values() if len(p)]
+            lows += [] if self.first_ts is None else [self.first_ts]
             start = (min(lows) // self.L) * self.L if lows else now
         else:
             start = self.applied_until + self.L
@@ -438,7 +511,9 @@ class EngineCore:
             bufs[stream] = (p, p.ts)
         cursor = dict.fromkeys(bufs, 0)
         ev: Any = self.evaluator
+        needs_raw = key_specs(ev)[1]  # raw events kept with pane rows only where rules read them
         for tau in taus:
+            span = (_NO_TS if self.applied_until is None else self.applied_until, tau)
             for stream, (p, ts) in bufs.items():
                 lo = cursor[stream]
                 hi = int(np.searchsorted(ts, tau, "right")) if len(p) else 0
@@ -449,16 +524,26 @@ class EngineCore:
                 for key in keys:
                     due, self.panes[key] = self.panes[key].split(tau)
                     if fed and len(due):
-                        ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=raw)
+                        keep = raw if stream in needs_raw else None
+                        ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=keep, span=span)
                 if not fed and raw is not None:
-                    ev.apply(stream, raw)
+                    ev.apply(stream, raw, span=span)
+                elif not keys and raw is None and self._seen_after(stream, span[0]):
+                    ev.note_span(stream, *span)  # no rule reads it: retained as a span
             self._lookup_at(tau, out)
             for stream, until in list(self.raw_fed.items()):
                 if tau >= until:
                     del self.raw_fed[stream]
         for stream, (p, _) in bufs.items():
             lo = cursor[stream]
-            self.pending[stream] = p if lo == 0 else p.slice(lo)
+            if stream in needs_raw or stream in self.raw_fed:
+                self.pending[stream] = p if lo == 0 else p.slice(lo)
+            else:  # raw only while it was fed raw: its pane rows stand for the rest
+                self.pending[stream] = empty(stream)
+
+    def _seen_after(self, stream: str, lo: int) -> bool:
+        """Whether a valid event of ``stream`` later than ``lo`` was seen."""
+        return any(m > lo for (s, _), m in self.part_max.items() if s == stream)
 
     def _run_lookups(self, taus: range, out: BatchOutput) -> None:
         """Apply the pending events pane by pane and look up at every ``tau`` of ``taus``.

@@ -254,7 +254,7 @@ class Settings(BaseSettings):
         description="evaluate / commit a micro-batch in a worker thread while Spark reads the next one",
     )
     engine_preaggregate: Literal["driver", "executors"] = Field(
-        "driver",
+        "executors",
         description="where a micro-batch's records are decoded and pre-aggregated into (key, pane) rows: "
         "'driver' (toArrow of the records, decoded on the driver) or 'executors' (Spark tasks, "
         "engine/executors; runs unpipelined; docs/engine.md 'Executor pre-aggregation')",

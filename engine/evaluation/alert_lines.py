@@ -64,6 +64,19 @@ def _ranks(values: pa.Array) -> np.ndarray:
     return rank
 
 
+def _radix_order(key: np.ndarray, bits: int) -> np.ndarray:
+    """The stable sorting order of ``key`` (non-negative int64 below ``2**bits``): least
+    significant digit first, 16 bits at a time, each pass NumPy's stable sort of a uint16 array
+    (a radix sort, linear), so a key of up to 32 bits costs two linear passes."""
+    order: np.ndarray | None = None
+    for shift in range(0, bits, 16):
+        digit = ((key if order is None else key[order]) >> shift).astype(np.uint16)
+        step = np.argsort(digit, kind="stable")
+        order = step if order is None else order[step]
+    assert order is not None
+    return order
+
+
 def _bits(n: int) -> int:
     return max(1, int(n - 1).bit_length())
 
@@ -105,15 +118,16 @@ def format_alerts(
     b_key, b_name, b_seq = _bits(len(k_uni)), _bits(len(n_uni)), _bits(int(seq[-1]) + 1)
     n_rank = _ranks(n_uni)[n_idx]
     k_rank = _ranks(k_uni)[k_idx]
-    if 1 + b_key + b_name + b_seq <= 63:
-        order = np.argsort((((seq << b_name) | n_rank) << b_key | k_rank) << 1 | kinds)
+    bits = 1 + b_key + b_name + b_seq
+    if bits <= 63:
+        order = _radix_order((((seq << b_name) | n_rank) << b_key | k_rank) << 1 | kinds, bits)
     else:
         order = np.lexsort((kinds, k_rank, n_rank, seq))
     # two pieces per line, each built once per distinct value: '{"as_of": T, "rule": "r", "key": '
-    # per run of one (lookup, rule), '"k", "kind": "ENTER"}\n' per (key, kind)
+    # per run of one (lookup, rule), '"k", "kind": "ENTER"}\n' per (key, kind); the lines are the
+    # data buffer of one take of 2n pieces (head, tail, head, tail, ...) from [heads..., tails...]
     s_seq, s_name = seq[order], n_idx[order]
     starts = np.flatnonzero(np.r_[True, (s_seq[1:] != s_seq[:-1]) | (s_name[1:] != s_name[:-1])])
-    run = np.repeat(np.arange(starts.shape[0], dtype=np.int64), np.diff(np.r_[starts, n]))
     t_text = pc.cast(pa.array(as_of[order][starts], pa.int64()), pa.string())
     heads = pc.binary_join_element_wise(
         '{"as_of": ', t_text, ', "rule": ', json_quote(n_uni).take(pa.array(s_name[starts])), ', "key": ', ""
@@ -121,10 +135,11 @@ def format_alerts(
     quoted = json_quote(k_uni).take(pa.array(np.repeat(np.arange(len(k_uni), dtype=np.int64), 2)))
     kind_tail = pa.array(['ENTER"}\n', 'EXIT"}\n'] * len(k_uni), pa.string())
     tails = pc.binary_join_element_wise(quoted, ', "kind": "', kind_tail, "")
-    lines = pc.binary_join_element_wise(
-        heads.take(pa.array(run)), tails.take(pa.array(k_idx[order] * 2 + kinds[order])), ""
-    )
-    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=n + 1, offset=lines.offset * 4)
+    pick = np.empty(2 * n, np.int64)
+    pick[0::2] = np.repeat(np.arange(starts.shape[0], dtype=np.int64), np.diff(np.r_[starts, n]))
+    pick[1::2] = k_idx[order] * 2 + kinds[order] + starts.shape[0]
+    lines = pa.concat_arrays([heads, tails]).take(pa.array(pick))
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=2 * n + 1, offset=lines.offset * 4)
     data = lines.buffers()[2]
     assert data is not None
     return str(memoryview(data)[int(offsets[0]) : int(offsets[-1])], "ascii")

@@ -153,10 +153,16 @@ class Unit:
     raw: dict[str, np.ndarray] | None
     rows: dict[str, PaneRows] = field(default_factory=dict)
     source: Any = None  # the caller's raw dict, to join the calls of one batch (by identity)
+    #: ``(lo, hi)``: the unit stands for the stream's applied events with ``lo < ts <= hi`` (the
+    #: engine's executors mode, which retains pane rows only: the events are re-read from
+    #: Kafka when needed, :mod:`engine.executors.history`); None: not known
+    span: tuple[int, int] | None = None
 
     def max_ts(self) -> int:
         if self.raw is not None and self.raw["ts"].shape[0]:
             return int(self.raw["ts"][-1])
+        if self.span is not None and not self.rows:
+            return int(self.span[1])
         panes = [int(np.asarray(r.pane).max()) for r in self.rows.values() if len(r)]
         return max(panes) if panes else int(np.iinfo(np.int64).min)
 

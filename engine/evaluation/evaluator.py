@@ -67,7 +67,7 @@ field came into use; a rule on a key field no rule was using starts from the key
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,23 @@ from engine.evaluation.state import KeyState, Structure, set_name
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
 from tidewatch.schema import STREAMS
+
+#: ``history(stream, lo, hi)``: the stream's events applied with ``lo < ts <= hi``, as columns
+#: sorted by ts (ties in arrival order), or None -- where a rule added later is filled from when
+#: the retained units hold pane rows only (their ``span``; :mod:`engine.executors.history`)
+HistorySource = Callable[[str, int, int], "dict[str, np.ndarray] | None"]
+
+#: the pane-row aggregates each kind of pane-fed structure reads, by attribute
+_POOL = {"ci_sum": "sums", "values": "sums", "firstlast": "first", "minmax": "mins", "distinct": "distinct"}
+
+
+def _covers(rows: PaneRows | None, s: Structure) -> bool:
+    """Whether ``rows`` hold what the pane-fed structure ``s`` is filled from."""
+    agg = None if rows is None else rows.sets.get(set_name(s.predicate))
+    if agg is None:
+        return False
+    pool = _POOL.get(s.kind)
+    return pool is None or s.attr in getattr(agg, pool)
 
 
 class Evaluator:
@@ -137,8 +154,9 @@ class Evaluator:
         self.stats = {"events": 0, "lookups": 0, "candidates": 0, "post_checked": 0}
 
     # ------------------------------------------------------------ rules
-    def add_rule(self, name: str, plan: Plan) -> None:
-        """Register a rule; structures it needs and nobody had are filled from retained history."""
+    def add_rule(self, name: str, plan: Plan, history: HistorySource | None = None) -> None:
+        """Register a rule; structures it needs and nobody had are filled from retained history
+        (``history``: where the events of units retained as pane rows only are read from)."""
         if name in self.rules:
             raise ValueError(f"rule {name!r} already exists")
         st = self.states.get((plan.stream, plan.key))
@@ -222,7 +240,7 @@ class Evaluator:
         rule = Rule(name, plan, self._uid, st, agg_structs, index_structs)
         self.rules[name] = rule
         if fresh or new_state or domain_fresh:
-            self._replay(st, fresh, new_state, dom_raw if domain_fresh else None)
+            self._replay(st, fresh, new_state, dom_raw if domain_fresh else None, history)
         extra = None if self.strategy != "shared" or plan.single_atom else extra_atoms(plan)
         if self.strategy == "shared" and (plan.single_atom or extra is not None):
             atom = plan.atoms[plan.driver[0]]
@@ -275,10 +293,17 @@ class Evaluator:
             del self.states[(st.stream, st.key)]
 
     def _replay(
-        self, st: KeyState, fresh: list[Structure], new_state: bool, domain_fresh: bool | None
+        self,
+        st: KeyState,
+        fresh: list[Structure],
+        new_state: bool,
+        domain_fresh: bool | None,
+        history: HistorySource | None = None,
     ) -> None:
         """PSoup: fill new structures (and a domain R-INT when it starts being read) from the
-        retained history (``domain_fresh``: the feed of that domain R-INT, None: none)."""
+        retained history (``domain_fresh``: the feed of that domain R-INT, None: none).  Units
+        retained as pane rows only (``span``) that cannot feed them are read again, once, from
+        ``history``: the events of every retained unit's span, as one unit."""
         if new_state:
             raw_s = pane_s = None  # every structure, and the live domains
             raw_d = pane_d = None
@@ -292,7 +317,10 @@ class Evaluator:
             # raw rows older than the time retention that ROWS windows can read (oldest first)
             for piece in self._history.tail_of(st.stream):
                 st.apply(BatchView(st.stream, piece), raw_s, domain=raw_d)
-        for unit in self._history.units_of(st.stream):
+        units = self._history.units_of(st.stream)
+        if history is not None:
+            units = self._reread(st, units, history, raw_s is None or bool(raw_s) or bool(raw_d), pane_s)
+        for unit in units:
             cols = unit.raw
             rows = unit.rows.get(st.key)
             if cols is not None and (raw_s is None or raw_s or raw_d):
@@ -315,6 +343,45 @@ class Evaluator:
             elif missing:
                 self.stats["backfill_missing"] = self.stats.get("backfill_missing", 0) + len(missing)
 
+    def _reread(
+        self,
+        st: KeyState,
+        units: list[Unit],
+        history: HistorySource,
+        want_raw: bool,
+        pane_s: list[Structure] | None,
+    ) -> list[Unit]:
+        """``units``, or (when some unit without raw events cannot feed what is to be filled)
+        one unit of the events of every unit's span, read from ``history``."""
+        todo = st.pane_structs() if pane_s is None else pane_s
+        short = [
+            u
+            for u in units
+            if u.raw is None
+            and u.span is not None
+            and (want_raw or any(not _covers(u.rows.get(st.key), s) for s in todo) or pane_s is None)
+        ]
+        if not short:
+            return units
+        spans = [u.span for u in units if u.span is not None]
+        if len(spans) < len(units):
+            return units  # units of another origin: not one span to read
+        cols = history(st.stream, min(a for a, _ in spans), max(b for _, b in spans))
+        return [] if cols is None or not len(cols["ts"]) else [Unit(cols)]
+
+    def history_floor(self, stream: str) -> int | None:
+        """The lower bound of the spans of ``stream``'s retained units (events with a larger
+        ``ts`` may be read again); None when no unit has a span."""
+        spans = [u.span[0] for u in self._history.units_of(stream) if u.span is not None]
+        return min(spans) if spans else None
+
+    def note_span(self, stream: str, lo: int, hi: int) -> None:
+        """Events of ``stream`` with ``lo < ts <= hi`` were applied though no rule reads the
+        stream (executors mode: none of them reached this process): retained as a span, so a
+        rule added later is filled from their events read again."""
+        self._note(stream, None, hi, hi, n=0)
+        self._retain(stream, Unit(None, {}, span=(int(lo), int(hi))))
+
     # ------------------------------------------------------------ events
     @staticmethod
     def _sorted_cols(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -336,13 +403,15 @@ class Evaluator:
         stream: str,
         batch: dict[str, np.ndarray],
         factorized: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        span: tuple[int, int] | None = None,
     ) -> None:
         """Apply one micro-batch of a stream (columns of equal length; any order within it).
 
         With panes, the batch is also pre-aggregated into (key, pane) rows
         (:func:`engine.evaluation.panes.aggregate`) for the pane-fed structures. ``factorized``: string
         columns already factorized over a larger input, field -> (codes of the batch's rows,
-        the input's uniques), e.g. the backtest's whole file (saves hashing strings per batch)."""
+        the input's uniques), e.g. the backtest's whole file (saves hashing strings per batch).
+        ``span``: as for :meth:`apply_panes`."""
         if stream not in STREAMS:
             raise ValueError(f"unknown stream {stream!r}")
         ts_in = np.asarray(batch["ts"], dtype=np.int64)
@@ -371,10 +440,15 @@ class Evaluator:
                         rows = aggregate(cols, self._spec(st, view, todo), self.pane_ms)
                         st.apply_panes(rows, todo, domain=st.domain_live[False])
         self._note(stream, cols, int(cols["ts"][0]), int(cols["ts"][-1]))
-        self._retain(stream, Unit(cols))
+        self._retain(stream, Unit(cols, span=span))
 
     def apply_panes(
-        self, stream: str, rows: PaneRows, key: str | None = None, raw: dict[str, np.ndarray] | None = None
+        self,
+        stream: str,
+        rows: PaneRows,
+        key: str | None = None,
+        raw: dict[str, np.ndarray] | None = None,
+        span: tuple[int, int] | None = None,
     ) -> None:
         """Apply (key, pane) rows built with :meth:`pane_spec` (e.g. by Spark) to the pane-fed
         structures of ``(stream, key)`` (``key`` may be omitted when the stream has one key field
@@ -383,7 +457,9 @@ class Evaluator:
         ``raw``: the same events, raw -- required when ``pane_spec(...).needs_raw``; it feeds the
         raw-fed structures of that key field and is retained for rules added later (PSoup:
         without it, structures for predicates no column set aggregates cannot be backfilled).
-        Results equal applying the raw events for lookups at pane boundaries."""
+        Results equal applying the raw events for lookups at pane boundaries.  ``span``: ``(lo,
+        hi)``, the rows stand for the events with ``lo < ts <= hi`` (retained with the rows, so
+        that without ``raw`` a rule added later can have them read again: :meth:`add_rule`)."""
         if self.pane_ms is None:
             raise ValueError("apply_panes needs an Evaluator(pane_ms=...)")
         st = self._state_of(stream, key)
@@ -399,8 +475,10 @@ class Evaluator:
             last = self._history.newest(stream)
             if raw is not None and last is not None and last.source is raw and st.key not in last.rows:
                 last.rows[st.key] = rows  # another key field's rows of the same batch
+            elif raw is None and span is not None and last is not None and last.span == span:
+                last.rows.setdefault(st.key, rows)  # another key field's rows of the same span
             else:
-                self._retain(stream, Unit(raw_cols, {st.key: rows}, raw))
+                self._retain(stream, Unit(raw_cols, {st.key: rows}, raw, span))
 
     def _state_of(self, stream: str, key: str | None) -> KeyState | None:
         if stream not in STREAMS:

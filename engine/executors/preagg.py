@@ -224,7 +224,12 @@ def _ddl_type(t: pa.DataType) -> str:
 
 
 #: :data:`OUTPUT_SCHEMA` as Spark DDL (the schema argument of ``mapInArrow``)
-OUTPUT_DDL = ", ".join(f"`{f.name}` {_ddl_type(f.type)}" for f in OUTPUT_SCHEMA)
+def ddl_of(schema: pa.Schema) -> str:
+    """Spark's DDL string of an Arrow schema (``mapInArrow``'s output schema)."""
+    return ", ".join(f"`{f.name}` {_ddl_type(f.type)}" for f in schema)
+
+
+OUTPUT_DDL = ddl_of(OUTPUT_SCHEMA)
 
 
 # ---------------------------------------------------------------- what the driver decides

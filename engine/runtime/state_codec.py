@@ -61,6 +61,7 @@ from Kafka (:meth:`engine.app.EngineApp.recover`).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import itertools
 import json
@@ -74,6 +75,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pydantic_core
 
 from engine.errors import EngineError, SnapshotUnreadable
 
@@ -89,7 +91,13 @@ _DTYPE = re.compile(r"^[<>|=][biufcmMUS]\d{1,5}(\[\w{1,8}\])?$")
 _CLASS = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _ATOMS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _PLAIN: frozenset[type] = frozenset({str, bool, type(None)})
-_LOOSE: frozenset[type] = _PLAIN | {int}  # ints as JSON numbers, any size (unless json.dumps refuses one)
+_LOOSE: frozenset[type] = _PLAIN | {
+    int
+}  # ints as JSON numbers, any size (unless json.loads would refuse one)
+_ZEROS = bytes(_ALIGN)
+_SMALL = 4096  # arrays of up to this many bytes are copied as bytes
+_NO_STATE: dict[str, Any] = {}
+_UNSEEN: Any = object()
 
 
 class StateNotEncodable(EngineError, TypeError):
@@ -224,22 +232,32 @@ def _dtype_str(dt: np.dtype[Any]) -> str | None:
     return s if _DTYPE.match(s) else None
 
 
+#: class -> [tag "C" or "N", index in ``classes``, slot names, {attribute names: shape index},
+#: whether the last instance held atoms only]
+_Kind = list[Any]
+
+
 class _Encoder:
+    """One walk of the state, depth first (see the module's docstring for the nodes).  Speed:
+    everything the C code of the interpreter can check in bulk is checked so -- a container or
+    an instance whose items are all atoms (``set(map(type, ...))``) is copied into its node as
+    a whole; per class the attribute names of the last layouts met are looked up once per
+    instance (one tuple of the ``__dict__``'s keys), never per attribute."""
+
     def __init__(self, strict: bool = False) -> None:
-        self.memo: dict[int, int] = {}
-        self.keep: list[Any] = []  # every memoized object stays alive: its id is not reused
+        self.memo: dict[int, int] = {}  # id -> node number (all are reachable from the root: ids stay)
+        self.count = 0
         self.open: set[int] = set()  # tuples / frozensets being written (a cycle through one is refused)
         self.buffers: list[Any] = []  # uint8 arrays or bytes
         self.size = 0
         self.table: list[list[int]] = []
         self.classes: list[str] = []
-        #: class -> (tag "C" or "N", index in ``classes``, slot names)
-        self.kinds: dict[type, tuple[str, int, tuple[str, ...]]] = {}
+        self.kinds: dict[type, _Kind] = {}
         #: [class index, attribute names] of the instances written, and their index
         self.shapes: list[list[Any]] = []
-        self.shape_ix: dict[tuple[int, tuple[str, ...]], int] = {}
+        self.dtypes: dict[np.dtype[Any], str | None] = {}
         #: types written as themselves without a look (strict: ints beyond 64 bits become "I"
-        #: nodes -- the second try, when json.dumps refused an int of thousands of digits)
+        #: nodes -- the second try, when the document holds an int of thousands of digits)
         self.strict = strict
         self.fast = _PLAIN if strict else _LOOSE
 
@@ -247,30 +265,31 @@ class _Encoder:
         n = len(b) if isinstance(b, bytes | bytearray) else int(b.nbytes)
         pad = -self.size % _ALIGN
         if pad:
-            self.buffers.append(bytes(pad))
+            self.buffers.append(_ZEROS[:pad])
             self.size += pad
         self.table.append([self.size, n])
         self.buffers.append(b)
         self.size += n
         return len(self.table) - 1
 
-    def items(self, tag: str, xs: Any, part: Callable[[int], str]) -> list[Any]:
-        xs = list(xs)
+    def items(self, tag: str, xs: Any, where: Callable[[int], str]) -> list[Any]:
         fast = self.fast
         if _atomic(xs, fast):
             return [tag, *xs]
         out: list[Any] = [tag]
         enc = self.enc
-        for i, x in enumerate(xs):
-            tx = type(x)
-            if tx in fast or (tx is float and x - x == 0.0):
-                out.append(x)
-                continue
-            try:
-                out.append(enc(x))
-            except _Fail as f:
-                f.parts.append(part(i))
-                raise
+        try:
+            for x in xs:
+                tx = type(x)
+                if tx in fast or (tx is float and x - x == 0.0):
+                    out.append(x)
+                elif tx is tuple and set(map(type, x)) <= fast:
+                    out.append(["u", *x])
+                else:
+                    out.append(enc(x))
+        except _Fail as f:
+            f.parts.append(where(len(out) - 1))
+            raise
         return out
 
     def enc(self, x: Any) -> Any:  # noqa: C901 - one dispatch over the node kinds
@@ -284,31 +303,32 @@ class _Encoder:
         if t is tuple and _atomic(x, self.fast):  # immutable, no identity to keep: not numbered
             return ["u", *x]
         i = id(x)
-        m = self.memo.get(i)
+        memo = self.memo
+        m = memo.get(i)
         if m is not None:
             if i in self.open:
                 raise _Fail(t.__name__, "a cycle through an immutable container")
             return ["R", m]
         kind = self.kinds.get(t)
         if kind is not None and kind[0] == "C":
-            self.memo[i] = len(self.keep)
-            self.keep.append(x)
+            memo[i] = self.count
+            self.count += 1
             return self.instance(x, kind)
         if isinstance(x, np.generic):
             return self.scalar(x)
-        self.memo[i] = len(self.keep)
-        self.keep.append(x)
+        memo[i] = self.count
+        self.count += 1
         if t is list:
-            return self.items("L", x, lambda j: f"[{j}]")
+            return self.items("L", x, _at)
         if t is dict:
             return self.mapping(x)
         if t is tuple or t is frozenset:
             self.open.add(i)
-            out = self.items("T" if t is tuple else "F", x, lambda j: f"[{j}]" if t is tuple else f"<{j}>")
+            out = self.items("T", x, _at) if t is tuple else self.items("F", list(x), _member)
             self.open.discard(i)
             return out
         if t is set:
-            return self.items("S", x, lambda j: f"<element {j}>")
+            return self.items("S", list(x), _element)
         if t is bytes:
             return ["B", self.buf(x)]
         if t is bytearray:
@@ -323,7 +343,7 @@ class _Encoder:
         if kind is None:
             if not allowed(t):
                 raise _Fail(_path_of(t), "not an allowed class (engine.runtime.state_codec.allow)")
-            kind = ("N" if _native(t) else "C", len(self.classes), tuple(_slots(t)))
+            kind = ["N" if _native(t) else "C", len(self.classes), tuple(_slots(t)), {}, True]
             self.classes.append(_path_of(t))
             self.kinds[t] = kind
         if kind[0] == "N":
@@ -336,46 +356,75 @@ class _Encoder:
             return ["D", *itertools.chain.from_iterable(d.items())]
         out: list[Any] = ["D"]
         enc = self.enc
-        for k, v in d.items():
-            try:
-                out.append(k if type(k) in fast else enc(k))
-            except _Fail as f:
-                f.parts.append(f"<key {k!r}>")
-                raise
-            try:
-                out.append(v if type(v) in fast else enc(v))
-            except _Fail as f:
-                f.parts.append(f"[{k!r}]")
-                raise
+        k: Any = None
+        try:
+            for k, v in d.items():
+                tk = type(k)
+                out.append(k if tk in fast or (tk is float and k - k == 0.0) else enc(k))
+                tv = type(v)
+                if tv in fast or (tv is float and v - v == 0.0):
+                    out.append(v)
+                elif tv is tuple and set(map(type, v)) <= fast:
+                    out.append(["u", *v])
+                else:
+                    out.append(enc(v))
+        except _Fail as f:
+            f.parts.append(f"<key {k!r}>" if len(out) % 2 else f"[{k!r}]")
+            raise
         return out
 
-    def instance(self, x: Any, kind: tuple[str, int, tuple[str, ...]]) -> list[Any]:
-        state = getattr(x, "__dict__", None)
+    def instance(self, x: Any, kind: _Kind) -> list[Any]:
         if kind[2]:
-            state = dict(state or {})
+            state = dict(getattr(x, "__dict__", None) or {})
             for name in kind[2]:
                 if hasattr(x, name):
                     state[name] = getattr(x, name)
-        elif state is None:
-            state = {}
-        names = (kind[1], tuple(state))
-        sh = self.shape_ix.get(names)
+        else:
+            state = getattr(x, "__dict__", _NO_STATE)
+        names = tuple(state)
+        shapes = kind[3]
+        sh = shapes.get(names)
         if sh is None:
-            sh = self.shape_ix[names] = len(self.shapes)
-            self.shapes.append([kind[1], list(names[1])])
+            sh = shapes[names] = len(self.shapes)
+            self.shapes.append([kind[1], list(names)])
         out: list[Any] = ["C", sh]
-        enc = self.enc
+        values = state.values()
         fast = self.fast
-        for k, v in state.items():
-            tv = type(v)
-            if tv in fast or (tv is float and v - v == 0.0):
-                out.append(v)  # an atom written as itself (a float: finite)
-                continue
-            try:
-                out.append(enc(v))
-            except _Fail as f:
-                f.parts.append(f".{k}")
-                raise
+        if kind[4] and set(map(type, values)) <= fast:
+            out += values
+            return out
+        enc = self.enc
+        kinds = self.kinds
+        memo = self.memo
+        flat = True
+        try:
+            for v in values:
+                tv = type(v)
+                if tv in fast or (tv is float and v - v == 0.0):
+                    out.append(v)  # an atom written as itself (a float: finite)
+                    continue
+                flat = False
+                if tv is tuple and set(map(type, v)) <= fast:
+                    out.append(["u", *v])
+                    continue
+                k = kinds.get(tv)
+                if k is not None and k[0] == "C":  # an instance: enc's path, inlined
+                    i = id(v)
+                    m = memo.get(i)
+                    if m is None:
+                        memo[i] = self.count
+                        self.count += 1
+                        out.append(self.instance(v, k))
+                    elif i in self.open:
+                        out.append(enc(v))
+                    else:
+                        out.append(["R", m])
+                else:
+                    out.append(enc(v))
+        except _Fail as f:
+            f.parts.append(f".{names[len(out) - 2]}")
+            raise
+        kind[4] = flat  # try the whole at once next time when this one was all atoms
         return out
 
     def scalar(self, x: np.generic) -> list[Any]:
@@ -385,50 +434,99 @@ class _Encoder:
         return ["s", dt, x.tobytes().hex()]
 
     def array(self, a: np.ndarray) -> list[Any]:
-        if a.dtype == object:
-            flat = a.ravel()
-            if not set(map(type, flat)) <= {str, type(None)}:
-                odd = [type(v).__name__ for v in flat if v is not None and not isinstance(v, str)]
-                if odd:
-                    raise _Fail("numpy object array", f"it holds a {odd[0]} (only str and None are written)")
-            s = pa.array(flat, type=pa.string(), from_pandas=False)
-            if isinstance(s, pa.ChunkedArray):  # over 2 GiB of text: 64-bit offsets
-                s = pa.array(flat, type=pa.large_string(), from_pandas=False)
-            validity, offsets, data = s.buffers()
-            bufs = [
-                None if b is None else self.buf(np.frombuffer(b, np.uint8)) for b in (validity, offsets, data)
-            ]
-            return ["O", list(a.shape), len(s), s.null_count, str(s.type), *bufs]
-        dt = _dtype_str(a.dtype)
+        dtype = a.dtype
+        if dtype.hasobject:
+            return self.objects(a)
+        dt = self.dtypes.get(dtype, _UNSEEN)
+        if dt is _UNSEEN:
+            dt = self.dtypes[dtype] = _dtype_str(dtype)
         if dt is None:
-            raise _Fail(f"numpy array of {a.dtype}", "an unsupported dtype (structured or object)")
+            raise _Fail(f"numpy array of {dtype}", "an unsupported dtype (structured or object)")
+        if a.nbytes <= _SMALL:  # a copy costs less than the views
+            return ["A", dt, list(a.shape), self.buf(a.tobytes())]
         c = np.ascontiguousarray(a)
         return ["A", dt, list(a.shape), self.buf(c.reshape(-1).view(np.uint8))]
+
+    def objects(self, a: np.ndarray) -> list[Any]:
+        if a.dtype != object:
+            raise _Fail(f"numpy array of {a.dtype}", "an unsupported dtype (structured or object)")
+        flat = a.ravel()
+        if not set(map(type, flat)) <= {str, type(None)}:
+            odd = [type(v).__name__ for v in flat if v is not None and not isinstance(v, str)]
+            if odd:
+                raise _Fail("numpy object array", f"it holds a {odd[0]} (only str and None are written)")
+        s = pa.array(flat, type=pa.string(), from_pandas=False)
+        if isinstance(s, pa.ChunkedArray):  # over 2 GiB of text: 64-bit offsets
+            s = pa.array(flat, type=pa.large_string(), from_pandas=False)
+        validity, offsets, data = s.buffers()
+        bufs = [
+            None if b is None else self.buf(np.frombuffer(b, np.uint8)) for b in (validity, offsets, data)
+        ]
+        return ["O", list(a.shape), len(s), s.null_count, str(s.type), *bufs]
+
+
+def _at(i: int) -> str:
+    return f"[{i}]"
+
+
+def _member(i: int) -> str:
+    return f"<{i}>"
+
+
+def _element(i: int) -> str:
+    return f"<element {i}>"
+
+
+def _document(e: _Encoder, node: Any) -> bytes:
+    """The JSON text of the document (compact, no NaN): by ``pydantic_core.to_json`` (Rust, about
+    three times ``json.dumps``), or ``json.dumps`` for what it refuses (a lone surrogate)."""
+    doc = {"root": node, "classes": e.classes, "shapes": e.shapes, "buffers": e.table}
+    try:
+        return pydantic_core.to_json(doc)
+    except pydantic_core.PydanticSerializationError:
+        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _long_digits(text: bytes) -> bool:
+    """Whether ``text`` may hold a run of more digits than ``json.loads`` reads as an int
+    (``sys.get_int_max_str_digits``).  Such a run holds a whole block of half the limit, aligned:
+    only blocks that begin and end with a digit are read whole, the rest is not looked at."""
+    limit = sys.get_int_max_str_digits()
+    if limit == 0 or len(text) <= limit:
+        return False
+    step = limit // 2
+    m = len(text) // step
+    blocks = np.frombuffer(text, np.uint8, m * step).reshape(m, step)
+    ends = np.flatnonzero(((blocks[:, 0] - 48) < 10) & ((blocks[:, -1] - 48) < 10))
+    if not ((blocks[ends] - 48) < 10).all(axis=1).any():
+        return False
+    digit = np.concatenate([[False], (np.frombuffer(text, np.uint8) - 48) < 10, [False]]).view(np.int8)
+    edges = np.flatnonzero(np.diff(digit))
+    return bool((edges[1::2] - edges[0::2]).max() > limit)
 
 
 def dumps(root: Any) -> bytes:
     """The snapshot bytes of ``root`` (see the module's docstring); :class:`StateNotEncodable`
     when it holds something the format does not."""
-    for strict in (False, True):
-        e = _Encoder(strict)
-        try:
-            node = e.enc(root)
-        except _Fail as f:
-            raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None
-        except RecursionError:
-            raise StateNotEncodable("state", "", "nested too deeply") from None
-        try:
-            text = json.dumps(
-                {"root": node, "classes": e.classes, "shapes": e.shapes, "buffers": e.table},
-                allow_nan=False,
-                separators=(",", ":"),
-            )
-            break
-        except ValueError:  # an int of thousands of digits: again, big ints as "I" nodes
-            if strict:
-                raise
-    doc = text.encode()
-    doc += bytes(-len(doc) % _ALIGN)
+    collecting = gc.isenabled()
+    gc.disable()  # the walk makes ~10**5 lists and holds them all: no collection can free any
+    try:
+        for strict in (False, True):
+            e = _Encoder(strict)
+            try:
+                node = e.enc(root)
+            except _Fail as f:
+                raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None
+            except RecursionError:
+                raise StateNotEncodable("state", "", "nested too deeply") from None
+            doc = _document(e, node)
+            del node
+            if strict or not _long_digits(doc):
+                break  # else an int of thousands of digits: again, big ints as "I" nodes
+    finally:
+        if collecting:
+            gc.enable()
+    doc += _ZEROS[: -len(doc) % _ALIGN]
     crc = zlib.crc32(doc)
     for b in e.buffers:
         crc = zlib.crc32(b, crc)
@@ -637,6 +735,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     body = mv[_HEADER.size :]
     if zlib.crc32(body) != crc:
         raise SnapshotUnreadable("checksum mismatch (a damaged file)")
+    collecting = gc.isenabled()
+    gc.disable()  # reading makes ~10**6 objects, all kept: no collection can free any
     try:
         doc = json.loads(bytes(body[:doc_len]).rstrip(b"\x00"), parse_constant=_no_constant)
         dec = _Decoder(body[doc_len:], doc["buffers"], doc["classes"], doc["shapes"])
@@ -645,3 +745,6 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise
     except Exception as exc:  # whatever a damaged document makes the reader trip on
         raise SnapshotUnreadable(f"a damaged snapshot ({type(exc).__name__}: {exc})") from exc
+    finally:
+        if collecting:
+            gc.enable()

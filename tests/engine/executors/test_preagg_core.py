@@ -14,6 +14,7 @@ import pytest
 from engine.core import EngineCore, rule_compiler
 from engine.decode import STREAMS
 from engine.evaluation.evaluator import Evaluator
+from engine.executors.history import records_source
 from engine.executors.merge import merge_output
 from engine.executors.preagg import preaggregate
 from engine.messages import SubscriptionChange
@@ -44,13 +45,13 @@ CHANGES = {
 TEXT = dict(RULES)
 
 
-def _core() -> EngineCore:
+def _core(history_ms: int = 60_000) -> EngineCore:
     s = get_settings()
     return EngineCore(
         pane_ms=G,
         allowed_lateness_ms=1500,
         max_future_ms=10**9,
-        evaluator_factory=lambda: Evaluator("shared", ci_p=2, pane_ms=G, history_ms=60_000),
+        evaluator_factory=lambda: Evaluator("shared", ci_p=2, pane_ms=G, history_ms=history_ms),
         compile_rule=rule_compiler(s),
         idle_timeout_ms=5000,
     )
@@ -101,18 +102,25 @@ def _split(tbl: pa.Table) -> dict[str, pa.Table]:
     return {s: tbl.filter(pc.equal(tbl.column("topic"), TOPICS[s])) for s in STREAMS}
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_executor_path_equals_driver_path_batch_by_batch(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "history_ms"), [(1, 60_000), (2, 60_000), (3, 60_000), (4, 2_000), (5, 0)])
+def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: int) -> None:
+    """Rules added later are filled from history the executors mode reads again from "Kafka"
+    (``records_source``): a long retention, and a short one (dropped batches, units)."""
     rng = np.random.default_rng(seed)
     offs: dict[tuple[str, int], int] = {}
-    driver, execs = _core(), _core()
+    driver, execs = _core(history_ms), _core(history_ms)
     n_alerts = 0
+    log: list[pa.Table] = []  # "Kafka": every batch's records
+    source = records_source(lambda ranges: _read(log, ranges), TOPICS, 10**9)
+    raw_asked: list[frozenset[str]] = []
     for b in range(20):
         tbl = _batch(b, rng, offs)
+        log.append(tbl)
         want = driver.process(b, _split(tbl), _changes(b))
         params = execs.batch_params(dict(TOPICS))
+        raw_asked.append(params.raw_streams)
         eb = merge_output(preaggregate(tbl, params), params, batch=b)
-        got = execs.process_preaggregated(b, eb, params, _changes(b))
+        got = execs.process_preaggregated(b, eb, params, _changes(b), history=source)
         assert got.lookups == want.lookups, b
         assert got.alerts == want.alerts, b
         assert got.events == want.events, b
@@ -124,3 +132,20 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int) -> None:
             execs = EngineCore.from_bytes(execs.to_bytes(), rule_compiler(get_settings()))
             assert execs.panes
     assert n_alerts > 20
+    # events reach the driver raw only for a ROWS window ("rows" on trades from batch 4) or
+    # for the few batches after a spec change (packets' last at batch 8)
+    assert all("trades" in r for r in raw_asked[5:]), raw_asked
+    assert not any("packets" in r for r in raw_asked[14:]), [sorted(r) for r in raw_asked]
+    if history_ms < 10_000:  # batches no rule can read again are dropped
+        assert len(execs.history_index) < 12, execs.history_index.max_ts
+
+
+def _read(log: list[pa.Table], ranges: dict[str, dict[str, list[int]]]) -> pa.Table:
+    """The records of ``ranges`` (inclusive) from the batches written so far."""
+    every = pa.concat_tables(log)
+    keep = np.zeros(every.num_rows, bool)
+    top, part, off = (np.asarray(every.column(c).to_pylist()) for c in ("topic", "partition", "offset"))
+    for t, ps in ranges.items():
+        for p, (a, z) in ps.items():
+            keep |= (top == t) & (part == int(p)) & (off >= a) & (off <= z)
+    return every.filter(pa.array(keep))
