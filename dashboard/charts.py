@@ -1,12 +1,21 @@
 """Charts of the dashboard (Altair specs built from plain rows; no Streamlit calls here).
 
 * :func:`timeline` -- alerts over time, one row per subscription, ENTER / EXIT coloured.
-* :func:`aggregate_chart` -- one aggregate of a key over time (the values recorded with its
-  alerts and current results), with the rule's thresholds drawn as horizontal rules.
+* :func:`rate_chart` -- alerts per time bucket, stacked by kind (counted in SQL:
+  :func:`dashboard.queries.alert_rate`).
+* :func:`aggregate_chart` -- one aggregate of a key over time, with the rule's thresholds drawn
+  as horizontal rules.
+* :func:`metric_chart` -- one engine metric per micro-batch (Health).
+
+Every time axis is in UTC (a ``utc`` scale, so the browser's time zone plays no part) and
+says so in its title; tooltips show the time as text (``2026-11-25 08:30:00 UTC``).  Long
+names sit in chart titles (wrapped) or on axes with a generous label limit, never in an axis
+title that the chart's height would cut.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,18 +24,54 @@ import pandas as pd
 
 from dashboard.catchup import AlertRow, format_values
 from dashboard.rules import Threshold
+from dashboard.timefmt import FORMAT, as_utc, span_text
 
-#: clock time on time axes (Vega's default shows ".500" ticks over a span of seconds)
-TIME_AXIS = alt.Axis(format="%H:%M:%S", labelOverlap=True)
 KIND_COLORS = alt.Scale(domain=["ENTER", "EXIT"], range=["#d62728", "#2ca02c"])
+#: a row of the timeline per subscription, this many pixels high (ticks are 18 px)
+ROW_PX = 40
+#: room for subscription names on the timeline's y axis before they are cut with an ellipsis
+LABEL_PX = 320
+TIME_TITLE = "time (UTC)"
+
+
+def _when(times: pd.Series) -> pd.Series:
+    """Times as text for tooltips (UTC)."""
+    return times.map(lambda t: as_utc(t.to_pydatetime()).strftime(FORMAT) if pd.notna(t) else "")
+
+
+def time_format(times: pd.Series) -> str:
+    """A d3 time format fit for the span of ``times``: clock time within a day, date and time
+    beyond."""
+    if times.empty:
+        return "%H:%M:%S"
+    span = (times.max() - times.min()).total_seconds()
+    if span > 86400:
+        return "%b %d %H:%M"
+    return "%H:%M:%S" if span < 3 * 3600 else "%H:%M"
+
+
+def time_x(field: str, times: pd.Series, title: str | None = TIME_TITLE) -> alt.X:
+    """An x encoding of ``field`` on a UTC time scale, labels that do not overlap."""
+    return alt.X(
+        f"{field}:T",
+        title=title,
+        scale=alt.Scale(type="utc"),
+        axis=alt.Axis(format=time_format(times), labelOverlap=True, labelAngle=0, labelFlush=True),
+    )
+
+
+def wrap_title(text: str, width: int = 70) -> list[str]:
+    """A long title as lines of at most ``width`` characters (Vega draws one line per item)."""
+    return textwrap.wrap(text, width) or [""]
 
 
 def alerts_frame(rows: Iterable[AlertRow]) -> pd.DataFrame:
-    """Alert rows as a DataFrame (text columns stay text; values as one line, "\u2014" when none)."""
+    """Alert rows as a DataFrame (times in UTC; text columns stay text; values as one line,
+    "\u2014" when none)."""
     data = [
         {
             "seq": r.seq,
-            "time": r.as_of,
+            "time": as_utc(r.as_of),
             "subscription": r.subscription,
             "key": r.key,
             "kind": r.kind,
@@ -34,22 +79,59 @@ def alerts_frame(rows: Iterable[AlertRow]) -> pd.DataFrame:
         }
         for r in rows
     ]
-    return pd.DataFrame(data, columns=["seq", "time", "subscription", "key", "kind", "values"])
+    df = pd.DataFrame(data, columns=["seq", "time", "subscription", "key", "kind", "values"])
+    df["time"] = pd.to_datetime(df["time"], utc=True)
+    return df
 
 
 def timeline(rows: Sequence[AlertRow]) -> alt.Chart:
-    """ENTER / EXIT alerts over time by subscription."""
+    """ENTER / EXIT alerts over time, a row of :data:`ROW_PX` per subscription."""
     df = alerts_frame(rows)
+    df["when"] = _when(df["time"])
     return (
         alt.Chart(df)
         .mark_tick(thickness=2, size=18)
         .encode(
-            x=alt.X("time:T", title="as of", axis=TIME_AXIS),
-            y=alt.Y("subscription:N", title=None),
-            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind"),
-            tooltip=["time:T", "subscription:N", "key:N", "kind:N", "values:N"],
+            x=time_x("time", df["time"]),
+            y=alt.Y(
+                "subscription:N",
+                title=None,
+                axis=alt.Axis(labelLimit=LABEL_PX, labelPadding=8, labelFontSize=12),
+            ),
+            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="top")),
+            tooltip=[
+                alt.Tooltip("when:N", title="as of"),
+                "subscription:N",
+                "key:N",
+                "kind:N",
+                "values:N",
+            ],
         )
-        .properties(height=max(80, 36 * max(1, df["subscription"].nunique())))
+        .properties(height=alt.Step(ROW_PX), title="Alerts over time")
+    )
+
+
+def rate_frame(rows: Sequence[tuple[Any, str, int]]) -> pd.DataFrame:
+    """(bucket start, kind, count) rows as a frame (times in UTC)."""
+    df = pd.DataFrame(list(rows), columns=["time", "kind", "alerts"])
+    df["time"] = pd.to_datetime(df["time"], utc=True)
+    df["when"] = _when(df["time"])
+    return df
+
+
+def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart:
+    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked."""
+    df = rate_frame(rows)
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=time_x("time", df["time"]),
+            y=alt.Y("alerts:Q", title=None, stack="zero"),
+            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="top")),
+            tooltip=[alt.Tooltip("when:N", title="from"), "kind:N", "alerts:Q"],
+        )
+        .properties(height=180, title=f"Alerts per {span_text(bucket_s)}")
     )
 
 
@@ -59,19 +141,33 @@ def aggregate_series(rows: Iterable[AlertRow], aggregate: str) -> pd.DataFrame:
     for r in rows:
         v = r.values.get(aggregate)
         if isinstance(v, int | float) and not isinstance(v, bool):
-            data.append({"time": r.as_of, "value": float(v), "kind": r.kind})
+            data.append({"time": as_utc(r.as_of), "value": float(v), "kind": r.kind})
     return pd.DataFrame(data, columns=["time", "value", "kind"])
 
 
 def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Threshold]) -> alt.LayerChart:
-    """The aggregate's values over time with each threshold ``aggregate op value`` drawn in."""
+    """The aggregate's values over time (its text as the chart's title) with each threshold
+    ``aggregate op value`` drawn in.  A ``window`` column, when present, tells points whose
+    window was read whole (``whole``) from those computed from part of it (``partial``)."""
+    df = series.copy()
+    df["time"] = pd.to_datetime(df["time"], utc=True)
+    df["when"] = _when(df["time"])
+    if "window" not in df.columns:
+        df["window"] = "whole"
     base = (
-        alt.Chart(series)
+        alt.Chart(df)
         .mark_line(point=True)
         .encode(
-            x=alt.X("time:T", title="as of", axis=TIME_AXIS),
-            y=alt.Y("value:Q", title=aggregate),
-            tooltip=["time:T", "value:Q", "kind:N"],
+            x=time_x("time", df["time"]),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+            opacity=alt.Opacity(
+                "window:N",
+                scale=alt.Scale(domain=["whole", "partial"], range=[1.0, 0.35]),
+                legend=alt.Legend(orient="top", title="window read")
+                if (df["window"] != "whole").any()
+                else None,
+            ),
+            tooltip=[alt.Tooltip("when:N", title="time"), "value:Q", "window:N"],
         )
     )
     th = pd.DataFrame(
@@ -81,20 +177,25 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
     rule = (
         alt.Chart(th)
         .mark_rule(color="#d62728", strokeDash=[6, 4])
-        .encode(y="threshold:Q", tooltip=["label:N"])
+        .encode(y="threshold:Q", tooltip=[alt.Tooltip("label:N", title="threshold")])
     )
-    return alt.LayerChart(layer=[base, rule]).properties(height=220)
+    return alt.LayerChart(layer=[base, rule]).properties(
+        height=220, title=alt.TitleParams(wrap_title(aggregate), fontSize=12, anchor="start")
+    )
 
 
 def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
-    """One engine metric per micro-batch over time (points joined by a line)."""
+    """One engine metric per micro-batch over time (points joined by a line), its name as the title."""
+    d = df[["ts", field]].dropna().copy()
+    d["ts"] = pd.to_datetime(d["ts"], utc=True)
+    d["when"] = _when(d["ts"])
     return (
-        alt.Chart(df[["ts", field]].dropna())
+        alt.Chart(d)
         .mark_line(point=True)
         .encode(
-            x=alt.X("ts:T", title=None, axis=TIME_AXIS),
-            y=alt.Y(f"{field}:Q", title=title),
-            tooltip=["ts:T", f"{field}:Q"],
+            x=time_x("ts", d["ts"]),
+            y=alt.Y(f"{field}:Q", title=None),
+            tooltip=[alt.Tooltip("when:N", title="time"), f"{field}:Q"],
         )
-        .properties(height=200)
+        .properties(height=200, title=alt.TitleParams(wrap_title(title, 40), fontSize=12, anchor="start"))
     )

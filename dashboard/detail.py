@@ -7,10 +7,12 @@ one aggregate of a compiled plan, it evaluates the aggregate at lookup times
 COUNT = SUM = 0, the others NULL).  Work is per lookup time (prefix sums for COUNT / SUM /
 AVG, slices for the rest), never per event in Python.
 
-:func:`recent_events` reads the key's recent events from Kafka (the dashboard never talks
+:func:`read_recent` reads the key's recent events from Kafka (the dashboard never talks
 to Spark): every partition of the stream's topic from the offset of ``now - lookback``
 (``offsets_for_times``) up to its end when the read started, bounded by
-``settings.dashboard_detail_max_messages``; records are filtered by the Kafka message key
+``settings.dashboard_detail_max_messages`` -- the NEWEST records within that bound, read in
+rounds from the end back, so a capped or timed-out read keeps the latest events and says from
+when on it is complete (charts mark the points computed from part of their window); records are filtered by the Kafka message key
 when the rule's key is the topic's key (trades: ``symbol``; packets:
 ``settings.packets_key``), else after decoding.  Each read uses a consumer of its own, closed
 at the end, so nothing is left stuck by a broker restart: while the broker is down a read
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -99,6 +102,64 @@ def longest_window_ms(aggs: list[AggSpec]) -> int:
     return max((a.window.start_ms for a in aggs if isinstance(a.window, A.TimeWindow)), default=0)
 
 
+@dataclass(frozen=True)
+class StreamRead:
+    """What :func:`read_recent` got: the key's events as columns, whether the read stopped short
+    of the lookback, and from which event time (ms) on it is complete (None: all of it)."""
+
+    cols: dict[str, np.ndarray]
+    truncated: bool
+    complete_from_ms: int | None = None
+
+
+def newest_starts(ranges: dict[int, tuple[int, int]], budget: int) -> dict[int, int]:
+    """Where to start reading each partition's ``[lo, hi)`` so that at most ``budget`` records are
+    read in all, the newest ones: each partition gives up its oldest records in proportion to
+    its share of the total (partitions fill at about the same rate, so the cut falls at about
+    the same time in each)."""
+    total = sum(hi - lo for lo, hi in ranges.values())
+    if total <= budget:
+        return {p: lo for p, (lo, _hi) in ranges.items()}
+    return {p: max(lo, hi - (budget * (hi - lo)) // total) for p, (lo, hi) in ranges.items()}
+
+
+def chunks(starts: dict[int, int], ends: dict[int, int], rounds: int) -> list[dict[int, tuple[int, int]]]:
+    """``[start, end)`` of each partition cut into ``rounds`` pieces, the newest pieces first (a
+    read that runs out of time keeps the newest records, not the oldest)."""
+    out: list[dict[int, tuple[int, int]]] = []
+    for k in range(rounds):
+        piece: dict[int, tuple[int, int]] = {}
+        for p, lo in starts.items():
+            hi = ends[p]
+            n = hi - lo
+            a, b = lo + (n * (rounds - k - 1)) // rounds, lo + (n * (rounds - k)) // rounds
+            if b > a:
+                piece[p] = (a, b)
+        if piece:
+            out.append(piece)
+    return out
+
+
+def _newest_ts(stream: str, values: list[bytes]) -> int | None:
+    """The largest event time among a few records (None when none decodes)."""
+    from engine.dead_letter import DeadLetters
+    from engine.decode import decode_records
+
+    if not values:
+        return None
+    n = len(values)
+    table = pa.table(
+        {
+            "partition": pa.array([0] * n, pa.int32()),
+            "offset": pa.array(range(n), pa.int64()),
+            "value": pa.array(values, pa.binary()),
+        }
+    )
+    d = decode_records(stream, table, late_until=None, max_future_ms=10**12, dead=DeadLetters())
+    ts = np.asarray(d.columns.get("ts", []), np.int64) if len(d) else np.zeros(0, np.int64)
+    return int(ts.max()) if len(ts) else None
+
+
 def recent_events(
     stream: str,
     key_field: str,
@@ -108,7 +169,30 @@ def recent_events(
     timeout_s: float = 20.0,
 ) -> tuple[dict[str, np.ndarray], bool]:
     """The key's events (every key's when ``key`` is None) of the last ``lookback_ms`` from
-    Kafka; ``(columns, truncated)``."""
+    Kafka; ``(columns, truncated)`` (:func:`read_recent` without its completeness time)."""
+    r = read_recent(stream, key_field, key, lookback_ms, settings, timeout_s)
+    return r.cols, r.truncated
+
+
+#: records per round of :func:`read_recent` (newest round first)
+ROUND_RECORDS = 100_000
+
+
+def read_recent(
+    stream: str,
+    key_field: str,
+    key: str | None,
+    lookback_ms: int,
+    settings: Settings,
+    timeout_s: float = 20.0,
+) -> StreamRead:
+    """The key's events (every key's when ``key`` is None) of the last ``lookback_ms`` from Kafka,
+    the NEWEST first: each partition from ``offsets_for_times(now - lookback_ms)`` to its end
+    when the read started, at most ``settings.dashboard_detail_max_messages`` records in all
+    (:func:`newest_starts`), read in rounds from the newest back (:func:`chunks`) until done or
+    ``timeout_s`` is spent.  When it stops short, ``complete_from_ms`` is the event time from
+    which on every partition was read whole (the newest event time among the first records of
+    the oldest rounds read whole; a partition's events arrive in about time order)."""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     from engine.dead_letter import DeadLetters
@@ -132,6 +216,9 @@ def recent_events(
     offs: list[int] = []
     vals: list[bytes] = []
     truncated = False
+    # per partition: the oldest record of the oldest round read whole (its event time bounds
+    # what was read completely)
+    first_val: dict[int, bytes] = {}
     wait = max(1.0, timeout_s / 4)  # each metadata call; the read itself gets timeout_s
     try:
         try:
@@ -140,12 +227,12 @@ def recent_events(
             if tmeta is None or (
                 tmeta.error is not None and tmeta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
             ):
-                return {}, False
+                return StreamRead({}, False)
             if tmeta.error is not None:  # e.g. no leader yet, right after a broker restart
                 raise KafkaException(tmeta.error)
             start_ms = int(time.time() * 1000) - lookback_ms
             tps = [TopicPartition(topic, p, start_ms) for p in sorted(tmeta.partitions)]
-            starts = c.offsets_for_times(tps, timeout=wait)
+            found = c.offsets_for_times(tps, timeout=wait)
             ends = {
                 p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=wait)[1]
                 for p in tmeta.partitions
@@ -157,37 +244,52 @@ def recent_events(
                 f"Kafka ({st.kafka_bootstrap}) does not answer, so the {stream} stream cannot be read "
                 f"now ({reason}). Try again in a moment."
             ) from exc
-        todo = {tp.partition: ends[tp.partition] for tp in starts if 0 <= tp.offset < ends[tp.partition]}
-        if not todo:
-            return {}, False
-        c.assign([tp for tp in starts if tp.partition in todo])
-        seen = 0
+        ranges = {
+            tp.partition: (tp.offset, ends[tp.partition])
+            for tp in found
+            if 0 <= tp.offset < ends[tp.partition]
+        }
+        if not ranges:
+            return StreamRead({}, False)
+        starts = newest_starts(ranges, st.dashboard_detail_max_messages)
+        truncated = any(starts[p] > lo for p, (lo, _hi) in ranges.items())
+        total = sum(ends[p] - starts[p] for p in starts)
         deadline = time.monotonic() + timeout_s
-        while todo and time.monotonic() < deadline:
-            for m in c.consume(num_messages=5000, timeout=0.5):
-                if m.error() is not None:
-                    continue
-                p, o = m.partition(), m.offset()
-                if p is None or o is None or p not in todo:
-                    continue
-                seen += 1
-                if o >= todo[p] - 1:
-                    del todo[p]
-                if by_kafka_key and m.key() != want:
-                    continue
-                value = m.value()
-                if value is not None:
-                    parts.append(p)
-                    offs.append(o)
-                    vals.append(value)
-            if seen >= st.dashboard_detail_max_messages:
+        for piece in chunks(starts, ends, max(1, -(-total // ROUND_RECORDS))):
+            if time.monotonic() >= deadline:
                 truncated = True
                 break
-        truncated = truncated or bool(todo)
+            c.assign([TopicPartition(topic, p, a) for p, (a, _b) in piece.items()])
+            todo = {p: b for p, (_a, b) in piece.items()}
+            firsts = {p: a for p, (a, _b) in piece.items()}
+            piece_first: dict[int, bytes] = {}
+            while todo and time.monotonic() < deadline:
+                for m in c.consume(num_messages=5000, timeout=0.5):
+                    if m.error() is not None:
+                        continue
+                    p, o = m.partition(), m.offset()
+                    if p is None or o is None or p not in todo or o >= todo[p]:
+                        continue
+                    value = m.value()
+                    if o == firsts.get(p) and value is not None:
+                        piece_first[p] = value
+                    if o >= todo[p] - 1:
+                        del todo[p]
+                    if by_kafka_key and m.key() != want:
+                        continue
+                    if value is not None:
+                        parts.append(p)
+                        offs.append(o)
+                        vals.append(value)
+            if todo:  # out of time inside this round: what was read of it stays, it is not whole
+                truncated = True
+                break
+            first_val.update(piece_first)
     finally:
         c.close()
+    complete_from = _newest_ts(stream, list(first_val.values())) if truncated else None
     if not vals:
-        return {}, truncated
+        return StreamRead({}, truncated, complete_from)
     table = pa.table(
         {
             "partition": pa.array(parts, pa.int32()),
@@ -200,7 +302,7 @@ def recent_events(
     if key is not None and not by_kafka_key and len(d):
         keep = np.asarray(cols[key_field]) == key
         cols = {k: np.asarray(v)[keep] for k, v in cols.items()}
-    return cols, truncated
+    return StreamRead(cols, truncated, complete_from)
 
 
 def detail_frames(
@@ -210,10 +312,16 @@ def detail_frames(
     span_ms: int,
     pane_ms: int,
     now_ms: int | None = None,
+    complete_from_ms: int | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """For each aggregate text: a (time, value) frame over the last ``span_ms`` up to ``now_ms``
-    (default: the last event), at pane boundaries.  Running to *now* shows a key that went
-    quiet: its windowed aggregates fall back as its events leave the windows."""
+    """For each aggregate text: a (time, value, window) frame over the last ``span_ms`` up to
+    ``now_ms`` (default: the last event), at pane boundaries.  Running to *now* shows a key that
+    went quiet: its windowed aggregates fall back as its events leave the windows.
+
+    ``complete_from_ms`` (a read that stopped short, :class:`StreamRead`): a point whose time
+    window reaches back before it is marked ``window = "partial"`` (computed from part of its
+    window), the others ``"whole"``; a ROWS window is partial when it holds fewer than its n
+    events."""
     if not cols or len(cols.get("ts", [])) == 0:
         return {}
     ts = np.asarray(cols["ts"], np.int64)
@@ -223,7 +331,15 @@ def detail_frames(
     when = pd.to_datetime(taus, unit="ms", utc=True)
     for a in aggs:
         vals = aggregate_series(stream, cols, a, taus)
-        out[a.text] = pd.DataFrame({"time": when, "value": vals, "kind": "stream"})
+        partial = np.zeros(len(taus), bool)
+        if complete_from_ms is not None:
+            w = a.window
+            if isinstance(w, A.TimeWindow):
+                partial = taus - w.start_ms < complete_from_ms
+            else:
+                partial = np.searchsorted(np.sort(ts), taus, side="right") < w.n
+        window = np.where(partial, "partial", "whole")
+        out[a.text] = pd.DataFrame({"time": when, "value": vals, "kind": "stream", "window": window})
     return out
 
 

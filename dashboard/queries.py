@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,8 @@ def escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def alerts(
-    sessions: sessionmaker[Session],
+def _filtered(
+    q: Any,
     username: str,
     *,
     subscription_ids: Sequence[uuid.UUID] | None = None,
@@ -40,15 +40,12 @@ def alerts(
     exact_key: bool = False,
     kinds: Sequence[str] | None = None,
     after_seq: int | None = None,
-    limit: int = 200,
-) -> list[AlertRow]:
-    """The user's alerts, newest first, filtered by subscription, key (substring, or exact),
-    kind and ``seq > after_seq``."""
-    q = (
-        select(Alert, Subscription.name)
-        .join(Subscription, Subscription.id == Alert.subscription_id)
-        .where(Subscription.owner == username)
-    )
+    upto_seq: int | None = None,
+) -> Any:
+    """``q`` (a select that joins ``alerts`` to ``subscriptions``) restricted to the user's
+    alerts matching the filters: subscription, key (substring, or exact), kind, and
+    ``after_seq < seq <= upto_seq``."""
+    q = q.where(Subscription.owner == username)
     if subscription_ids:
         q = q.where(Alert.subscription_id.in_(list(subscription_ids)))
     if key:
@@ -60,6 +57,22 @@ def alerts(
         q = q.where(Alert.kind.in_(list(kinds)))
     if after_seq is not None:
         q = q.where(Alert.seq > after_seq)
+    if upto_seq is not None:
+        q = q.where(Alert.seq <= upto_seq)
+    return q
+
+
+def alerts(
+    sessions: sessionmaker[Session],
+    username: str,
+    *,
+    limit: int = 200,
+    **filters: Any,
+) -> list[AlertRow]:
+    """The user's alerts, newest first, filtered as :func:`_filtered` says (keyword arguments
+    ``subscription_ids``, ``key``, ``exact_key``, ``kinds``, ``after_seq``, ``upto_seq``)."""
+    q = select(Alert, Subscription.name).join(Subscription, Subscription.id == Alert.subscription_id)
+    q = _filtered(q, username, **filters)
     q = q.order_by(Alert.seq.desc()).limit(max(1, min(int(limit), MAX_LIMIT)))
     with sessions() as s:
         return [
@@ -86,6 +99,149 @@ def count_after(sessions: sessionmaker[Session], username: str, seq: int) -> int
             .select_from(Alert)
             .join(Subscription, Subscription.id == Alert.subscription_id)
             .where(Subscription.owner == username, Alert.seq > seq)
+        )
+    return int(v or 0)
+
+
+# --- summaries (aggregated in SQL) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SubscriptionSummary:
+    """One subscription's alerts under a filter: how many keys entered and left its result."""
+
+    subscription_id: uuid.UUID
+    name: str
+    state: str
+    entered: int
+    left: int
+    keys: int  # distinct keys among those alerts
+    first: datetime | None
+    last: datetime | None
+
+    @property
+    def total(self) -> int:
+        return self.entered + self.left
+
+
+def summary_by_subscription(
+    sessions: sessionmaker[Session], username: str, **filters: Any
+) -> list[SubscriptionSummary]:
+    """Per subscription with at least one alert under ``filters`` (those of :func:`alerts`):
+    ENTER / EXIT counts, distinct keys, first and last alert time; most alerts first.  One
+    ``GROUP BY`` in PostgreSQL."""
+    enters = func.count().filter(Alert.kind == "ENTER")
+    exits = func.count().filter(Alert.kind == "EXIT")
+    q = select(
+        Subscription.id,
+        Subscription.name,
+        Subscription.state,
+        enters,
+        exits,
+        func.count(func.distinct(Alert.key)),
+        func.min(Alert.as_of),
+        func.max(Alert.as_of),
+    ).join(Alert, Alert.subscription_id == Subscription.id)
+    q = _filtered(q, username, **filters)
+    q = q.group_by(Subscription.id, Subscription.name, Subscription.state).order_by(
+        func.count().desc(), Subscription.name, Subscription.id
+    )
+    with sessions() as s:
+        return [
+            SubscriptionSummary(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6], r[7])
+            for r in s.execute(q).all()
+        ]
+
+
+@dataclass(frozen=True)
+class KeyActivity:
+    """A key's alerts in one subscription under a filter (the busiest keys)."""
+
+    key: str
+    subscription: str
+    entered: int
+    left: int
+    last: datetime
+
+    @property
+    def total(self) -> int:
+        return self.entered + self.left
+
+
+def busiest_keys(
+    sessions: sessionmaker[Session], username: str, *, limit: int = 10, **filters: Any
+) -> list[KeyActivity]:
+    """The ``limit`` (key, subscription) pairs with the most alerts under ``filters``; ties by
+    the newest alert, then key."""
+    total = func.count()
+    q = select(
+        Alert.key,
+        Subscription.name,
+        func.count().filter(Alert.kind == "ENTER"),
+        func.count().filter(Alert.kind == "EXIT"),
+        func.max(Alert.as_of),
+    ).join(Subscription, Subscription.id == Alert.subscription_id)
+    q = _filtered(q, username, **filters)
+    q = (
+        q.group_by(Alert.key, Subscription.id, Subscription.name)
+        .order_by(total.desc(), func.max(Alert.as_of).desc(), Alert.key)
+        .limit(max(1, min(int(limit), MAX_LIMIT)))
+    )
+    with sessions() as s:
+        return [KeyActivity(r[0], r[1], int(r[2]), int(r[3]), r[4]) for r in s.execute(q).all()]
+
+
+#: widths the alert-rate chart buckets by, seconds (the smallest giving at most ``max_buckets``)
+BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400, 7 * 86400)
+
+
+def bucket_seconds(span_s: float, max_buckets: int = 60) -> int:
+    """The smallest width of :data:`BUCKETS_S` that cuts ``span_s`` into at most ``max_buckets``."""
+    for b in BUCKETS_S:
+        if span_s / b <= max_buckets:
+            return b
+    return BUCKETS_S[-1]
+
+
+@dataclass(frozen=True)
+class AlertRate:
+    """Alerts per bucket of ``bucket_s`` seconds and kind: ``rows`` of (bucket start, kind, count),
+    oldest first; buckets without alerts are absent."""
+
+    bucket_s: int
+    rows: list[tuple[datetime, str, int]]
+
+
+def alert_rate(
+    sessions: sessionmaker[Session], username: str, *, max_buckets: int = 60, **filters: Any
+) -> AlertRate:
+    """How many alerts per time bucket (by ``as_of``, UTC) and kind, under ``filters``; the bucket
+    width is chosen from the alerts' time span (:func:`bucket_seconds`).  Two queries, both
+    aggregated in PostgreSQL."""
+    base = select(func.min(Alert.as_of), func.max(Alert.as_of)).join(
+        Subscription, Subscription.id == Alert.subscription_id
+    )
+    with sessions() as s:
+        lo, hi = s.execute(_filtered(base, username, **filters)).one()
+        if lo is None or hi is None:
+            return AlertRate(1, [])
+        b = bucket_seconds((hi - lo).total_seconds(), max_buckets)
+        start = func.floor(func.extract("epoch", Alert.as_of) / b) * b
+        q = select(start.label("b"), Alert.kind, func.count()).join(
+            Subscription, Subscription.id == Alert.subscription_id
+        )
+        q = _filtered(q, username, **filters).group_by("b", Alert.kind).order_by("b", Alert.kind)
+        rows = [(datetime.fromtimestamp(float(r[0]), UTC), str(r[1]), int(r[2])) for r in s.execute(q).all()]
+    return AlertRate(b, rows)
+
+
+def live_subscriptions(sessions: sessionmaker[Session], username: str) -> int:
+    """How many subscriptions (active or paused) the user has."""
+    with sessions() as s:
+        v = s.scalar(
+            select(func.count())
+            .select_from(Subscription)
+            .where(Subscription.owner == username, Subscription.state != "deleted")
         )
     return int(v or 0)
 

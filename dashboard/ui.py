@@ -77,3 +77,29 @@ def show_flash() -> None:
     if item:
         kind, message = item
         {"success": st.success, "error": st.error, "warning": st.warning}.get(kind, st.info)(plain(message))
+
+
+#: the heading of the page a user without subscriptions lands on (tests look for it)
+EMPTY_TITLE = "Start with a subscription"
+
+
+def empty_state(where: str) -> None:
+    """What a user without subscriptions sees instead of an empty page: what a subscription
+    is, three steps, and a button that opens Subscribe (``where``: a unique widget key part)."""
+    with st.container(border=True):
+        st.subheader(EMPTY_TITLE)
+        st.markdown(
+            "You have no subscriptions yet. A **subscription** is a standing rule over the live "
+            "trade or packet stream, for example *the symbols whose volume over the last 5 minutes "
+            "exceeds 1,000*. Tidewatch evaluates it continuously and tells you when a key "
+            "**enters** its result (the rule became true) or **leaves** it."
+        )
+        st.markdown(
+            "1. Open **Subscribe** and pick a template (or write a rule; it is checked as you type).\n"
+            "2. Press **Subscribe**: the first results arrive within a few seconds.\n"
+            "3. Come back here for a summary of what entered and left; when you return after a "
+            "while, *While you were away* sums up what you missed."
+        )
+        st.button(
+            "Subscribe to a rule", on_click=go, args=("Subscribe",), key=f"empty_{where}", type="primary"
+        )

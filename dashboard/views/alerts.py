@@ -1,4 +1,6 @@
-"""Alerts: a live view of the user's ENTER / EXIT alerts, with filters and a timeline.
+"""Alerts: a live view of the user's ENTER / EXIT alerts -- a summary first (per subscription how
+many keys entered and left, alerts per time bucket, the busiest keys; aggregated in SQL over
+every matching alert), the alert log and its timeline one tab away.
 
 The filters are ordinary widgets outside the auto-refreshing fragment
 (``st.fragment(run_every=settings.dashboard_refresh_s)``), so a refresh re-runs only the
@@ -12,15 +14,21 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import catchup, charts, queries
-from dashboard.ui import client_id, current_user, sessions
+from dashboard.timefmt import table_time, utc_text
+from dashboard.ui import client_id, current_user, empty_state, sessions
 from subscriptions.service import SubscriptionService
 from tidewatch.settings import Settings
 
 LIMIT = 500
+#: rows of the busiest-keys table
+BUSIEST = 10
+TIME_COL = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")
 
 
 def _filters(settings: Settings, username: str) -> None:
@@ -34,15 +42,59 @@ def _filters(settings: Settings, username: str) -> None:
     cols[2].multiselect("Kind", ["ENTER", "EXIT"], key="alerts_kinds")
 
 
+def _summary(settings: Settings, username: str, filters: dict[str, Any]) -> None:
+    """Per subscription entered / left, alerts per time bucket and the busiest keys, all
+    aggregated in PostgreSQL over every alert matching the filters (not only those listed)."""
+    sm = sessions(settings)
+    rows = queries.summary_by_subscription(sm, username, **filters)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "subscription": r.name,
+                    "state": r.state,
+                    "entered": r.entered,
+                    "left": r.left,
+                    "keys": r.keys,
+                    "last alert (UTC)": table_time(r.last),
+                }
+                for r in rows
+            ],
+            columns=["subscription", "state", "entered", "left", "keys", "last alert (UTC)"],
+        ),
+        hide_index=True,
+        width="stretch",
+        column_config={"last alert (UTC)": TIME_COL},
+    )
+    rate = queries.alert_rate(sm, username, **filters)
+    busy = queries.busiest_keys(sm, username, limit=BUSIEST, **filters)
+    left, right = st.columns([3, 2])
+    if rate.rows:
+        left.altair_chart(charts.rate_chart(rate.rows, rate.bucket_s), width="stretch")
+    right.caption("Busiest keys")
+    right.dataframe(
+        pd.DataFrame(
+            [
+                {"key": k.key, "subscription": k.subscription, "entered": k.entered, "left": k.left}
+                for k in busy
+            ],
+            columns=["key", "subscription", "entered", "left"],
+        ),
+        hide_index=True,
+        width="stretch",
+    )
+
+
 def _live(settings: Settings) -> None:
     user = current_user()
     sm = sessions(settings)
     sub_ids = [uuid.UUID(x) for x in st.session_state.get("alerts_subs", [])]
     key = st.session_state.get("alerts_key") or None
     kinds = st.session_state.get("alerts_kinds") or None
+    filters: dict[str, Any] = {"subscription_ids": sub_ids, "key": key, "kinds": kinds}
     with sm() as s:
         cursor = catchup.get_cursor(s, user.username, client_id(settings))
-    rows = queries.alerts(sm, user.username, subscription_ids=sub_ids, key=key, kinds=kinds, limit=LIMIT)
+    rows = queries.alerts(sm, user.username, limit=LIMIT, **filters)
     new = sum(1 for r in rows if r.seq > cursor)
     st.caption(
         f"{len(rows)} alert(s) shown, {new} new since you last looked; refreshed every "
@@ -50,16 +102,29 @@ def _live(settings: Settings) -> None:
     )
     if rows:
         last = rows[0]
-        st.text(
-            f"Latest: {last.kind} {last.key} ({last.subscription}) as of {last.as_of:%Y-%m-%d %H:%M:%S %Z}"
-        )
+        st.text(f"Latest: {last.kind} {last.key} ({last.subscription}) as of {utc_text(last.as_of)}")
         st.text(f"Values: {catchup.format_values(last.values)}")
-        df = charts.alerts_frame(rows)
-        df.insert(0, "new", [r.seq > cursor for r in rows])
-        st.dataframe(df.drop(columns=["seq"]), hide_index=True, width="stretch", height=360)
-        st.altair_chart(charts.timeline(rows), width="stretch")
+        summary, log = st.tabs(["Summary", f"Alert log (newest {len(rows)})"])
+        with summary:
+            _summary(settings, user.username, filters)
+        with log:
+            df = charts.alerts_frame(rows)
+            df.insert(0, "new", [r.seq > cursor for r in rows])
+            df["time"] = df["time"].dt.tz_localize(None)  # UTC wall time (the column says so)
+            st.dataframe(
+                df.drop(columns=["seq"]).rename(columns={"time": "time (UTC)"}),
+                hide_index=True,
+                width="stretch",
+                height=360,
+                column_config={"time (UTC)": TIME_COL},
+            )
+            st.altair_chart(charts.timeline(rows), width="stretch")
     else:
         st.info("No alerts match yet.")
+        st.caption(
+            "Alerts appear here when a key enters or leaves the result of one of your subscriptions; "
+            "Subscribe shows each rule's current result and can preview the keys that match now."
+        )
     unfiltered = not sub_ids and not key and not kinds
     if unfiltered and rows:
         pending = queries.count_after(sm, user.username, cursor)
@@ -69,6 +134,10 @@ def _live(settings: Settings) -> None:
 
 def render(settings: Settings) -> None:
     user = current_user()
+    sm = sessions(settings)
+    if queries.live_subscriptions(sm, user.username) == 0 and queries.newest_seq(sm, user.username) == 0:
+        empty_state("alerts")
+        return
     _filters(settings, user.username)
     every = timedelta(seconds=settings.dashboard_refresh_s)
     st.fragment(run_every=every)(_live)(settings)

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, queries
+from dashboard.timefmt import as_utc, utc_text
 from dashboard.ui import sessions
 from tidewatch.settings import Settings
 
@@ -41,9 +42,11 @@ def render(settings: Settings) -> None:
         delta=f"{h.dead_letters_recent:,} recent" if h.dead_letters_recent else None,
         delta_color="inverse",
     )
-    cols[4].metric("last batch", "-" if h.last_batch_at is None else f"{h.last_batch_at:%H:%M:%S}")
+    cols[4].metric(
+        "last batch (UTC)", "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S")
+    )
     if h.watermark is not None:
-        st.caption(f"watermark {h.watermark:%Y-%m-%d %H:%M:%S %Z}, batch {h.last_batch_id}")
+        st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
     if h.series:
         df = pd.DataFrame(h.series)
         c = st.columns(3)

@@ -2,14 +2,14 @@
 
 For each subscription: whether the key is in its current result and since when, the key's
 alerts, and -- on request, read from the key's recent events in Kafka
-(:mod:`dashboard.detail`) -- a chart of every aggregate the rule uses over its window,
-evaluated at pane boundaries, with the rule's thresholds drawn in.
+(:mod:`dashboard.detail`, newest events first) -- a chart of every aggregate the rule uses over
+its window, evaluated at pane boundaries, with the rule's thresholds drawn in; points computed
+from part of their window (a read cut by its limit or timeout) are drawn faint.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -17,13 +17,17 @@ import streamlit as st
 from dashboard import charts, detail, queries
 from dashboard.catchup import format_values
 from dashboard.rules import thresholds, validate
-from dashboard.ui import current_user, plain, sessions
+from dashboard.timefmt import table_time, utc_text
+from dashboard.ui import current_user, empty_state, plain, sessions
 from tidewatch.settings import Settings
 
 
 def render(settings: Settings) -> None:
     user = current_user()
     sm = sessions(settings)
+    if queries.live_subscriptions(sm, user.username) == 0:
+        empty_state("detail")
+        return
     keys = queries.known_keys(sm, user.username)
     top = st.columns(2)
     picked = top[0].selectbox("Key", ["", *keys], key="detail_pick")
@@ -42,15 +46,16 @@ def render(settings: Settings) -> None:
                     "subscription": r.subscription,
                     "state": r.state,
                     "in result now": r.in_result,
-                    "since": r.since,
+                    "since (UTC)": table_time(r.since),
                     "values": format_values(r.values) if r.in_result else "",
                 }
                 for r in results
             ],
-            columns=["subscription", "state", "in result now", "since", "values"],
+            columns=["subscription", "state", "in result now", "since (UTC)", "values"],
         ),
         hide_index=True,
         width="stretch",
+        column_config={"since (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")},
     )
     if rows:
         st.altair_chart(charts.timeline(rows), width="stretch")
@@ -60,7 +65,7 @@ def render(settings: Settings) -> None:
     )
     load = bool(st.session_state.get("detail_stream"))
     span_ms = int(settings.dashboard_detail_minutes * 60_000)
-    cache: dict[tuple[str, str, int], tuple[dict[str, Any], bool]] = {}
+    cache: dict[tuple[str, str, int], detail.StreamRead] = {}
     for r in results:
         v = validate(r.rule_text, settings)
         if not v.ok or v.plan is None:
@@ -78,20 +83,30 @@ def render(settings: Settings) -> None:
             ck = (plan.stream, plan.key, lookback)
             if ck not in cache:
                 try:
-                    cache[ck] = detail.recent_events(plan.stream, plan.key, key, lookback, settings)
+                    cache[ck] = detail.read_recent(plan.stream, plan.key, key, lookback, settings)
                 except detail.KafkaUnavailable as exc:  # Kafka down or restarting: say so
                     st.warning(str(exc))
-                    cache[ck] = ({}, False)
+                    cache[ck] = detail.StreamRead({}, False)
                 except Exception as exc:  # noqa: BLE001 - any other failure: say so, keep the page
                     st.warning(f"Cannot read the {plan.stream} stream from Kafka: {type(exc).__name__}")
-                    cache[ck] = ({}, False)
-            cols, truncated = cache[ck]
-            if truncated:
+                    cache[ck] = detail.StreamRead({}, False)
+            got = cache[ck]
+            if got.truncated:
+                since = (
+                    f" from {utc_text(got.complete_from_ms)} on" if got.complete_from_ms is not None else ""
+                )
                 st.caption(
-                    "Only part of the stream was read (limit or timeout); the oldest points may be low."
+                    f"The stream was read newest first and stopped at its limit or timeout: complete{since}. "
+                    "Points whose window reaches further back are drawn faint (computed from part of it)."
                 )
             frames = detail.detail_frames(
-                plan.stream, cols, plan.aggs, span_ms, settings.pane_ms, now_ms=int(time.time() * 1000)
+                plan.stream,
+                got.cols,
+                plan.aggs,
+                span_ms,
+                settings.pane_ms,
+                now_ms=int(time.time() * 1000),
+                complete_from_ms=got.complete_from_ms if got.truncated else None,
             )
             if not frames:
                 st.caption(f"No {plan.stream} events of this key in the last {lookback // 60_000} minute(s).")

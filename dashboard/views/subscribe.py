@@ -13,6 +13,7 @@ import streamlit as st
 from dashboard import catchup, detail
 from dashboard.catchup import format_values
 from dashboard.rules import TEMPLATES, Validation, validate
+from dashboard.timefmt import span_text, table_time, utc_text
 from dashboard.ui import current_user, flash, plain, sessions
 from subscriptions.errors import RuleError
 from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
@@ -86,10 +87,10 @@ def _preview(settings: Settings, v: Validation) -> None:
         return
     keys, now = detail.preview_keys(v.plan, cols, settings.pane_ms, settings.ci_p)
     if now is None:
-        st.caption(f"No {v.plan.stream} events in the last {lookback // 1000} s.")
+        st.caption(f"No {v.plan.stream} events in the last {span_text(lookback / 1000)}.")
         return
     note = " (only part of the window was read: limit or timeout)" if truncated else ""
-    st.text(f"{len(keys)} key(s) match at {now} ms{note}")
+    st.text(f"{len(keys)} key(s) match at {utc_text(now)}{note}")
     if keys:
         st.code("\n".join(keys[:500]), language=None)
 
@@ -191,10 +192,14 @@ def render(settings: Settings) -> None:
         if rows:
             st.dataframe(
                 pd.DataFrame(
-                    [{"key": r.key, "since": r.since, "values": format_values(r.values)} for r in rows],
-                    columns=["key", "since", "values"],
+                    [
+                        {"key": r.key, "since (UTC)": table_time(r.since), "values": format_values(r.values)}
+                        for r in rows
+                    ],
+                    columns=["key", "since (UTC)", "values"],
                 ),
                 hide_index=True,
+                column_config={"since (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")},
             )
         else:
             st.caption("No key satisfies it at the engine's latest lookup.")

@@ -46,6 +46,16 @@ def frames(at: AppTest) -> list[Any]:
     return [d.value for d in at.dataframe]
 
 
+def frame_with(at: AppTest, *columns: str) -> Any:
+    """The first dataframe on the page that has all of ``columns`` (None when there is none)."""
+    return next((f for f in frames(at) if set(columns) <= set(f.columns)), None)
+
+
+def log_frame(at: AppTest) -> Any:
+    """The Alerts page's alert log (the table with the ``new`` and ``values`` columns)."""
+    return frame_with(at, "new", "values")
+
+
 def test_without_a_session_only_the_login_page_is_shown(app_env: str) -> None:
     at = app().run()
     assert not at.exception
@@ -124,8 +134,14 @@ def test_alerts_page_shows_only_own_alerts_and_acknowledges_what_it_showed(
     seqs_b = add_alerts(sm, sub_b.id, [("IBM", "ENTER")])
     at = logged_in(sm, b, "Alerts")
     assert not at.exception
-    (df,) = frames(at)
+    df = log_frame(at)
     assert list(df["key"]) == ["IBM"] and list(df["subscription"]) == ["b-rule"] and list(df["new"]) == [True]
+    # the summary first: per subscription entered / left (counted in SQL), the busiest keys
+    summary = frame_with(at, "entered", "left", "keys")
+    assert summary[["subscription", "entered", "left", "keys"]].values.tolist() == [["b-rule", 1, 0, 1]]
+    busy = frame_with(at, "key", "entered", "left")
+    assert busy[["key", "subscription", "entered"]].values.tolist() == [["IBM", "b-rule", 1]]
+    assert [t.label for t in at.tabs] == ["Summary", "Alert log (newest 1)"]
     assert [o for o in at.multiselect(key="alerts_subs").options] == ["b-rule"]
     with sm() as s:
         assert catchup.get_cursor(s, b, "web") == seqs_b[0]

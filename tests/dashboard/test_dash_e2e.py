@@ -50,6 +50,7 @@ import sqlalchemy as sa
 
 from dashboard.catchup import format_values
 from dashboard.cli import streamlit_command
+from dashboard.timefmt import clock
 from tests.dashboard.support import PASSWORD
 from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineMetric, Subscription
 from tidewatch.settings import get_settings
@@ -313,6 +314,14 @@ def _codes(page: Any) -> list[str]:
     return [c.inner_text() for c in page.locator('[data-testid="stCode"]').all()]
 
 
+def _table_rows(page: Any, has_text: str) -> list[list[str]]:
+    """The cells of the (first) dataframe holding ``has_text``, a list per row (Streamlit's grid
+    draws on a canvas; its accessible table holds the cells' text)."""
+    table = page.locator('[data-testid="stDataFrame"]', has_text=has_text).first.locator("table")
+    rows = [[td.inner_text() for td in tr.locator("td").all()] for tr in table.locator("tr").all()]
+    return [r for r in rows if r]
+
+
 def _floats(values: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()}
 
@@ -479,8 +488,13 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
     _watch_dialogs(page2, dialogs)
     _login(page2, url, username)
     page2.get_by_text("2 alert(s) while you were away").wait_for(timeout=TIMEOUT_MS)
+    # a summary first (per subscription entered / left, the busiest keys), the raw log one click away
+    page2.locator('[data-testid="stDataFrame"]', has_text="MSFT").first.wait_for(timeout=TIMEOUT_MS)
+    (summary,) = [r for r in _table_rows(page2, "entered") if r[0] == NAME] or [[]]
+    assert summary[:4] == [NAME, "active", "1", "1"], summary  # name, state, entered, left
+    page2.get_by_text("Raw alert log").click()
+    page2.get_by_text(f"Subscription: {NAME}").wait_for(timeout=TIMEOUT_MS)
     assert page2.get_by_text(f"Subscription: {NAME}").count() == 1
-    page2.locator('[data-testid="stCode"]', has_text="MSFT  (since").wait_for(timeout=TIMEOUT_MS)
     codes = _codes(page2)
     shown = []
     for ln in codes[0].splitlines():
@@ -488,13 +502,11 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
         assert m, ln
         shown.append(m.groups())
     # newest first, exactly the alerts after the cursor, with the engine's times and values
-    assert shown == [
-        (a[5].strftime("%Y-%m-%d %H:%M:%S"), a[1], a[2], format_values(a[4])) for a in reversed(missed)
-    ]
+    assert shown == [(clock(a[5]), a[1], a[2], format_values(a[4])) for a in reversed(missed)]
     assert [s[3] for s in shown] == [f"{AGG} = 1400", f"{AGG} = 0"]
     (key, since, _) = current[0]
-    # the current result set, at the engine's now, with its values
-    assert codes[1].splitlines() == [f"{key}  (since {since:%Y-%m-%d %H:%M:%S})  {AGG} = 1400"]
+    # the current result set, at the engine's now, with its values: a table, times in UTC
+    assert [key, clock(since), f"{AGG} = 1400"] in _table_rows(page2, f"{AGG} = 1400")
     page2.screenshot(path=str(IMG / "while_you_were_away.png"), full_page=True)
     _wait(lambda: pipeline.scalar(cursor_q) == log[-1][0], 15, "the cursor to move past what was shown")
     ctx2.close()

@@ -20,7 +20,7 @@ from dashboard.catchup import NO_VALUES, format_values
 from engine import liveness
 from subscriptions.service import NAME_MAX, SubscriptionService
 from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
-from tests.dashboard.test_dash_apptest import app, frames, logged_in, shown, texts
+from tests.dashboard.test_dash_apptest import app, frames, log_frame, logged_in, shown, texts
 from tidewatch.db.models import EngineMetric, LoginAttempt, User
 from tidewatch.settings import get_settings
 
@@ -204,7 +204,7 @@ def test_alert_values_keys_and_filters_are_shown_verbatim(
     add_alerts(sm, sub.id, [("MSFT", "ENTER")])  # no values recorded
     at = logged_in(sm, name, "Alerts")
     assert f"Values: {NO_VALUES}" in texts(at)
-    assert list(frames(at)[0]["values"]) == [NO_VALUES]
+    assert list(log_frame(at)["values"]) == [NO_VALUES]
     values = {
         "SUM(size) OVER LAST 10 SECONDS": 1200.0,
         "AVG(price) OVER LAST 1 MINUTE": 101.23456789,
@@ -218,7 +218,7 @@ def test_alert_values_keys_and_filters_are_shown_verbatim(
     )
     assert f"Values: {line}" in texts(at)
     assert f"Latest: ENTER {IMG}%_ ({SCRIPT})" in " ".join(texts(at))
-    df = frames(at)[0]
+    df = log_frame(at)
     assert list(df["key"]) == [f"{IMG}%_", "MSFT"] and list(df["values"]) == [line, NO_VALUES]
     # filters with SQL and LIKE metacharacters match themselves only
     for typed, keys in (
@@ -229,8 +229,8 @@ def test_alert_values_keys_and_filters_are_shown_verbatim(
     ):
         at.text_input(key="alerts_key").input(typed).run()
         assert not at.exception
-        got = frames(at)
-        assert (list(got[0]["key"]) if got else []) == keys, typed
+        got = log_frame(at)
+        assert (list(got["key"]) if got is not None else []) == keys, typed
 
 
 def test_while_you_were_away_shows_values_and_markup_as_text(
@@ -248,11 +248,15 @@ def test_while_you_were_away_shows_values_and_markup_as_text(
     assert f"Subscription: {IMG}" in texts(at)
     listing = [ln.split("  ", 2)[2] for ln in at.code[0].value.splitlines()]
     assert listing == [f"IBM  ({NO_VALUES})", f"{SCRIPT}  (COUNT(*) OVER LAST 10 SECONDS = 13)"]
-    current = {ln.split("  ", 1)[0]: ln for ln in at.code[1].value.splitlines()}
+    # the current result set: a sortable table, keys and values verbatim
+    current = {r["key"]: r for r in frames(at)[-1].to_dict("records")}
     assert set(current) == {"IBM", SCRIPT}
-    assert current["IBM"].startswith("IBM  (since ") and current["IBM"].endswith(")")  # no values
-    assert current[SCRIPT].startswith(f"{SCRIPT}  (since ")
-    assert current[SCRIPT].endswith(")  COUNT(*) OVER LAST 10 SECONDS = 13")
+    assert current["IBM"]["values"] == NO_VALUES
+    assert current[SCRIPT]["values"] == "COUNT(*) OVER LAST 10 SECONDS = 13"
+    assert current[SCRIPT]["since (UTC)"].tzinfo is None  # UTC wall time: no "+00:00" in the grid
+    # the summary: per subscription, the name verbatim; the busiest keys, markup as text
+    (summary,) = [f for f in frames(at) if "entered" in f.columns and "keys" in f.columns]
+    assert summary[["subscription", "entered", "left", "keys"]].values.tolist() == [[IMG, 2, 0, 2]]
 
 
 def test_key_detail_with_a_huge_or_html_key(
@@ -316,6 +320,7 @@ def test_a_draft_rule_and_the_filters_survive_a_visit_to_another_page(
     app_env: str, sm: sessionmaker[Session], new_user: Any
 ) -> None:
     name = new_user("keep")
+    SubscriptionService(sm, settings=get_settings()).create(name, RULE, name="first")
     at = logged_in(sm, name, "Subscribe")
     at.text_input(key="sub_name").input(f"draft {SCRIPT}")
     at.text_area(key="sub_rule").input(RULE).run()
