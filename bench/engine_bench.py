@@ -645,9 +645,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--baseline",
-        choices=["perrule", "onescan", "both"],
+        choices=["perrule", "onescan", "both", "none"],
         default="both",
-        help="plain-Spark baselines: per rule (--shapes), one scan (bench/onescan_baseline.py), or both",
+        help="plain-Spark baselines: per rule (--shapes), one scan (bench/onescan_baseline.py), both, or none",
     )
     ap.add_argument(
         "--modes",

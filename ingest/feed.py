@@ -257,7 +257,13 @@ def _synthetic_source(
         fast = Pacer(rate=rate) if rate else None
         for ch in gen.chunks(start_ms - history_ms, start_ms, 1000):
             yield ch, fast
-    pacer = Pacer(speed=1.0 if live else speed, rate=rate, anchor_ts=start_ms if (live or speed) else None)
+    # live: each event is due when the wall clock reaches its ts, however long the backfill took
+    pacer = Pacer(
+        speed=1.0 if live else speed,
+        rate=rate,
+        anchor_ts=start_ms if (live or speed) else None,
+        wall_clock=live,
+    )
     end = None if duration_ms is None else start_ms + duration_ms
     for ch in gen.chunks(start_ms, end, 200 if (live or speed) else 1000):
         yield ch, pacer

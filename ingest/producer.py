@@ -100,21 +100,32 @@ class Pacer:
 
     ``speed``: replay at ``speed`` × the recorded pace of ``ts`` (1.0 = real
     time; ``None`` = as fast as possible).  ``rate``: at most this many events/s.
-    ``anchor_ts``: the ``ts`` that maps to the start (default: the first event's;
-    with ``anchor_ts=now_ms`` a live stream is sent when the wall clock reaches
-    each event's ``ts``).
+    ``anchor_ts``: the ``ts`` that maps to the start (default: the first event's).
+    ``wall_clock``: ``anchor_ts`` is a time of the wall clock, not "now": an event is due when
+    the clock reaches its ``ts`` (``speed`` 1), so events whose time passed while something
+    else ran (the demo's history backfill) are sent at once and the stream then keeps to real
+    time -- instead of trailing the clock by that delay for ever.
     """
 
     def __init__(
-        self, *, speed: float | None = None, rate: float | None = None, anchor_ts: int | None = None
+        self,
+        *,
+        speed: float | None = None,
+        rate: float | None = None,
+        anchor_ts: int | None = None,
+        wall_clock: bool = False,
     ):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be > 0")
         if rate is not None and rate <= 0:
             raise ValueError("rate must be > 0")
+        if wall_clock and anchor_ts is None:
+            raise ValueError("wall_clock needs anchor_ts")
         self.speed, self.rate = speed, rate
         self.anchor_ts = anchor_ts
         self.wall0 = time.monotonic()
+        if wall_clock:  # the monotonic time at which the wall clock read anchor_ts
+            self.wall0 -= time.time() - anchor_ts / 1000.0  # type: ignore[operator]
         self.sent = 0
 
     @property

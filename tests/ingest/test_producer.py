@@ -133,6 +133,23 @@ def test_recorded_pace_with_speed_factor() -> None:
     assert both is not None and np.allclose(np.diff(both), 0.5)
 
 
+def test_a_wall_clock_pacer_does_not_trail_the_clock_by_a_delay_before_it() -> None:
+    """The demo's live stream after a backfill that took 10 s: events whose time passed are due
+    at once, a future one when the clock reaches it -- not 10 s later (issue 21: the lag)."""
+    now_ms = int(time.time() * 1000)
+    start = now_ms - 10_000  # the feed started 10 s ago; the backfill ran since
+    p = Pacer(speed=1.0, anchor_ts=start, wall_clock=True)
+    t = p.targets(np.array([start, now_ms - 1, now_ms + 2_000], np.int64))
+    assert t is not None
+    m = time.monotonic()
+    assert t[0] <= m and t[1] <= m + 0.05  # already due
+    assert t[2] - m == pytest.approx(2.0, abs=0.1)  # due with the clock
+    late = Pacer(speed=1.0, anchor_ts=start).targets(np.array([now_ms + 2_000], np.int64))
+    assert late is not None and late[0] - m == pytest.approx(12.0, abs=0.1)  # the old way: 10 s behind
+    with pytest.raises(ValueError):
+        Pacer(speed=1.0, wall_clock=True)
+
+
 # --------------------------------------------------------------------------- CLI
 @pytest.fixture()
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> type[FakeProducer]:
