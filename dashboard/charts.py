@@ -111,23 +111,26 @@ def timeline(rows: Sequence[AlertRow]) -> alt.Chart:
     )
 
 
-def rate_frame(rows: Sequence[tuple[Any, str, int]]) -> pd.DataFrame:
-    """(bucket start, kind, count) rows as a frame (times in UTC)."""
+def rate_frame(rows: Sequence[tuple[Any, str, int]], bucket_s: int = 1) -> pd.DataFrame:
+    """(bucket start, kind, count) rows as a frame (times in UTC), with each bucket's end."""
     df = pd.DataFrame(list(rows), columns=["time", "kind", "alerts"])
     df["time"] = pd.to_datetime(df["time"], utc=True)
+    df["end"] = df["time"] + pd.Timedelta(seconds=bucket_s)
     df["when"] = _when(df["time"])
     return df
 
 
 def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart:
-    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked."""
-    df = rate_frame(rows)
+    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked; each bar spans its
+    bucket (``x`` to ``x2``), so a single bucket still draws a bar, not a zero-width line."""
+    df = rate_frame(rows, bucket_s)
     return (
         alt.Chart(df)
         .mark_bar()
         .encode(
-            x=time_x("time", df["time"]),
-            y=alt.Y("alerts:Q", title=None, stack="zero"),
+            x=time_x("time", pd.concat([df["time"], df["end"]])),
+            x2="end:T",
+            y=alt.Y("alerts:Q", title="alerts", stack="zero", axis=alt.Axis(tickMinStep=1)),
             color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="top")),
             tooltip=[alt.Tooltip("when:N", title="from"), "kind:N", "alerts:Q"],
         )
