@@ -160,6 +160,16 @@ def add_rule(sc: Scenario, bootstrap: str, topic: str, name: str, text: str) -> 
     return sid
 
 
+def result_at(alerts: list[tuple[str, str, str, int]], until: int) -> set[str]:
+    """The keys in a rule's result set at ``until``: its alerts ``(subscription, key, kind,
+    as_of)`` replayed in ``as_of`` order (not in :func:`backtest`'s sorted order, where a key's
+    ENTERs all come before its EXITs)."""
+    keys: set[str] = set()
+    for _, key, kind, _ in sorted((a for a in alerts if a[3] <= until), key=lambda a: a[3]):
+        keys = keys | {key} if kind == "ENTER" else keys - {key}
+    return keys
+
+
 def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str, str, str, int]]:
     """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <= until."""
     from engine.evaluation.backtest import EventFile, iter_alerts

@@ -31,6 +31,7 @@ from tests.engine.support import (
     produce_rules,
     read_everything,
     read_topic,
+    result_at,
 )
 from tests.engine.test_engine_integration import engine_settings, fresh_database, topics_of, wait_for
 from tests.engine.test_engine_partitions import _half
@@ -113,10 +114,7 @@ def test_a_rolled_back_or_deleted_spark_checkpoint_is_replaced_and_nothing_is_sk
     late = sorted(a for a in log if a[0] == sid)
     t0 = late[0][3]
     ref = backtest(sc, dict([LATE_RULE]), final)
-    at_t0: set[str] = set()
-    for _, key, kind, as_of in ref:
-        if as_of <= t0:
-            at_t0 = at_t0 | {key} if kind == "ENTER" else at_t0 - {key}
+    at_t0 = result_at(ref, t0)
     assert {a[1] for a in late if a[3] == t0} == at_t0 and all(a[2] == "ENTER" for a in late if a[3] == t0)
     assert [a for a in late if a[3] > t0] == [a for a in ref if a[3] > t0]
     ids = [a["id"] for a in read_topic(kafka_bootstrap, s.topic_alerts, "alerts")]

@@ -30,6 +30,7 @@ from tests.engine.support import (  # noqa: E402
     produce,
     produce_rules,
     read_topic,
+    result_at,
 )
 from tidewatch.settings import Settings  # noqa: E402
 
@@ -126,9 +127,7 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregat
     assert sorted(got) == expect
 
     late = [a for a in log if a[0] == sid]
-    ref: set[str] = set()
-    for _, key, kind, _ in backtest(sc, dict([LATE_RULE]), final):
-        ref = ref | {key} if kind == "ENTER" else ref - {key}
+    ref = result_at(backtest(sc, dict([LATE_RULE]), final), final)
     assert ref, "the late rule should have a non-empty result"
     assert {a[1] for a in late} == ref and all(a[2] == "ENTER" and a[3] == final for a in late)
 
