@@ -96,6 +96,17 @@ def produce(bootstrap: str, topic: str, cols: dict[str, np.ndarray]) -> float:
     return time.perf_counter() - t0
 
 
+def admin_url(database_url: str | None, settings: Settings) -> str:
+    """``--database-url``, else the embedded stack's PostgreSQL (``tidewatch up``), whose
+    application role is first allowed to create databases (one per run)."""
+    if database_url:
+        return database_url
+    from tidewatch.stack.postgres_server import allow_createdb
+
+    allow_createdb(settings)
+    return settings.sqlalchemy_url
+
+
 def fresh_database(admin_url: str) -> str:
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
@@ -402,7 +413,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     )
     texts = make_mixed_rules(a.rules, stream, sample, min(a.live, 600))
     spark = build_spark(settings, "tidewatch-engine-live")
-    db = fresh_database(a.database_url or base.sqlalchemy_url)
+    db = fresh_database(admin_url(a.database_url, base))
     app = EngineApp(settings, bootstrap=bootstrap, pg_url=db, engine_id=run)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i, text in enumerate(texts):
@@ -738,7 +749,7 @@ def main() -> None:
     }
     modes = [m for m in a.modes.split(",") if m]
     try:
-        db = fresh_database(a.database_url or base.sqlalchemy_url)
+        db = fresh_database(admin_url(a.database_url, base))
         for i, mode in enumerate(modes):
             # each mode drains its own copy of the events (its own topics); the baselines read the first's
             s_mode = settings.model_copy(update={"engine_preaggregate": mode}) if i == 0 else run_settings(
@@ -746,7 +757,7 @@ def main() -> None:
             )  # fmt: skip
             if i:
                 ensure_topics(bootstrap, s_mode)
-                db = fresh_database(a.database_url or base.sqlalchemy_url)
+                db = fresh_database(admin_url(a.database_url, base))
             tw = run_tidewatch(spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout)
             tw["events_per_s"] = tw["events"] / tw["seconds"]
             tw["driver_cpu_us_per_event"] = tw["cpu_s"] / max(tw["events"], 1) * 1e6

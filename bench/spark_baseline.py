@@ -242,6 +242,13 @@ def run_baseline(
         # the slowest query's rate from the end of its first micro-batch to the end of its last
         "steady_events_per_s": None if None in steady else min(steady),  # type: ignore[type-var]
         "batches": max(len(q.recentProgress) for q in queries),
+        # each finished micro-batch's wall time (the first query's): with too few batches for a
+        # steady rate, rows / these give the rate's other bound
+        "batch_seconds": [
+            round(float(p["durationMs"]["triggerExecution"]) / 1000.0, 2)
+            for p in queries[0].recentProgress
+            if int(p.get("numInputRows", 0)) > 0
+        ],
     }
 
 
