@@ -112,29 +112,36 @@ def timeline(rows: Sequence[AlertRow]) -> alt.Chart:
 
 
 def rate_frame(rows: Sequence[tuple[Any, str, int]], bucket_s: int = 1) -> pd.DataFrame:
-    """(bucket start, kind, count) rows as a frame (times in UTC), with each bucket's end."""
+    """(bucket start, kind, count) rows as a frame (times in UTC), each bucket also as the label
+    of its bar (clock time; with the date when the buckets span more than a day)."""
     df = pd.DataFrame(list(rows), columns=["time", "kind", "alerts"])
     df["time"] = pd.to_datetime(df["time"], utc=True)
-    df["end"] = df["time"] + pd.Timedelta(seconds=bucket_s)
     df["when"] = _when(df["time"])
+    fmt = "%b %d %H:%M" if not df.empty and (df["time"].max() - df["time"].min()).days >= 1 else "%H:%M:%S"
+    df["bucket"] = df["time"].dt.strftime(fmt if bucket_s < 86400 else "%b %d")
     return df
 
 
 def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart:
-    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked; each bar spans its
-    bucket (``x`` to ``x2``), so a single bucket still draws a bar, not a zero-width line."""
-    df = rate_frame(rows, bucket_s)
+    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked: one bar per bucket
+    that has alerts, in time order, labelled with its start (UTC) -- a band axis, so one bucket
+    is one full bar, not a line on a time scale of no width."""
+    df = rate_frame(rows, bucket_s).sort_values("time", kind="stable")
     return (
         alt.Chart(df)
         .mark_bar()
         .encode(
-            x=time_x("time", pd.concat([df["time"], df["end"]])),
-            x2="end:T",
+            x=alt.X(
+                "bucket:O",
+                title=TIME_TITLE,
+                sort=list(dict.fromkeys(df["bucket"])),
+                axis=alt.Axis(labelAngle=0, labelOverlap=True),
+            ),
             y=alt.Y("alerts:Q", title="alerts", stack="zero", axis=alt.Axis(tickMinStep=1)),
-            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="top")),
+            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="right")),
             tooltip=[alt.Tooltip("when:N", title="from"), "kind:N", "alerts:Q"],
         )
-        .properties(height=180, title=f"Alerts per {span_text(bucket_s)}")
+        .properties(height=200, title=f"Alerts per {span_text(bucket_s)}")
     )
 
 

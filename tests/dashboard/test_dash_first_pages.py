@@ -81,7 +81,9 @@ def test_while_you_were_away_is_a_summary_with_the_log_one_click_away(
     # alerts per time bucket, counted in SQL: one bar per (bucket, kind), 34 in all
     ((rate, (bars,)),) = [c for c in charts(at) if c[0].get("mark", {}).get("type") == "bar"]
     assert int(bars["alerts"].sum()) == 34
-    assert rate["encoding"]["x"]["scale"]["type"] == "utc"
+    # one bar per bucket, labelled with its UTC start, in time order
+    assert rate["encoding"]["x"]["title"] == "time (UTC)"
+    assert rate["encoding"]["x"]["sort"] == sorted(set(bars["bucket"]), key=list(bars["bucket"]).index)
     # the raw log: one click away, in an expander
     (log,) = [e for e in at.expander if e.label.startswith("Raw alert log")]
     assert "Subscription: volume" in texts(at)

@@ -48,9 +48,13 @@ def _rows(names: list[str]) -> list[AlertRow]:
 
 def test_time_axes_are_utc_and_say_so() -> None:
     names = list(TEMPLATES)[:2]  # the demo's long names, side by side
+    rate = charts.rate_chart([(T, "ENTER", 3), (T + timedelta(seconds=5), "EXIT", 1)], 5).to_dict()
+    # the alert rate: one bar per bucket (a band axis), labelled with its start in UTC
+    assert rate["encoding"]["x"]["title"] == "time (UTC)"
+    assert rate["encoding"]["x"]["sort"] == ["08:30:00", "08:30:05"]
+    assert rate["encoding"]["y"]["stack"] == "zero"
     specs = [
         charts.timeline(_rows(names)).to_dict(),
-        charts.rate_chart([(T, "ENTER", 3), (T + timedelta(seconds=5), "EXIT", 1)], 5).to_dict(),
         charts.metric_chart(
             pd.DataFrame({"ts": [T, T + timedelta(seconds=1)], "lag_ms": [1.0, 2.0]}), "lag_ms", "lag (ms)"
         ).to_dict(),
