@@ -1,1 +1,1 @@
-"""The dashboard's pages; each module exposes ``render()``."""
+"""The dashboard's pages; each page module exposes ``render()`` (``summary`` holds what two pages share)."""

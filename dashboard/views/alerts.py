@@ -22,12 +22,11 @@ import streamlit as st
 from dashboard import catchup, charts, queries
 from dashboard.timefmt import table_time, utc_text
 from dashboard.ui import client_id, current_user, empty_state, sessions
+from dashboard.views.summary import rate_and_busiest
 from subscriptions.service import SubscriptionService
 from tidewatch.settings import Settings
 
 LIMIT = 500
-#: rows of the busiest-keys table
-BUSIEST = 10
 TIME_COL = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")
 
 
@@ -66,23 +65,7 @@ def _summary(settings: Settings, username: str, filters: dict[str, Any]) -> None
         width="stretch",
         column_config={"last alert (UTC)": TIME_COL},
     )
-    rate = queries.alert_rate(sm, username, **filters)
-    busy = queries.busiest_keys(sm, username, limit=BUSIEST, **filters)
-    left, right = st.columns([3, 2])
-    if rate.rows:
-        left.altair_chart(charts.rate_chart(rate.rows, rate.bucket_s), width="stretch")
-    right.caption("Busiest keys")
-    right.dataframe(
-        pd.DataFrame(
-            [
-                {"key": k.key, "subscription": k.subscription, "entered": k.entered, "left": k.left}
-                for k in busy
-            ],
-            columns=["key", "subscription", "entered", "left"],
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+    rate_and_busiest(sm, username, **filters)
 
 
 def _live(settings: Settings) -> None:

@@ -19,16 +19,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import catchup, charts, queries
+from dashboard import catchup, queries
 from dashboard.catchup import Catchup
 from dashboard.timefmt import clock, span_text, table_time, utc_text
 from dashboard.ui import CATCHUP, client_id, current_user, empty_state, go, sessions
+from dashboard.views.summary import rate_and_busiest
 from tidewatch.settings import Settings
 
 #: keys of a current result set listed on the page
 CURRENT_LIMIT = 1000
-#: rows of the busiest-keys table
-BUSIEST = 10
 TIME_COL = st.column_config.DatetimeColumn("since (UTC)", format="YYYY-MM-DD HH:mm:ss")
 
 
@@ -98,23 +97,7 @@ def _summary(settings: Settings, snap: Catchup) -> None:
         width="stretch",
         column_config={"last alert (UTC)": st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")},
     )
-    rate = queries.alert_rate(sm, snap.username, **span)
-    busy = queries.busiest_keys(sm, snap.username, limit=BUSIEST, **span)
-    left, right = st.columns([3, 2])
-    if rate.rows:
-        left.altair_chart(charts.rate_chart(rate.rows, rate.bucket_s), width="stretch")
-    right.caption("Busiest keys")
-    right.dataframe(
-        pd.DataFrame(
-            [
-                {"key": k.key, "subscription": k.subscription, "entered": k.entered, "left": k.left}
-                for k in busy
-            ],
-            columns=["key", "subscription", "entered", "left"],
-        ),
-        hide_index=True,
-        width="stretch",
-    )
+    rate_and_busiest(sm, snap.username, **span)
     with st.expander(f"Raw alert log (newest {catchup.PER_GROUP_LIMIT} per subscription, UTC)"):
         for g in snap.groups:
             st.text(f"Subscription: {g.name}")
