@@ -106,8 +106,10 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregat
         assert app.batches_done >= 3, "the scenario should span several micro-batches"
         # PSoup: a rule added now is answered within one micro-batch, from data it never saw arrive
         sid = add_rule(sc, bootstrap, s.topic_subscriptions, *LATE_RULE)
-        done = app.batches_done
-        wait_for(lambda: sid in app.core.rules and app.batches_done > done, 60, "the new rule's batch")
+        wait_for(lambda: sid in app.core.rules, 60, "the new rule to be active")
+        # the core takes a rule in mid-batch, before that batch's output is committed: wait for
+        # its alerts in PostgreSQL (the reference below says it has some) before stopping
+        wait_for(lambda: any(a[0] == sid for a in app.store.alert_log()), 60, "the new rule's alerts")
     finally:
         q.stop()
         app.close()
