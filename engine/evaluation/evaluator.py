@@ -369,6 +369,11 @@ class Evaluator:
         cols = history(st.stream, min(a for a, _ in spans), max(b for _, b in spans))
         return [] if cols is None or not len(cols["ts"]) else [Unit(cols)]
 
+    def retained(self, stream: str) -> list[Unit]:
+        """The retained units of ``stream``, oldest first -- to be read, never changed (the key
+        page's charts: :mod:`engine.evaluation.key_series`)."""
+        return list(self._history.units_of(stream))
+
     def history_floor(self, stream: str) -> int | None:
         """The lower bound of the spans of ``stream``'s retained units (events with a larger
         ``ts`` may be read again); None when no unit has a span."""

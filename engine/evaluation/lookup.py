@@ -144,30 +144,37 @@ class Lookup:
         raise TypeError(e)
 
     def _agg(self, spec: AggSpec, s: Structure, keys: np.ndarray) -> np.ndarray:
-        w = spec.window
-        obj = s.obj
-        rows = isinstance(w, A.RowsWindow)
-        if not rows:
-            lo, hi = self.now - w.start_ms, self.now - w.end_ms  # type: ignore[union-attr]
-        f = spec.func
-        if f == "COUNT":
-            cnt, _ = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-            return cnt.astype(np.float64)
-        if f in ("SUM", "AVG"):
-            cnt, sums = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-            tot = sums[:, 0].astype(np.float64)
-            if f == "SUM":
-                return tot
-            with np.errstate(all="ignore"):
-                return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-        if f in ("FIRST", "LAST"):
-            col = s.first_col if f == "FIRST" else s.last_col
-            first, last = obj.first_last_rows(keys, w.n, col) if rows else obj.first_last(keys, lo, hi, col)  # type: ignore[union-attr]
-            return first if f == "FIRST" else last
-        if f in ("MIN", "MAX"):
-            mn, mx = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-            return mn if f == "MIN" else mx
-        if f == "DISTINCT":
-            d = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-            return np.asarray(d, dtype=np.float64)
-        raise ValueError(f)
+        return aggregate_at(spec, s, keys, self.now)
+
+
+def aggregate_at(spec: AggSpec, s: Structure, keys: np.ndarray, now: int | np.ndarray) -> np.ndarray:
+    """The aggregate ``spec`` read from its structure ``s`` for each key id of ``keys`` at ``now``
+    (float64; NaN for NULL): a lookup's read, and -- with ``now`` an array aligned with ``keys``
+    -- one key's value at many lookup times in one call (:mod:`engine.evaluation.key_series`)."""
+    w = spec.window
+    obj = s.obj
+    rows = isinstance(w, A.RowsWindow)
+    if not rows:
+        lo, hi = now - w.start_ms, now - w.end_ms  # type: ignore[union-attr]
+    f = spec.func
+    if f == "COUNT":
+        cnt, _ = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        return cnt.astype(np.float64)
+    if f in ("SUM", "AVG"):
+        cnt, sums = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        tot = sums[:, 0].astype(np.float64)
+        if f == "SUM":
+            return tot
+        with np.errstate(all="ignore"):
+            return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
+    if f in ("FIRST", "LAST"):
+        col = s.first_col if f == "FIRST" else s.last_col
+        first, last = obj.first_last_rows(keys, w.n, col) if rows else obj.first_last(keys, lo, hi, col)  # type: ignore[union-attr]
+        return first if f == "FIRST" else last
+    if f in ("MIN", "MAX"):
+        mn, mx = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        return mn if f == "MIN" else mx
+    if f == "DISTINCT":
+        d = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        return np.asarray(d, dtype=np.float64)
+    raise ValueError(f)
