@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from dashboard.errors import DashboardError
 from engine.evaluation.batches import BatchView
+from engine.evaluation.key_series import chart_times as lookup_times
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
 from tidewatch.kafka.client import client_config
@@ -40,16 +41,6 @@ from tidewatch.settings import Settings
 
 class KafkaUnavailable(DashboardError, RuntimeError):
     """Kafka did not answer a read of the stream; ``str()`` is a message fit for the page."""
-
-
-def lookup_times(t_from: int, t_to: int, pane_ms: int, max_points: int = 600) -> np.ndarray:
-    """Pane-aligned lookup times in ``[t_from, t_to]``, thinned to at most ``max_points``."""
-    first = -(-t_from // pane_ms) * pane_ms
-    if t_to < first:
-        return np.zeros(0, np.int64)
-    n = (t_to - first) // pane_ms + 1
-    step = max(1, -(-n // max_points))
-    return first + np.arange(0, n, step, dtype=np.int64) * pane_ms
 
 
 def aggregate_series(stream: str, cols: dict[str, np.ndarray], agg: AggSpec, taus: np.ndarray) -> np.ndarray:

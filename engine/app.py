@@ -47,6 +47,7 @@ from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.retry import retry_transient
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
+from engine.sinks.charts import ChartAnswers
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
 from engine.sources.offsets import (
@@ -171,6 +172,7 @@ class EngineApp:
         self.engine_id = engine_id
         self._core_factory = core_factory or (lambda: default_core(settings))
         self.store = Store(make_db_engine(pg_url or settings.sqlalchemy_url), engine_id)
+        self.charts = ChartAnswers(self.store.engine, settings, engine_id)  # the key page's charts
         ensure_topics(self.bootstrap, settings)
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
         self.core = self._core_factory()
@@ -533,7 +535,8 @@ class EngineApp:
             log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
             return None
         t0 = time.perf_counter()
-        out = self._process(batch_id, tbl)
+        with self.charts.lock:  # chart answers read the state between batches (engine/sinks/charts.py)
+            out = self._process(batch_id, tbl)
         n_events = sum(out.events.values())
         core_s = time.perf_counter() - t0
         metrics = {
@@ -692,6 +695,7 @@ class EngineApp:
         self.recover()
         starting = self._align_checkpoint()
         freeze_state()
+        self.charts.start(lambda: self.core)  # answers the key page's chart requests
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
         reader = (
@@ -720,6 +724,7 @@ class EngineApp:
         )
 
     def close(self) -> None:
+        self.charts.stop()
         self.drain(output=True)
         self.snapshots.wait()
         if self._worker is not None:

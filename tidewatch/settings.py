@@ -196,6 +196,12 @@ class Settings(BaseSettings):
         60.0, description="Health banner: engine down after this long without a batch"
     )
     dashboard_detail_minutes: float = Field(10.0, description="Key detail: span of the aggregate charts")
+    dashboard_chart_wait_s: float = Field(
+        8.0, description="Key detail: how long the page waits for the engine's answer to a chart request"
+    )
+    chart_answer_poll_s: float = Field(
+        0.5, description="engine: how often it looks for chart requests of the key page (engine/sinks/charts.py)"
+    )
     dashboard_detail_max_messages: int = Field(
         500_000, description="Key detail: most Kafka records read per chart"
     )

@@ -1,20 +1,24 @@
 """Key detail: one key (a symbol or an IP) across the user's subscriptions.
 
 For each subscription: whether the key is in its current result and since when, the key's
-alerts, and -- on request, read from the key's recent events in Kafka
-(:mod:`dashboard.detail`, newest events first) -- a chart of every aggregate the rule uses over
-its window, evaluated at pane boundaries, with the rule's thresholds drawn in; points computed
-from part of their window (a read cut by its limit or timeout) are drawn faint.
+alerts, and -- on request -- a chart of every aggregate the rule uses at each pane boundary of
+the rule's window, with the rule's thresholds drawn in.  The charts are computed by the engine
+from the state it holds (:mod:`dashboard.engine_charts`: a request through PostgreSQL, answered
+by :mod:`engine.sinks.charts`); points whose window reaches before what the engine holds are
+drawn faint.  When the engine does not answer, the page says why and what to do; the
+dashboard's own recomputation from the key's recent events in Kafka (:mod:`dashboard.detail`,
+capped, newest events first) stays as a fallback the user turns on, labelled as such.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, detail, queries
+from dashboard import charts, detail, engine_charts, queries
 from dashboard.catchup import format_values
 from dashboard.rules import thresholds, validate
 from dashboard.timefmt import table_time, utc_text
@@ -60,25 +64,52 @@ def render(settings: Settings) -> None:
     if rows:
         st.altair_chart(charts.timeline(rows), width="stretch")
     st.toggle(
-        "Chart the aggregates from the stream (reads the key's recent events from Kafka)",
+        "Chart the aggregates over each rule's window (computed by the engine from the state it holds)",
+        key="detail_engine",
+    )
+    st.toggle(
+        "Fallback, when the engine does not answer: recompute them from the key's recent events in Kafka "
+        f"(at most {settings.dashboard_detail_max_messages:,} records, the last "
+        f"{settings.dashboard_detail_minutes:g} minutes)",
         key="detail_stream",
     )
+    engine_on = bool(st.session_state.get("detail_engine"))
     load = bool(st.session_state.get("detail_stream"))
+    plans = {}
+    for r in results:
+        v = validate(r.rule_text, settings)
+        if v.ok and v.plan is not None:
+            plans[r.subscription_id] = v.plan
+    answers: dict[object, engine_charts.Answer] = {}
+    if engine_on and plans:
+        wanted = [(r.subscription_id, key) for r in results if r.subscription_id in plans]
+        with st.spinner("Asking the engine for the charts..."):
+            ids = engine_charts.request(sm, wanted)
+            polled = engine_charts.wait(sm, ids, settings.dashboard_chart_wait_s)
+        answers = {sid: polled[i] for (sid, _k), i in zip(wanted, ids, strict=True)}
     span_ms = int(settings.dashboard_detail_minutes * 60_000)
     cache: dict[tuple[str, str, int], detail.StreamRead] = {}
     for r in results:
-        v = validate(r.rule_text, settings)
-        if not v.ok or v.plan is None:
+        plan = plans.get(r.subscription_id)
+        if plan is None:
             continue
-        plan = v.plan
         with st.expander(f"Aggregates of {plain(r.subscription)}", expanded=True):
             st.code(r.rule_text, language=None)
             lines = thresholds(plan)
+            ans = answers.get(r.subscription_id)
+            if ans is not None and ans.answer is not None:
+                _engine_charts(ans.answer, plan.aggs, lines)
+                continue
+            if ans is not None:
+                st.warning(engine_charts.no_answer_text(ans, settings.dashboard_chart_wait_s))
             if not load:
                 for agg in plan.aggs:
                     label = "; ".join(f"{t.op} {t.value:g}" for t in lines if t.aggregate == agg.text)
                     st.text(f"{agg.text}" + (f"   threshold {label}" if label else ""))
                 continue
+            st.caption(
+                "Fallback: recomputed by the dashboard from the key's recent events in Kafka, not by the engine."
+            )
             lookback = span_ms + detail.longest_window_ms(plan.aggs)
             ck = (plan.stream, plan.key, lookback)
             if ck not in cache:
@@ -114,3 +145,18 @@ def render(settings: Settings) -> None:
             for agg in plan.aggs:
                 marks = [t for t in lines if t.aggregate == agg.text]
                 st.altair_chart(charts.aggregate_chart(frames[agg.text], agg.text, marks), width="stretch")
+
+
+def _engine_charts(answer: dict[str, Any], aggs: list[Any], lines: list[Any]) -> None:
+    """The engine's series of one rule, one chart per aggregate, thresholds drawn in."""
+    frames = engine_charts.frames(answer)
+    for agg in aggs:
+        if agg.text in frames:
+            marks = [t for t in lines if t.aggregate == agg.text]
+            st.altair_chart(charts.aggregate_chart(frames[agg.text], agg.text, marks), width="stretch")
+    missing = engine_charts.not_charted(answer)
+    if missing:
+        st.caption(
+            "Not charted (the engine keeps no raw events for their ROWS windows): " + "; ".join(missing)
+        )
+    st.caption(engine_charts.caption(answer))

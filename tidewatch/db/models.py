@@ -323,3 +323,27 @@ __all__ = [
     "User",
     "UserSession",
 ]
+
+
+class ChartRequest(Base):
+    """The key page asks the engine for one key's aggregates over a rule's window
+    (:mod:`dashboard.views.key_detail`), the engine answers from the state it holds
+    (:mod:`engine.sinks.charts`): the dashboard inserts a row and polls it; the engine fills
+    ``answered_at`` and ``answer`` (the series, :meth:`engine.evaluation.key_series.KeySeries.to_json`)
+    or ``error`` (a code: :data:`engine.sinks.charts.ERRORS`).  Rows older than an hour are
+    deleted by the engine."""
+
+    __tablename__ = "chart_requests"
+    __table_args__ = (
+        # the engine's poll: the requests not answered yet
+        Index("ix_chart_requests_pending", "requested_at", postgresql_where=text("answered_at IS NULL")),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    key: Mapped[str] = mapped_column(Text, nullable=False)
+    requested_at: Mapped[datetime] = _now()
+    answered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    answered_by: Mapped[str | None] = mapped_column(Text)
+    answer: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)

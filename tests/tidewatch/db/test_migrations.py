@@ -29,6 +29,7 @@ TABLES = {
     "engine_batches",
     "engine_metrics",
     "engine_dead_letters",
+    "chart_requests",
 }
 
 
