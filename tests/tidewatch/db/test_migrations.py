@@ -146,6 +146,7 @@ def test_0004_keys_batches_by_engine_and_keeps_the_rows_there(scratch_url, old_i
     if old_id is not None:
         cfg.attributes["engine_id"] = old_id
     command.upgrade(cfg, "0004")
+    command.upgrade(cfg, "head")  # the later migrations add tables of their own (0005: chart_requests)
     old = old_id or "default"
     assert _diff(scratch_url) == [] and _tables(scratch_url) == TABLES
     engine = create_engine(scratch_url, poolclass=pool.NullPool)
