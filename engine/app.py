@@ -202,6 +202,8 @@ class EngineApp:
         #: stream's pending events after a spec change): Spark's tasks live, this process on a
         #: replay (:mod:`engine.executors.history`)
         self._events: Any = records_source(self._read_ranges, self.topics, settings.max_future_ms)
+        #: executors mode, pipelined: the next batch's parameters (:meth:`on_batch_executors`)
+        self._next_params: BatchParams | None = None
 
     # ------------------------------------------------------------------ recovery
     def _snapshot_path(self, batch_id: int) -> Path:
@@ -217,6 +219,7 @@ class EngineApp:
             log.info("removed %s, a snapshot left half-written by a stopped engine", tmp.name)
         snaps = sorted((self.state_dir / "snapshots").glob("*.bin")) if self.state_dir.exists() else []
         snaps = [s for s in snaps if int(s.stem) <= last]
+        self._next_params = None  # made for the state being replaced
         self.core = self._core_factory()
         for snap in reversed(snaps):  # the newest one this engine can read
             try:
@@ -456,21 +459,38 @@ class EngineApp:
         self.accept(tbl, int(batch_id), time.perf_counter() - t0, blog)
 
     def on_batch_executors(self, df: Any, batch_id: int, blog: BatchLog) -> None:
-        """:meth:`on_batch` with ``engine_preaggregate = "executors"`` (unpipelined): the batch's
-        parameters from the core at batch start (:meth:`EngineCore.batch_params`), its records
-        decoded and pre-aggregated by Spark's tasks (:func:`spark_preaggregate`), only their
-        output collected and merged (:func:`merge_output`); its offset ranges (from that output,
-        the format :func:`offset_ranges` writes) logged durably, then evaluated and delivered."""
+        """:meth:`on_batch` with ``engine_preaggregate = "executors"``: the batch's records
+        decoded and pre-aggregated by Spark's tasks with the batch's parameters
+        (:func:`spark_preaggregate`), only their output collected and merged
+        (:func:`merge_output`); its offset ranges (from that output, the format
+        :func:`offset_ranges` writes) logged durably, then evaluated and delivered.
+
+        Pipelined (``engine_pipeline``), Spark's tasks work on this batch while the evaluation
+        thread works on the one before: this batch's parameters -- its ``late`` bound and
+        watermark, which the batch before decides -- were computed when that batch was handed
+        on, from its per-partition event-time maxima (:meth:`EngineCore.params_after`; the core
+        refuses a batch whose parameters are not its state's).  Unpipelined (or before the first
+        lookup), they are the core's at batch start (:meth:`EngineCore.batch_params`)."""
+        pipelined = self.settings.engine_pipeline
         t0 = time.perf_counter()
         self._events = self._spark_events(df.sparkSession)
-        params = self.core.batch_params(self.topics)
+        params, self._next_params = (self._next_params if pipelined else None), None
+        if params is None:
+            self.drain()
+            params = self.core.batch_params(self.topics)
         eb = merge_output(spark_preaggregate(df, params).toArrow(), params, batch=batch_id)
         self.read_s = time.perf_counter() - t0
         self.executor_pids |= eb.pids
         blog.ranges = eb.offsets
         self._note_lost(batch_id, blog)
         atomic_write(self._batch_log(batch_id), blog.to_json())
-        self.handle(_Preaggregated(params, eb), batch_id)
+        batch = _Preaggregated(params, eb)
+        if not pipelined:
+            self.handle(batch, batch_id)
+            return
+        self.drain()  # the batch before is in the state now: this one's effect can be computed
+        self._next_params = self.core.params_after(self.topics, eb, self._waiting_of.get(batch_id))
+        self._submit(batch, batch_id)
 
     def accept(self, tbl: pa.Table, batch_id: int, read_s: float, blog: BatchLog | None = None) -> None:
         """Take one batch of Kafka records (Arrow, :data:`RECORD_COLUMNS`) that took ``read_s``
@@ -490,12 +510,16 @@ class EngineApp:
         if not pipelined:
             self.handle(tbl, int(batch_id))
             return
+        self._submit(batch, int(batch_id))
+
+    def _submit(self, batch: dict[str, Any] | _Preaggregated, batch_id: int) -> None:
+        """Hand a batch to the evaluation thread (pipelined mode; nothing else is in flight)."""
         if self._worker is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
             self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-output")
-        self._inflight = self._worker.submit(self._handle_pipelined, batch, int(batch_id), self.read_s)
+        self._inflight = self._worker.submit(self._handle_pipelined, batch, batch_id, self.read_s)
 
     def drain(self, output: bool = False) -> None:
         """Wait for the batch being evaluated (pipelined mode) and, with ``output``, for the
@@ -516,7 +540,7 @@ class EngineApp:
         if done is not None:
             self._deliver(done)
 
-    def _handle_pipelined(self, batch: dict[str, Any], batch_id: int, read_s: float) -> None:
+    def _handle_pipelined(self, batch: dict[str, Any] | _Preaggregated, batch_id: int, read_s: float) -> None:
         """Evaluation thread: evaluate, wait for the previous batch's output, hand this one's on."""
         done = self._evaluate(batch, batch_id, read_s)
         prev, self._delivering = self._delivering, None
@@ -690,7 +714,8 @@ class EngineApp:
         tune_gc(self.settings.engine_gc_threshold)
         if self.executors:
             log.info(
-                "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks, unpipelined"
+                "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks%s",
+                ", pipelined" if self.settings.engine_pipeline else "",
             )
         self.recover()
         starting = self._align_checkpoint()

@@ -38,12 +38,13 @@ import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
-from engine.errors import SnapshotUnreadable
+from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
 from engine.runtime import state_codec
+from engine.watermark import advance, last_lookup, merged_maxima
 
 if TYPE_CHECKING:
     from engine.evaluation.rules import Changes
@@ -254,44 +255,21 @@ class EngineCore:
     def _advance_watermark(
         self, delivered: set[tuple[str, int]], waiting: Iterable[tuple[str, int]] | None = None
     ) -> None:
-        """Per-partition watermark with an idle timeout (deterministic: a replay of the same
-        batches decides the same way).
-
-        ``waiting``: the (stream, partition)s with records in Kafka this batch could not read
-        yet (written, not yet committed/visible: :meth:`engine.app.EngineApp._waiting`, logged
-        with the batch so a replay decides the same way).  A partition no event has come from
-        yet that is waiting holds the watermark where it is for one batch with events: records
-        of several partitions, even of one Kafka transaction, become visible partition by
-        partition (each partition's last stable offset moves when its commit marker is
-        written), so the first batch of a backlog may hold one stream's events and not yet the
-        other's -- whose first events would otherwise be ``late`` at once.  The next batch
-        reads them.  A partition with nothing written (a topic nobody produces to) holds nothing.
-
-        The watermark is ``min(max ts of each active partition) - allowed lateness``, where a
-        partition is *active* when it delivered records in this batch or its largest event time
-        is within ``idle_timeout_ms`` of the largest one seen.  During a backlog drain Spark's
-        Kafka source gives every partition that has data some records in every micro-batch
-        (``maxOffsetsPerTrigger`` is prorated), so a lagging partition holds the watermark back
-        instead of having its events dead-lettered as ``late``; a partition that has gone quiet
-        stops holding it back once the others are ``idle_timeout_ms`` ahead of it.  The
-        watermark never decreases."""
-        hold = False
-        for k in waiting or ():
-            if delivered and k not in self.part_max and not self.unheard.get(k):
-                self.unheard[k] = 1
-                hold = True
-        for k in delivered:
-            self.unheard.pop(k, None)
-        if not self.part_max:
-            return
-        top = max(self.part_max.values())
-        if hold:
-            self.max_ts = top
-            return
-        self.max_ts = top
-        active = [m for k, m in self.part_max.items() if k in delivered or top - m <= self.idle_timeout]
-        cand = (min(active) if active else top) - self.lateness
-        self._wm = cand if self._wm is None else max(self._wm, cand)
+        """Advance the watermark after a batch (``part_max`` already holds its events):
+        :func:`engine.watermark.advance`, whose docstring defines it."""
+        step = advance(
+            self.part_max,
+            self.unheard,
+            self._wm,
+            delivered,
+            waiting,
+            idle_timeout_ms=self.idle_timeout,
+            lateness_ms=self.lateness,
+        )
+        self.unheard = step.unheard
+        if step.max_ts is not None:
+            self.max_ts = step.max_ts
+        self._wm = step.wm
 
     def _now(self) -> int | None:
         wm = self.watermark
@@ -400,6 +378,32 @@ class EngineCore:
             raw_streams=[s for s in topics if s in STREAMS and (s in raw or s in self.raw_fed)],
         )
 
+    def params_after(
+        self, topics: dict[str, str], eb: ExecutorBatch, waiting: Iterable[tuple[str, int]] | None
+    ) -> BatchParams | None:
+        """The parameters for the batch after ``eb``, decided before ``eb`` is processed (the
+        executors mode's pipeline, :meth:`engine.app.EngineApp.on_batch_executors`): the ``late``
+        bound and watermark are exactly those :meth:`batch_params` gives once
+        :meth:`process_preaggregated` has taken ``eb`` with ``waiting`` -- both depend only on
+        the batch's per-partition event-time maxima (:mod:`engine.watermark`) -- and the pane
+        specs and raw streams are today's (a rule change in ``eb`` makes them stale, which
+        :meth:`process_preaggregated` handles as any spec change: exact, the events read again).
+        None before the first lookup (when the first lookup time depends on the events
+        pending): the caller waits and asks :meth:`batch_params` then."""
+        if self.applied_until is None:
+            return None
+        step = advance(
+            merged_maxima(self.part_max, eb.part_max),
+            self.unheard,
+            self._wm,
+            set(eb.part_max),
+            waiting,
+            idle_timeout_ms=self.idle_timeout,
+            lateness_ms=self.lateness,
+        )
+        until = last_lookup(self.applied_until, step.wm, self.L)
+        return replace(self.batch_params(topics), late_until=until, watermark=step.wm)
+
     def process_preaggregated(
         self,
         batch_id: int,
@@ -421,13 +425,22 @@ class EngineCore:
         fed its raw events (the driver path, exact; read again unless they came raw) until every
         event pending now is applied (``raw_fed``), its pane rows restarting empty under the new
         specs with the next batch."""
+        if (params.late_until, params.watermark) != (self.applied_until, self.watermark):
+            raise BatchParamsMismatch(
+                f"batch {batch_id} was made for late bound {params.late_until} and watermark "
+                f"{params.watermark}, the state is at {self.applied_until} / {self.watermark}"
+            )
         out = BatchOutput(batch_id)
         tops = list(eb.part_max.values())
         self.history_index.add(batch_id, eb.offsets, params.late_until, max(tops) if tops else None)
         read = self._history_reader(history)
+        # the streams whose pending events this process holds raw, every one of them: kept raw
+        # since (a ROWS window reads them, or fed raw after a spec change) and this batch's too
+        raw_kept = set(self.raw_fed) | (key_specs(self.evaluator)[1] if changes else set())
         for ch in changes or []:
             self._apply_change(ch, out, None if read is None else read.columns)
         specs_now, raw_now = key_specs(self.evaluator)
+        complete = {s for s in params.raw_streams if s in raw_kept or s in (set() if changes else raw_now)}
         specs = {(k.stream, k.key): k for k in specs_now}
         before = {(k.stream, k.key): k for k in params.panes}
         stale = {
@@ -436,6 +449,7 @@ class EngineCore:
             if _of(specs, s) != _of(before, s)
             or _of({k: p.spec for k, p in self.panes.items()}, s) != _of(before, s)
             or (s in raw_now and s not in params.raw_streams)  # read raw from now: its pending too
+            or (s in self.raw_fed and s not in params.raw_streams)  # made before it was fed raw
         }
         out.dead = eb.dead
         delivered = set(eb.part_max)
@@ -459,7 +473,7 @@ class EngineCore:
             for key, ks in specs.items():
                 if key[0] == s:
                     self.panes[key] = PanePartial.empty(ks)
-            if s not in params.raw_streams:  # its pending events came as pane rows: read them
+            if s not in complete:  # (some of) its pending events came as pane rows: read them
                 if read is None:
                     raise ValueError(f"the pane specs of {s} changed with events pending: give history")
                 self.pending[s] = read(s, self.applied_until, None)

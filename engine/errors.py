@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tidewatch.errors import TidewatchError
 
-__all__ = ["CheckpointMismatch", "EngineError", "SnapshotUnreadable"]
+__all__ = ["BatchParamsMismatch", "CheckpointMismatch", "EngineError", "SnapshotUnreadable"]
 
 
 class EngineError(TidewatchError):
@@ -27,3 +27,11 @@ class CheckpointMismatch(EngineError):
     batch id (a checkpoint deleted, or restored from another point in time).  The engine
     stops rather than skip batches it never processed (:func:`engine.sources.offsets.check_batch`);
     at its next start it replaces Spark's checkpoint by one that begins where the state ends."""
+
+
+class BatchParamsMismatch(EngineError):
+    """A batch the executors pre-aggregated was made with a ``late`` bound or watermark other
+    than the state's when it is evaluated (:meth:`engine.core.EngineCore.process_preaggregated`;
+    the pipelined executors mode decides them ahead, :meth:`engine.core.EngineCore.params_after`).
+    Its events' ``late`` decisions would not be the state's: the batch is refused, the query
+    stops, and the restart replays it from Kafka with the state's own parameters."""

@@ -102,10 +102,18 @@ def _split(tbl: pa.Table) -> dict[str, pa.Table]:
     return {s: tbl.filter(pc.equal(tbl.column("topic"), TOPICS[s])) for s in STREAMS}
 
 
-@pytest.mark.parametrize(("seed", "history_ms"), [(1, 60_000), (2, 60_000), (3, 60_000), (4, 2_000), (5, 0)])
-def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "history_ms", "pipelined"),
+    [(1, 60_000, False), (2, 60_000, False), (3, 60_000, False), (4, 2_000, False), (5, 0, False),
+     (1, 60_000, True), (3, 60_000, True), (4, 2_000, True), (6, 0, True)],
+)  # fmt: skip
+def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: int, pipelined: bool) -> None:
     """Rules added later are filled from history the executors mode reads again from "Kafka"
-    (``records_source``): a long retention, and a short one (dropped batches, units)."""
+    (``records_source``): a long retention, and a short one (dropped batches, units).
+
+    ``pipelined``: each batch made with the parameters :meth:`EngineCore.params_after` gave
+    before the batch ahead of it was processed (as ``EngineApp.on_batch_executors`` does while
+    that batch is evaluated): pane specs one batch old, the late bound and watermark forecast."""
     rng = np.random.default_rng(seed)
     offs: dict[tuple[str, int], int] = {}
     driver, execs = _core(history_ms), _core(history_ms)
@@ -113,13 +121,16 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: 
     log: list[pa.Table] = []  # "Kafka": every batch's records
     source = records_source(lambda ranges: _read(log, ranges), TOPICS, 10**9)
     raw_asked: list[frozenset[str]] = []
+    ahead = None  # pipelined: this batch's parameters, decided before the batch ahead of it ran
     for b in range(20):
         tbl = _batch(b, rng, offs)
         log.append(tbl)
         want = driver.process(b, _split(tbl), _changes(b))
-        params = execs.batch_params(dict(TOPICS))
+        params = ahead or execs.batch_params(dict(TOPICS))
         raw_asked.append(params.raw_streams)
         eb = merge_output(preaggregate(tbl, params), params, batch=b)
+        if pipelined:
+            ahead = execs.params_after(dict(TOPICS), eb, None)
         got = execs.process_preaggregated(b, eb, params, _changes(b), history=source)
         assert got.lookups == want.lookups, b
         assert got.alerts == want.alerts, b
@@ -134,8 +145,11 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: 
     assert n_alerts > 20
     # events reach the driver raw only for a ROWS window ("rows" on trades from batch 4) or
     # for the few batches after a spec change (packets' last at batch 8)
-    assert all("trades" in r for r in raw_asked[5:]), raw_asked
-    assert not any("packets" in r for r in raw_asked[14:]), [sorted(r) for r in raw_asked]
+    lag = int(pipelined)  # pipelined, the specs come one batch later
+    assert all("trades" in r for r in raw_asked[5 + lag :]), raw_asked
+    assert not any("packets" in r for r in raw_asked[14 + lag :]), [sorted(r) for r in raw_asked]
+    if pipelined:
+        assert ahead is not None and ahead.late_until == execs.applied_until
     if history_ms < 10_000:  # batches no rule can read again are dropped
         assert len(execs.history_index) < 12, execs.history_index.max_ts
 
@@ -149,3 +163,39 @@ def _read(log: list[pa.Table], ranges: dict[str, dict[str, list[int]]]) -> pa.Ta
         for p, (a, z) in ps.items():
             keep |= (top == t) & (part == int(p)) & (off >= a) & (off <= z)
     return every.filter(pa.array(keep))
+
+
+def test_a_batch_made_for_another_late_bound_is_refused() -> None:
+    """The pipelined parameters are checked against the state: a batch pre-aggregated with a
+    late bound the state does not have would decide ``late`` differently, so it is refused."""
+    from dataclasses import replace
+
+    from engine.errors import BatchParamsMismatch
+
+    rng = np.random.default_rng(7)
+    offs: dict[tuple[str, int], int] = {}
+    core = _core()
+    log: list[pa.Table] = []
+    source = records_source(lambda ranges: _read(log, ranges), TOPICS, 10**9)
+    for b in range(4):
+        tbl = _batch(b, rng, offs)
+        log.append(tbl)
+        params = core.batch_params(dict(TOPICS))
+        eb = merge_output(preaggregate(tbl, params), params, batch=b)
+        core.process_preaggregated(b, eb, params, _changes(b), history=source)
+    assert core.applied_until is not None
+    tbl = _batch(4, rng, offs)
+    params = replace(core.batch_params(dict(TOPICS)), late_until=core.applied_until - G)
+    with pytest.raises(BatchParamsMismatch):
+        core.process_preaggregated(4, merge_output(preaggregate(tbl, params), params, batch=4), params, [])
+    assert core.last_batch == 3  # nothing of the batch was taken
+
+
+def test_last_lookup_is_the_last_multiple_of_the_period_up_to_now() -> None:
+    from engine.watermark import last_lookup
+
+    assert last_lookup(1000, None, 500) == 1000
+    assert last_lookup(1000, 1499, 500) == 1000  # now = 1000: nothing due
+    assert last_lookup(1000, 2730, 500) == 2500
+    assert last_lookup(1000, 2730, 1000) == 2000
+    assert last_lookup(1200, 2730, 500) == 2200  # a restored state off the period's grid
