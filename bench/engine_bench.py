@@ -230,6 +230,14 @@ def against_better(tw: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
     }
 
 
+#: ``--modes``: the settings each Tidewatch mode runs with
+MODES: dict[str, dict[str, Any]] = {
+    "executors": {"engine_preaggregate": "executors", "engine_pipeline": True},
+    "executors-serial": {"engine_preaggregate": "executors", "engine_pipeline": False},
+    "driver": {"engine_preaggregate": "driver", "engine_pipeline": True},
+}
+
+
 # ---------------------------------------------------------------- live: Tidewatch alone, latency
 WINDOWS_S = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800)
 
@@ -402,7 +410,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     settings = run_settings(
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
-        engine_lookup_every_ms=a.lookup_every_ms,
+        engine_lookup_every_ms=a.lookup_every_ms, **MODES[a.modes.split(",")[0]],
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
@@ -433,6 +441,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.2)
     print(f"{len(app.core.rules):,} rules active after {time.perf_counter() - t_sub:.1f} s", flush=True)
     latencies: list[float] = []
+    arrivals: list[float] = []  # wall ms each alert was read (the tail's timeline)
     stop = threading.Event()
 
     def consume() -> None:
@@ -446,6 +455,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
                     continue
                 got = time.time() * 1000
                 latencies.append(got - decode(v, "alerts")["as_of"])
+                arrivals.append(got)
         c.close()
 
     th = threading.Thread(target=consume, daemon=True)
@@ -506,6 +516,17 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         f"Spark JVM RSS peak {jvm_peak / 1e9:.2f} GB",
         flush=True,
     )
+    if len(lat):  # where the tail is: latency by 10 s of the feed (when the alert was read)
+        at = (np.array(arrivals[: len(lat)]) / 1000.0 - wall0) // 10 * 10
+        print(
+            "latency by 10 s of the feed (alerts, p50 / p99 s): "
+            + "; ".join(
+                f"{int(b)}-{int(b) + 10} s {int((at == b).sum()):,} {np.percentile(lat[at == b], 50):.2f}"
+                f" / {np.percentile(lat[at == b], 99):.2f}"
+                for b in np.unique(at)
+            ),
+            flush=True,
+        )
     if a.snapshot_every:
         snaps = app.snapshots.written
         how = "serialized in the evaluation thread, written by a background thread"
@@ -663,9 +684,9 @@ def main() -> None:
     ap.add_argument(
         "--modes",
         default="executors",
-        help="Tidewatch's engine_preaggregate modes to run, each on its own copy of the events: "
-        "executors (the default path), driver (the records collected to the driver), or both (driver "
-        "CPU per event side by side)",
+        help="Tidewatch's modes to run, each on its own copy of the events: executors (the default "
+        "path: engine_preaggregate = executors, pipelined), executors-serial (the same unpipelined), "
+        "driver (the records collected to the driver, pipelined); several: driver CPU per event side by side",
     )
     ap.add_argument(
         "--no-bare",
@@ -748,12 +769,15 @@ def main() -> None:
         "command": " ".join(sys.argv),
     }
     modes = [m for m in a.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in MODES]:
+        ap.error(f"--modes: unknown {', '.join(unknown)} (one of {', '.join(MODES)})")
     try:
         db = fresh_database(admin_url(a.database_url, base))
         for i, mode in enumerate(modes):
             # each mode drains its own copy of the events (its own topics); the baselines read the first's
-            s_mode = settings.model_copy(update={"engine_preaggregate": mode}) if i == 0 else run_settings(
-                base, "bench", f"{run}-{mode}", allowed_lateness_ms=a.lateness_ms, engine_preaggregate=mode
+            upd = MODES[mode]
+            s_mode = settings.model_copy(update=upd) if i == 0 else run_settings(
+                base, "bench", f"{run}-{mode}", allowed_lateness_ms=a.lateness_ms, **upd
             )  # fmt: skip
             if i:
                 ensure_topics(bootstrap, s_mode)
@@ -773,7 +797,7 @@ def main() -> None:
                 f"{tw['driver_cpu_us_per_event']:.2f} us/event)",
                 flush=True,
             )
-        if len(modes) > 1:
+        if "driver" in modes and "executors" in modes:
             ratio = out["tidewatch_driver"]["driver_cpu_us_per_event"] / max(
                 out["tidewatch_executors"]["driver_cpu_us_per_event"], 1e-9
             )
