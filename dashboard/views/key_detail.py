@@ -65,6 +65,7 @@ def render(settings: Settings) -> None:
         st.altair_chart(charts.timeline(rows), width="stretch")
     st.toggle(
         "Chart the aggregates over each rule's window (computed by the engine from the state it holds)",
+        value=True,
         key="detail_engine",
     )
     st.toggle(
