@@ -43,6 +43,7 @@ from engine.errors import CheckpointMismatch, SnapshotUnreadable
 from engine.executors.history import records_source, spark_history
 from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
+from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.retry import retry_transient
@@ -720,6 +721,9 @@ class EngineApp:
         self.recover()
         starting = self._align_checkpoint()
         freeze_state()
+        if self.executors:  # the Python workers' start-up paid now, not by the first batch
+            took = warm_up(spark, self.core.batch_params(self.topics))
+            log.info("Spark's Python workers started (warm-up) in %.1f s", took)
         self.charts.start(lambda: self.core)  # answers the key page's chart requests
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
