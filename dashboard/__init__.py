@@ -14,9 +14,10 @@ TYPE_CHECKING = False  # not typing's: importing typing costs more than this pac
 if TYPE_CHECKING:
     from dashboard.auth import AuthError, RateLimited, sign_up
     from dashboard.detail import KafkaUnavailable
-    from dashboard.rules import TEMPLATES
+    from dashboard.rules import DEMO_SUBSCRIPTIONS, TEMPLATES
 
 __all__ = [
+    "DEMO_SUBSCRIPTIONS",
     "TEMPLATES",
     "AuthError",
     "DashboardError",
@@ -31,6 +32,7 @@ __getattr__, __dir__ = lazy_exports(
         "AuthError": "dashboard.auth",
         "KafkaUnavailable": "dashboard.detail",
         "RateLimited": "dashboard.auth",
+        "DEMO_SUBSCRIPTIONS": "dashboard.rules",
         "TEMPLATES": "dashboard.rules",
         "sign_up": "dashboard.auth",
     },

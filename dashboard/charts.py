@@ -169,7 +169,7 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
         .mark_line(point=True)
         .encode(
             x=time_x("time", df["time"]),
-            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False), axis=alt.Axis(tickCount=4)),
             opacity=alt.Opacity(
                 "window:N",
                 scale=alt.Scale(domain=["whole", "partial"], range=[1.0, 0.35]),

@@ -284,10 +284,11 @@ class EngineCore:
             return
         if ch.version is not None:
             self._versions[sid] = ch.version
+        before: set[str] = set()  # a changed rule's result until now: the new one is diffed with it
         if sid in self.rules:
             self.evaluator.remove_rule(sid)
             del self.rules[sid]
-            self.current.pop(sid, None)
+            before = self.current.pop(sid, set())
             out.removed.append(sid)
         if ch.op != "upsert":
             log.info("subscription %s %sd; its results are dropped", sid, ch.op)
@@ -305,7 +306,10 @@ class EngineCore:
         if sid in out.removed:
             out.removed.remove(sid)
         self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version)
-        self.current[sid] = set()
+        # a new version's result is diffed with the old one's: ENTER for the keys it adds, EXIT
+        # for those it drops (so the alert log, current results and the compacted results topic
+        # stay consistent); the keys of both are not alerted again
+        self.current[sid] = before
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
             first = len(out.alerts)

@@ -139,6 +139,7 @@ def feed_trades(
             start_ms + parse_duration_ms(first_episode),
             parse_duration_ms(episode_every),
             1000,
+            size_median=s.demo_trade_size_median if demo else None,
         )
         source = _generated_feed(gen, start_ms, duration, hist, speed, asap, rate)
     raise typer.Exit(

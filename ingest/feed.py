@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -374,13 +375,15 @@ def _trade_generator(
     first_ep_ms: int,
     episode_every_ms: int,
     n_episodes: int,
+    size_median: float | None = None,
 ) -> Any:
     from ingest.trades_gen import SESSION_MS, TradeConfig, TradeGenerator, demo_episodes
 
+    cfg = TradeConfig(n_symbols=symbols, rate=gen_rate)
+    if size_median is not None:
+        cfg = replace(cfg, size_median=size_median)
     # session phase: the stream starts ~1/3 into a session (mid-morning)
-    gen = TradeGenerator(
-        TradeConfig(n_symbols=symbols, rate=gen_rate), seed=seed, session_open_ms=start_ms - SESSION_MS // 3
-    )
+    gen = TradeGenerator(cfg, seed=seed, session_open_ms=start_ms - SESSION_MS // 3)
     if episodes:
         gen.episodes = demo_episodes(gen, first_ep_ms, every_ms=episode_every_ms, count=n_episodes)
     return gen

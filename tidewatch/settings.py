@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     demo_trade_rate: float = Field(1000.0, description="trades/s of `tidewatch feed trades --demo`")
     demo_packet_rate: float = Field(1000.0, description="packets/s of `tidewatch feed packets --demo`")
     demo_history_minutes: float = Field(31.0, description="history the demo feeds backfill before going live")
+    demo_trade_size_median: float = Field(
+        35.0,
+        description="median trade size of `tidewatch feed trades --demo`: RULES.md's example thresholds "
+        "(the demo subscriptions) then hold for a few dozen of its 5,000 symbols, not thousands",
+    )
     kafka_heap: str = Field("768m", description="-Xmx of the embedded Kafka broker")
     kafka_start_timeout_s: float = 90.0
 
@@ -200,7 +205,8 @@ class Settings(BaseSettings):
         8.0, description="Key detail: how long the page waits for the engine's answer to a chart request"
     )
     chart_answer_poll_s: float = Field(
-        0.5, description="engine: how often it looks for chart requests of the key page (engine/sinks/charts.py)"
+        0.5,
+        description="engine: how often it looks for chart requests of the key page (engine/sinks/charts.py)",
     )
     dashboard_detail_max_messages: int = Field(
         500_000, description="Key detail: most Kafka records read per chart"

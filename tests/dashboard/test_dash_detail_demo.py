@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard.detail import read_recent
-from dashboard.rules import TEMPLATES, validate
+from dashboard.rules import DEMO_SUBSCRIPTIONS, validate
 from subscriptions.service import SubscriptionService
 from tests.dashboard.test_dash_apptest import logged_in
 from tidewatch.kafka.topics import create_topics, stream_topic_spec
@@ -34,7 +34,7 @@ from tidewatch.wire.avro import encode_batch
 
 pytestmark = pytest.mark.integration
 
-DEMO_RULES = {name: text for name, text in TEMPLATES.items() if " FROM trades" in text}  # as seed_demo
+DEMO_RULES = DEMO_SUBSCRIPTIONS  # as seed_demo
 SYMBOLS = ["AAPL", "MSFT", "IBM", "NVDA", "AMZN"]
 CAP = 20_000
 

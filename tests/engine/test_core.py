@@ -179,6 +179,24 @@ def test_new_rule_gets_results_at_once_from_old_data() -> None:
     assert out.removed == ["s"] and not core.rules
 
 
+def test_a_changed_rule_alerts_the_difference_of_its_results() -> None:
+    """A new version of a subscription is diffed with its old result: EXIT for the keys it
+    drops, ENTER for the keys it adds, nothing for the keys of both (none is left behind in
+    the current results, none alerted twice)."""
+    core = make_core()
+    syms = ["A"] * 6 + ["B"] * 4 + ["C"] * 2
+    core.process(0, records(syms, [10_100 + 50 * i for i in range(len(syms))], 0), [])
+    core.process(1, records(["D"], [14_000], len(syms)), [])
+    out = core.process(2, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 3", version=1)])
+    assert [(a.key, a.kind) for a in out.alerts] == [("A", "ENTER"), ("B", "ENTER")]
+    out = core.process(3, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 1", version=2)])
+    assert [(a.key, a.kind) for a in out.alerts] == [("C", "ENTER")] and not out.removed
+    assert core.current["s"] == {"A", "B", "C"}
+    out = core.process(4, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 5", version=3)])
+    assert [(a.key, a.kind) for a in out.alerts] == [("B", "EXIT"), ("C", "EXIT")]
+    assert core.current["s"] == {"A"}
+
+
 def test_snapshot_restore_then_continue_equals_uninterrupted() -> None:
     batches = stream(7)
     rule = SubscriptionChange("s1", "upsert", "busy", f"{4 * G} 5")

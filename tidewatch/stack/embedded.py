@@ -371,19 +371,20 @@ def start_services(s: Settings, *, migrate: bool = True, topics: bool = True) ->
 
 
 def seed_demo(s: Settings) -> None:
-    """Create the demo account with the trade examples of RULES.md as subscriptions (once).
+    """Create the demo account with the trade examples of RULES.md as subscriptions (once;
+    :data:`dashboard.rules.DEMO_SUBSCRIPTIONS`: the volume threshold set for the demo feed).
 
     The demo feed injects the episodes these rules look for, so alerts arrive within a minute
     of `tidewatch up`; log in to the dashboard as ``settings.demo_user``.
     """
-    from dashboard import TEMPLATES, sign_up  # the packages' public API (their __all__)
+    from dashboard import DEMO_SUBSCRIPTIONS, sign_up  # the packages' public API (their __all__)
     from subscriptions import SubscriptionService
 
     if _user_exists(s):  # seeded before; what the user changed since stays as it is
         return
     service = SubscriptionService(settings=s)
     sign_up(service.sessions, s.demo_user, s.demo_password)
-    trade_rules = {name: text for name, text in TEMPLATES.items() if " FROM trades" in text}
+    trade_rules = DEMO_SUBSCRIPTIONS  # the trade examples, thresholds set for the demo feed
     for name, text in trade_rules.items():
         service.create(s.demo_user, text, name=name)
     console.print(
