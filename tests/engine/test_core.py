@@ -187,12 +187,18 @@ def test_a_changed_rule_alerts_the_difference_of_its_results() -> None:
     syms = ["A"] * 6 + ["B"] * 4 + ["C"] * 2
     core.process(0, records(syms, [10_100 + 50 * i for i in range(len(syms))], 0), [])
     core.process(1, records(["D"], [14_000], len(syms)), [])
-    out = core.process(2, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 3", version=1)])
+    out = core.process(
+        2, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 3", version=1)]
+    )
     assert [(a.key, a.kind) for a in out.alerts] == [("A", "ENTER"), ("B", "ENTER")]
-    out = core.process(3, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 1", version=2)])
+    out = core.process(
+        3, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 1", version=2)]
+    )
     assert [(a.key, a.kind) for a in out.alerts] == [("C", "ENTER")] and not out.removed
     assert core.current["s"] == {"A", "B", "C"}
-    out = core.process(4, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 5", version=3)])
+    out = core.process(
+        4, records([], [], 13), [SubscriptionChange("s", "upsert", "n", f"{5 * G} 5", version=3)]
+    )
     assert [(a.key, a.kind) for a in out.alerts] == [("B", "EXIT"), ("C", "EXIT")]
     assert core.current["s"] == {"A"}
 
