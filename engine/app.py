@@ -576,7 +576,8 @@ class EngineApp:
         self._evaluated += 1
         self.snapshots.poll()
         if self._evaluated % max(1, self.settings.snapshot_every_batches) == 0:
-            self.snapshot()
+            with self.charts.lock:  # serializing compacts the structures: no chart read meanwhile
+                self.snapshot()
         return _Evaluated(
             batch_id, out, metrics, self.core.watermark, len(self.core.rules), t0, read_s, core_s
         )

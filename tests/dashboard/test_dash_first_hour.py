@@ -167,8 +167,11 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     _login(page2, url, username)
     page2.get_by_text("1 alert(s) while you were away").wait_for(timeout=TIMEOUT_MS)
     page2.locator('[data-testid="stDataFrame"]', has_text="IBM").first.wait_for(timeout=TIMEOUT_MS)
+    # the tables render one after the other (Streamlit's grid fills its cells late): poll them
+    _wait(lambda: bool(_table_rows(page2, "in result now")), TIMEOUT_MS / 1000, "the summary table", procs)
     summary = _table_rows(page2, "in result now")
     assert [r[:6] for r in summary] == [[NAME, "active", "1", "0", "1", "3"]], summary
+    _wait(lambda: len(_table_rows(page2, "AAPL")) >= 3, TIMEOUT_MS / 1000, "the current results", procs)
     current = _table_rows(page2, "AAPL")
     assert sorted(r[0] for r in current) == ["AAPL", "IBM", "MSFT"]
     assert all(r[1].count(":") == 2 and r[1][:4].isdigit() for r in current)  # "YYYY-MM-DD HH:MM:SS"
