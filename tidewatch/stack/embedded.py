@@ -381,6 +381,10 @@ def seed_demo(s: Settings) -> None:
     from subscriptions import SubscriptionService
 
     if _user_exists(s):  # seeded before; what the user changed since stays as it is
+        console.print(
+            f"[green]✓[/] demo account {s.demo_user!r} (password {s.demo_password!r}), "
+            "its subscriptions as they were left"
+        )
         return
     service = SubscriptionService(settings=s)
     sign_up(service.sessions, s.demo_user, s.demo_password)
