@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,10 @@ from tidewatch.wire.avro import decode, encode
 
 pytestmark = pytest.mark.integration
 
-T0 = 1_767_225_600_000
+#: the records' Kafka timestamps: recent, whole minutes -- a fixed date in the past (2026-01-01,
+#: as before Nov 27) is older than the broker's 7-day retention, which deleted the first
+#: segments' records mid-test once the date was far enough behind
+T0 = (int(time.time()) // 60 - 10) * 60_000
 
 
 def _alert(i: int) -> dict[str, object]:
