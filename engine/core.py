@@ -457,9 +457,7 @@ class EngineCore:
         }
         out.dead = eb.dead
         delivered = set(eb.part_max)
-        for k, top in eb.part_max.items():
-            old = self.part_max.get(k)
-            self.part_max[k] = top if old is None else max(old, top)
+        self.part_max = merged_maxima(self.part_max, eb.part_max)  # as params_after forecasts it
         if self.applied_until is None:
             for lo in eb.ts_min.values():
                 self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
