@@ -438,13 +438,15 @@ class EngineCore:
         tops = list(eb.part_max.values())
         self.history_index.add(batch_id, eb.offsets, params.late_until, max(tops) if tops else None)
         read = self._history_reader(history)
-        # the streams whose pending events this process holds raw, every one of them: kept raw
-        # since (a ROWS window reads them, or fed raw after a spec change) and this batch's too
-        raw_kept = set(self.raw_fed) | (key_specs(self.evaluator)[1] if changes else set())
+        needs_before = key_specs(self.evaluator)[1] if changes else None  # read raw before the changes
         for ch in changes or []:
             self._apply_change(ch, out, None if read is None else read.columns)
         specs_now, raw_now = key_specs(self.evaluator)
-        complete = {s for s in params.raw_streams if s in raw_kept or s in (set() if changes else raw_now)}
+        # the streams whose pending events this process holds raw, every one of them: kept raw
+        # since (a ROWS window reads them, or fed raw after a spec change) and this batch's too
+        complete = set(params.raw_streams) & (
+            set(self.raw_fed) | set(raw_now if needs_before is None else needs_before)
+        )
         specs = {(k.stream, k.key): k for k in specs_now}
         before = {(k.stream, k.key): k for k in params.panes}
         stale = {
