@@ -269,7 +269,8 @@ class Settings(BaseSettings):
         "executors",
         description="where a micro-batch's records are decoded and pre-aggregated into (key, pane) rows: "
         "'driver' (toArrow of the records, decoded on the driver) or 'executors' (Spark tasks, "
-        "engine/executors; runs unpipelined; docs/engine.md 'Executor pre-aggregation')",
+        "engine/executors; pipelined: batch N+1's tasks run while batch N is evaluated; docs/engine.md "
+        "'Executor pre-aggregation')",
     )
     engine_gc_threshold: int = Field(
         100_000,

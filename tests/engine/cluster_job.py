@@ -1,5 +1,6 @@
 """The driver of ``test_spark_cluster.py``:
-``python -m tests.engine.cluster_job TOPIC BOOTSTRAP PG_URL TMP_DIR [PREAGGREGATE]``.
+``python -m tests.engine.cluster_job TOPIC BOOTSTRAP PG_URL TMP_DIR [PREAGGREGATE]`` (default
+``executors``, the engine's default).
 
 Builds the engine's SparkSession (:func:`engine.spark_session.build_spark`) from the settings in
 the environment (``TIDEWATCH_SPARK_MASTER=spark://…`` and the driver's network settings) and runs
@@ -15,7 +16,9 @@ on the cluster's executors:
   (``spark.pyspark.python``);
 * then the engine itself on this session: the scenario of ``test_engine_integration.py``
   (:func:`tests.engine.test_engine_integration.run_scenario`: alert log = backtest, Kafka once
-  each, dead letters, PSoup's late rule), its Kafka reads on the cluster's executors.
+  each, dead letters, PSoup's late rule), its Kafka reads, decoding and (key, pane)
+  pre-aggregation on the cluster's executors (``mapInArrow`` tasks in their Python workers, whose
+  process ids and ancestors it reports).
 
 Prints one JSON line (prefix ``RESULT ``) with what it saw, for the test to judge; a failed
 check of the engine's scenario raises (exit status 1, traceback in the output).
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 
-def main(topic: str, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str = "driver") -> None:
+def main(topic: str, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str = "executors") -> None:
     import psutil
 
     from engine.sources.readers import RECORD_COLUMNS
@@ -87,14 +90,25 @@ def main(topic: str, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str =
         }
         print("PROBE " + json.dumps(result), flush=True)
         t0 = time.monotonic()
-        if preaggregate == "driver":
-            run_scenario(spark, bootstrap, pg_url, tmp)
-        else:  # engine_preaggregate = executors (mapInArrow on the executors)
-            run_scenario(spark, bootstrap, pg_url, tmp, preaggregate)
+        # engine_preaggregate = executors (the default: decode and panes in mapInArrow tasks)
+        pane_pids = run_scenario(spark, bootstrap, pg_url, tmp, preaggregate)
         result["engine_scenario_s"] = round(time.monotonic() - t0, 1)
+        # the processes the pane rows came from, and their ancestors' process ids (read while
+        # the executors, whose Python workers they are, are alive)
+        result["pane_pids"] = {str(pid): _ancestors(pid) for pid in sorted(pane_pids)}
     finally:
         spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def _ancestors(pid: int) -> list[int]:
+    """Process ids of ``pid``'s parent, its parent's parent, ... (empty when it is gone)."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).parents()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _main_class(cmdline: list[str]) -> str | None:

@@ -85,7 +85,11 @@ def wait_for(cond: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str = "driver") -> None:
+def run_scenario(
+    spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregate: str = "driver"
+) -> set[int]:
+    """The scenario on ``spark``; raises on any difference from the backtest.  Returns the process
+    ids the executors' pane rows came from (empty in the driver mode)."""
     from engine.app import EngineApp
 
     run = uuid.uuid4().hex[:8]
@@ -144,10 +148,11 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregat
     for a in counted:
         assert (a["values"]["COUNT(*) OVER LAST 10 SECONDS"] > 12) == (a["kind"] == "ENTER"), a
     with create_engine(db).connect() as conn:
-        pg_values = dict(conn.execute(text("SELECT alert_id, values FROM alerts")).all())  # type: ignore[arg-type]
+        rows = conn.execute(text("SELECT alert_id, values FROM alerts")).all()
+    pg_values: dict[str, dict[str, Any]] = {str(r[0]): r[1] for r in rows}
     for a in kafka_alerts:
-        want = {k: None if v is None else float(v) for k, v in pg_values[a["id"]].items()}
-        assert want and a["values"] == want, a
+        vals = {k: None if v is None else float(v) for k, v in pg_values[a["id"]].items()}
+        assert vals and a["values"] == vals, a
 
     dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in sc.bad_trades)
@@ -171,6 +176,7 @@ def run_scenario(spark: Any, bootstrap: str, pg_url: str, tmp: Path, preaggregat
     assert summed == want
     enter_minus_exit = sum(1 if a[2] == "ENTER" else -1 for a in log)
     assert n_results == enter_minus_exit
+    return set(app.executor_pids)
 
 
 @pytest.mark.parametrize("preaggregate", ["driver", "executors"])
