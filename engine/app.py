@@ -262,11 +262,12 @@ class EngineApp:
         published = self.publisher.last_published()
         for b in range(published + 1, last + 1):
             rows, dead = self.store.alerts_of_batch(b), self.store.dead_letters_of_batch(b)
+            removed = self.store.removed_of_batch(b)
             log.info(
-                "batch %d was committed but not published to Kafka: publishing its %d alerts and %d dead "
-                "letters", b, len(rows), len(dead),
+                "batch %d was committed but not published to Kafka: publishing its %d alerts, %d dead "
+                "letters and the tombstones of %d removed subscriptions", b, len(rows), len(dead), len(removed),
             )  # fmt: skip
-            self.publisher.publish(b, rows, dead)
+            self.publisher.publish(b, rows, dead, removed)
         for b in pending:
             ranges = self._read_log(b).ranges
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
@@ -594,7 +595,7 @@ class EngineApp:
         if not committed:
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
         t_kafka = time.perf_counter()
-        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed)
+        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed_keys)
         t_done = time.perf_counter()
         self.batches_done += 1
         n_events = sum(out.events.values())

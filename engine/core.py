@@ -284,12 +284,17 @@ class EngineCore:
             return
         if ch.version is not None:
             self._versions[sid] = ch.version
+        # removed by an earlier change of this batch (deleted, then subscribed again): its old
+        # results are already dropped, and stay dropped (``out.removed``, ``out.removed_keys``)
+        dropped = sid in out.removed
         before: set[str] = set()  # a changed rule's result until now: the new one is diffed with it
         if sid in self.rules:
             self.evaluator.remove_rule(sid)
             del self.rules[sid]
             before = self.current.pop(sid, set())
-            out.removed.append(sid)
+            if not dropped:
+                out.removed.append(sid)
+                out.removed_keys[sid] = sorted(before)
         if ch.op != "upsert":
             log.info("subscription %s %sd; its results are dropped", sid, ch.op)
             return
@@ -303,8 +308,9 @@ class EngineCore:
             log.warning("subscription %s (%s) refused: %s", sid, ch.name, exc)
             out.rule_errors.append((sid, str(exc)))
             return
-        if sid in out.removed:
+        if sid in out.removed and not dropped:  # a changed rule: diffed with its old result
             out.removed.remove(sid)
+            del out.removed_keys[sid]
         self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version)
         # a new version's result is diffed with the old one's: ENTER for the keys it adds, EXIT
         # for those it drops (so the alert log, current results and the compacted results topic

@@ -109,6 +109,9 @@ class BatchOutput:
     dead: DeadLetters = field(default_factory=DeadLetters)
     lookups: list[int] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # subscriptions deleted / paused
+    #: the keys each removed subscription had in its result when it was removed (the compacted
+    #: ``results`` topic gets a tombstone for each: :meth:`engine.sinks.publish.Publisher.publish`)
+    removed_keys: dict[str, list[str]] = field(default_factory=dict)
     changed: set[str] = field(default_factory=set)  # subscriptions whose result set changed
     events: dict[str, int] = field(default_factory=dict)  # valid events per stream
     rule_errors: list[tuple[str, str]] = field(default_factory=list)

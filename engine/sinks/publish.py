@@ -3,7 +3,8 @@
 After a batch is committed in PostgreSQL (:mod:`engine.sinks.store`), its Avro alerts (topic
 ``alerts``, keyed by subscription id), its result changes (compacted topic ``results``,
 keyed ``subscription|key``: ``present=true`` on ENTER; ``present=false`` then a tombstone
-on EXIT) and its dead letters are produced in ONE Kafka transaction; the alert and result
+on EXIT; a tombstone for every key of a subscription deleted or paused) and its dead letters
+are produced in ONE Kafka transaction; the alert and result
 records of the whole batch are encoded together (:mod:`engine.sinks.alert_wire`, one Numba kernel,
 from the batch's columns shared with the PostgreSQL commit) and produced by two tight loops over
 the prebuilt bytes (``Producer.produce`` takes one record per call: the floor of the Python API;
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -153,11 +154,15 @@ class Publisher:
         batch_id: int,
         alerts: Alerts,
         dead: DeadLetters | None = None,
-        removed: list[str] | None = None,
+        removed: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Produce one batch's output and its progress marker in one transaction, exactly once:
         a failed or stalled transaction is retried with a new producer unless the marker shows
-        that it committed (see the module docstring)."""
+        that it committed (see the module docstring).  ``removed``: ``{subscription_id: keys}``
+        of the subscriptions the batch removed (:attr:`engine.messages.BatchOutput.removed_keys`):
+        a tombstone for each ``subscription|key`` on ``results``, before the batch's own result
+        records (a subscription deleted and subscribed again in one batch has its new result
+        after them)."""
 
         def attempt(n: int) -> None:
             if n > 1:
@@ -166,7 +171,7 @@ class Publisher:
                 if self._bounded(self.last_published, "the progress marker") >= batch_id:
                     log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
                     return
-            self._bounded(lambda: self._transaction(batch_id, alerts, dead), f"batch {batch_id}")
+            self._bounded(lambda: self._transaction(batch_id, alerts, dead, removed), f"batch {batch_id}")
 
         retrying(attempt, self.settings.engine_kafka_retry_s, f"batch {batch_id}", log)
 
@@ -174,12 +179,21 @@ class Publisher:
         """``fn()`` given up (:class:`~tidewatch.kafka.txn.KafkaStalled`) after ``engine_kafka_stall_s``."""
         return bounded(fn, self.settings.engine_kafka_stall_s, what)
 
-    def _transaction(self, batch_id: int, alerts: Alerts, dead: DeadLetters | None) -> None:
+    def _transaction(
+        self,
+        batch_id: int,
+        alerts: Alerts,
+        dead: DeadLetters | None,
+        removed: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         s = self.settings
         now = int(time.time() * 1000)
         p = self.producer
         p.begin_transaction()
         try:
+            if removed:
+                keys = [f"{sid}|{key}".encode() for sid, ks in removed.items() for key in ks]
+                _produce_all(p, s.topic_results, [None] * len(keys), keys)
             self.produce_alerts(p, s, alerts, batch_id, now)
             if dead is not None and len(dead):
                 for rec in dead.records(now):

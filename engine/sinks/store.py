@@ -10,8 +10,9 @@ store's engine id, so engines sharing a database (shards, deployments) each have
 batches; alerts and metrics carry the engine id too.
 
 A batch committed here whose Kafka transaction never happened is re-published from here after a
-restart (:meth:`engine.app.EngineApp.recover`): its alerts (:meth:`Store.alerts_of_batch`) and
-its dead letters (:meth:`Store.dead_letters_of_batch`).  Dead letters are only kept until then:
+restart (:meth:`engine.app.EngineApp.recover`): its alerts (:meth:`Store.alerts_of_batch`), its
+dead letters (:meth:`Store.dead_letters_of_batch`) and the results of the subscriptions it
+removed (:meth:`Store.removed_of_batch`, from ``engine_batches.removed``: their tombstones).  Dead letters are only kept until then:
 see :meth:`Store.commit` for when they are deleted.
 
 The alerts of a batch (thousands while many rules' windows fill) are written by
@@ -125,6 +126,7 @@ class Store:
                     watermark=None if watermark is None else ms_to_dt(watermark),
                     events=sum(out.events.values()),
                     alerts=len(out.alerts),
+                    removed=out.removed_keys,
                 )
                 .on_conflict_do_nothing(index_elements=[EngineBatch.engine_id, EngineBatch.batch_id])
                 .returning(EngineBatch.batch_id)
@@ -166,6 +168,17 @@ class Store:
             out.key, out.value = [_bytes(b) for b in cols[3]], [_bytes(b) for b in cols[4]]
             out.event_ts, out.watermark = list(cols[7]), list(cols[8])
         return out
+
+    def removed_of_batch(self, batch_id: int) -> dict[str, list[str]]:
+        """``{subscription_id: [key, ...]}`` of this engine's committed batch ``batch_id``: the
+        result each subscription it removed had (to re-publish their tombstones after a crash)."""
+        with self.engine.connect() as conn:
+            got = conn.execute(
+                select(EngineBatch.removed).where(
+                    EngineBatch.engine_id == self.engine_id, EngineBatch.batch_id == batch_id
+                )
+            ).scalar()
+        return {str(sid): [str(k) for k in keys] for sid, keys in (got or {}).items()}
 
     def alerts_of_batch(self, batch_id: int) -> list[dict[str, Any]]:
         """The alert rows of this engine's committed batch ``batch_id`` (to re-publish them after

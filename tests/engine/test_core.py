@@ -203,6 +203,33 @@ def test_a_changed_rule_alerts_the_difference_of_its_results() -> None:
     assert core.current["s"] == {"A"}
 
 
+def test_a_removed_subscription_names_the_keys_its_result_had() -> None:
+    """Deleted or paused: ``removed`` and ``removed_keys`` (its result then: the tombstones of the
+    ``results`` topic).  A changed rule is not removed (it is diffed); a subscription deleted and
+    subscribed again in one batch stays removed, with the keys of before, and its new version's
+    result is alerted from empty."""
+    core = make_core()
+    syms = ["A"] * 6 + ["B"] * 4 + ["C"] * 2
+    core.process(0, records(syms, [10_100 + 50 * i for i in range(len(syms))], 0), [])
+    core.process(1, records(["D"], [14_000], len(syms)), [])
+    up = lambda v, n: SubscriptionChange("s", "upsert", "n", f"{5 * G} {n}", version=v)  # noqa: E731
+    core.process(2, records([], [], 13), [up(1, 3)])
+    assert core.current["s"] == {"A", "B"}
+    out = core.process(3, records([], [], 13), [up(2, 1)])
+    assert not out.removed and not out.removed_keys
+    out = core.process(4, records([], [], 13), [SubscriptionChange("s", "pause", version=3)])
+    assert out.removed == ["s"] and out.removed_keys == {"s": ["A", "B", "C"]} and not out.alerts
+    out = core.process(5, records([], [], 13), [up(4, 5)])
+    assert not out.removed and [(a.key, a.kind) for a in out.alerts] == [("A", "ENTER")]
+    # deleted, then subscribed again, then changed, all in one batch
+    out = core.process(
+        6, records([], [], 13), [SubscriptionChange("s", "delete", version=5), up(6, 3), up(7, 1)]
+    )
+    assert out.removed == ["s"] and out.removed_keys == {"s": ["A"]}
+    assert [(a.key, a.kind) for a in out.alerts] == [("A", "ENTER"), ("B", "ENTER"), ("C", "ENTER")]
+    assert core.current["s"] == {"A", "B", "C"}
+
+
 def test_snapshot_restore_then_continue_equals_uninterrupted() -> None:
     batches = stream(7)
     rule = SubscriptionChange("s1", "upsert", "busy", f"{4 * G} 5")

@@ -258,6 +258,9 @@ class EngineBatch(Base):
     watermark: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     events: Mapped[int | None] = mapped_column(BigInteger)
     alerts: Mapped[int | None] = mapped_column(Integer)
+    #: ``{subscription_id: [key, ...]}``: the result each subscription removed in the batch had
+    #: (their tombstones on the ``results`` topic, re-published with the batch after a crash)
+    removed: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
 
 
 class EngineMetric(Base):

@@ -88,3 +88,34 @@ def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_k
         assert sorted(d["id"] for r in strip(new_alerts).values() for _, d in r) == sorted(
             a.id for a in alerts
         )
+
+
+def test_a_removed_subscription_gets_a_tombstone_per_key_before_the_batch_results(
+    restartable_kafka: Settings,
+) -> None:
+    """``publish(..., removed)``: a tombstone for each ``subscription|key`` the removed
+    subscriptions had, in the batch's transaction, before its own result records (a subscription
+    deleted and subscribed again in one batch: its new result comes after)."""
+    bootstrap = restartable_kafka.kafka_bootstrap
+    run = uuid.uuid4().hex[:6]
+    s = restartable_kafka.model_copy(
+        update={
+            f"topic_{t}": f"pub-rm-{t.replace('_', '-')}-{run}"
+            for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
+        }
+    )
+    publish.ensure_topics(bootstrap, s)
+    sid, other = str(uuid.UUID(int=7)), str(uuid.UUID(int=8))
+    again = Alert(sid, "r", "trades", "B", "ENTER", 1_763_900_000_000, {"n": 2})
+    pub = publish.Publisher(bootstrap, s, f"pub-test-rm-{run}")
+    try:
+        pub.publish(0, [again], None, {sid: ["A", "B"], other: ["K"]})
+        pub.publish(1, [], None, {})
+    finally:
+        pub.close()
+    results = [(k, v) for recs in _records(bootstrap, s.topic_results).values() for k, v in recs]
+    tombstones = sorted(k for k, v in results if v is None)
+    assert tombstones == sorted(f"{x}|{k}".encode() for x, k in ((sid, "A"), (sid, "B"), (other, "K")))
+    mine = [(k, v) for k, v in results if k == f"{sid}|B".encode()]
+    assert [v is None for _, v in mine] == [True, False]  # the tombstone, then the new result
+    assert decode(mine[1][1], "results")["present"] is True

@@ -47,6 +47,7 @@ def _batches() -> list[BatchOutput]:
             n += 1
         out.append(BatchOutput(batch_id=b + 1, alerts=alerts, events={"trades": 10 * b}))
     out[1].removed = [SUBS[0], "not-a-uuid"]
+    out[1].removed_keys = {SUBS[0]: ["AAPL", "a,b", "ünï"], "not-a-uuid": []}
     # batch 3 re-sends alerts of batch 2 (ids already in the log: kept as they are) plus new ones
     again = out[1].alerts[:50] + [
         Alert(SUBS[2], "r", "packets", "10.0.0.1", "ENTER", T0 + 999_999, {"SUM(length)": 7000})
@@ -67,7 +68,7 @@ def _tables(eng: Engine) -> dict[str, list[tuple[Any, ...]]]:
         "a.created_at = b.committed_at FROM alerts a JOIN engine_batches b USING (batch_id) ORDER BY a.seq",
         "current_results": "SELECT subscription_id, key, since, values::text, "
         "updated_at IN (SELECT committed_at FROM engine_batches) FROM current_results ORDER BY 1, 2",
-        "engine_batches": "SELECT batch_id, watermark, events, alerts FROM engine_batches ORDER BY 1",
+        "engine_batches": "SELECT batch_id, watermark, events, alerts, removed::text FROM engine_batches ORDER BY 1",
         "engine_metrics": "SELECT batch_id, events_per_s, batch_ms, lag_ms, alerts, dead_letters "
         "FROM engine_metrics ORDER BY batch_id",
     }
@@ -92,6 +93,9 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
             for out in _batches():
                 assert store.commit(out, watermark=T0 + out.batch_id, metrics=METRICS, write=write)
             got[name] = _tables(eng)
+            # the removed subscriptions' keys, for a re-publish of the batch's tombstones
+            assert store.removed_of_batch(2) == _batches()[1].removed_keys
+            assert store.removed_of_batch(1) == {} and store.removed_of_batch(99) == {}
             # the same batch ids again (a re-run after a crash): nothing is written
             for out in _batches():
                 assert not store.commit(out, watermark=0, metrics=METRICS, write=write)
