@@ -57,19 +57,35 @@ class _ExtraTable:
     negated: np.ndarray  # bool
 
     def check(self, ctx: Lookup, uid_of: np.ndarray, key_of: np.ndarray) -> np.ndarray | None:
-        """Indices of the pairs (rule uid, key id) of this table's rules that fail their atom
-        (None: the table has no pair); the aggregate is computed once per distinct key."""
-        pos = np.minimum(np.searchsorted(self.uids, uid_of), self.uids.shape[0] - 1)
-        sel = np.flatnonzero(self.uids[pos] == uid_of)
-        if sel.shape[0] == 0:
+        """Indices of the pairs (rule uid, key id) of this table's rules that fail their atom, in
+        ascending order (None: the table has no pair); the aggregate is computed once per
+        distinct key.
+
+        The pairs of a group's pass come sorted (``uid << 32 | key id``), so ``uid_of`` is
+        non-decreasing and each member's pairs are one run, found by two binary searches per
+        member -- O(members log pairs + selected), not a search per pair; unsorted input is
+        sorted first (same result).  The operators are compared as small integer codes, not as
+        the Python strings of ``ops`` (an object array: sorting and comparing it went through
+        Python per pair, the larger part of this check's cost in a profile of 10,000 rules)."""
+        if uid_of.shape[0] > 1 and bool((uid_of[1:] < uid_of[:-1]).any()):
+            order = np.argsort(uid_of, kind="stable")
+            got = self.check(ctx, uid_of[order], key_of[order])
+            return None if got is None else np.sort(order[got])
+        lo = np.searchsorted(uid_of, self.uids, "left")
+        cnt = np.searchsorted(uid_of, self.uids, "right") - lo
+        total = int(cnt.sum())
+        if total == 0:
             return None
-        keys, inv = np.unique(key_of[sel], return_inverse=True)
+        j = np.repeat(np.arange(self.uids.shape[0]), cnt)  # the member of each selected pair
+        sel = lo[j] + (np.arange(total) - (np.cumsum(cnt) - cnt)[j])
+        keys, inv = unique_ids(key_of[sel])
         v = ctx._agg(self.spec, self.struct, keys)[inv]
-        j = pos[sel]
-        ok = np.empty(sel.shape[0], bool)
-        ops, c, left = self.ops[j], self.consts[j], self.agg_left[j]
-        for op in np.unique(ops):
-            m = ops == op
+        ok = np.empty(total, bool)
+        names = sorted(set(self.ops.tolist()))
+        codes = np.searchsorted(np.array(names, dtype=object), self.ops).astype(np.int8)[j]
+        c, left = self.consts[j], self.agg_left[j]
+        for code, op in enumerate(names):
+            m = codes == code
             a = np.where(left[m], v[m], c[m])
             b = np.where(left[m], c[m], v[m])
             with np.errstate(invalid="ignore"):
@@ -78,7 +94,24 @@ class _ExtraTable:
                     r = r & ~np.isnan(a) & ~np.isnan(b)
             ok[m] = r
         ok ^= self.negated[j]
-        return sel[~ok]
+        out: np.ndarray = sel[~ok]
+        return out
+
+
+def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for non-negative integer ids: by a presence table
+    (O(n + largest id)) when the ids are dense enough, else by sorting."""
+    n = ids.shape[0]
+    if n == 0:
+        return ids.astype(np.int64), np.zeros(0, np.int64)
+    top = int(ids.max()) + 1
+    if int(ids.min()) < 0 or top > 4 * n + 4096:
+        u, inv = np.unique(ids, return_inverse=True)
+        return u, inv.reshape(-1)
+    present = np.zeros(top, bool)
+    present[ids] = True
+    rank = np.cumsum(present, dtype=np.int64) - 1
+    return np.flatnonzero(present), rank[ids]
 
 
 def _extra_tables(

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Old against new, side by side in one run: a benchmark of this repository run alternately from
+# a copy of commit OLD's tree and from the working tree (each bench puts its own tree first on
+# sys.path), RUNS times each.  The copy is made in a temporary folder and removed afterwards.
+#
+#   bench/ab_trees.sh OLD RUNS BENCH [ARGS...]
+#   bench/ab_trees.sh 52c964f 2 bench/engine_bench.py --core-only --events 1500000 \
+#       --max-offsets 250000 --rules 10000 --keys 5000
+set -euo pipefail
+if [ $# -lt 3 ]; then
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+old=$1 runs=$2 bench=$3
+shift 3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+git -C "$root" archive "$old" | tar -x -C "$tmp"
+for i in $(seq 1 "$runs"); do
+  for side in old new; do
+    tree=$root
+    [ "$side" = old ] && tree=$tmp
+    echo "== $side ($([ "$side" = old ] && echo "$old" || echo "working tree")), run $i, $(date -u +%T) UTC, load $(cut -d' ' -f1 /proc/loadavg)"
+    (cd /tmp && "$root/.venv/bin/python" "$tree/$bench" "$@")
+  done
+done
