@@ -63,8 +63,16 @@ class Storm:
 
     @property
     def rule(self) -> str:
-        """The rule that fired, in words."""
-        return rule_text(self.factor, self.floor_per_s, self.usual_per_s)
+        """The rule that fired, in words, with the usual rate it was measured against."""
+        if self.usual_per_s is None:
+            return (
+                f"≥ {self.floor_per_s:,.0f} alerts/s over the last {WINDOW_S:g} s "
+                "(no earlier minute to compare with)"
+            )
+        return (
+            f"≥ {self.factor:g}× the median minute of the previous {BASELINE_S / 60:g} min "
+            f"({self.usual_per_s:,.1f}/s) and ≥ {self.floor_per_s:,.0f} alerts/s over the last {WINDOW_S:g} s"
+        )
 
     def banner(self, name_md: str | None, status: str, lag_ms: float | None) -> str:
         """The Health view's warning: the rate against the usual one, the subscription behind it
@@ -92,8 +100,8 @@ class Storm:
             text += f" The engine is keeping up{lag}."
         elif status == "behind":
             text += f" The engine is not keeping up{lag}."
-        else:
-            text += f" The engine is {status}: see the status above."
+        else:  # the figures are those of its last batches, however old
+            text += f" The engine is {status}: these are its last batches' figures (see the status above)."
         return text
 
 
@@ -102,13 +110,11 @@ def short_id(subscription_id: str) -> str:
     return subscription_id[:8]
 
 
-def rule_text(factor: float, floor_per_s: float, usual_per_s: float | None = None) -> str:
-    """The storm rule in words (with the usual rate when known)."""
-    if usual_per_s is None:
-        return f"≥ {floor_per_s:,.0f} alerts/s over the last {WINDOW_S:g} s (no earlier minute to compare)"
+def rule_text(factor: float, floor_per_s: float) -> str:
+    """The storm rule in words, for any time (the settings' factor and floor)."""
     return (
-        f"≥ {factor:g}× the median minute of the previous {BASELINE_S / 60:g} min "
-        f"({usual_per_s:,.1f}/s) and ≥ {floor_per_s:,.0f} alerts/s over the last {WINDOW_S:g} s"
+        f"alerts/s over the last {WINDOW_S:g} s ≥ {factor:g}× the median minute of the previous "
+        f"{BASELINE_S / 60:g} min and ≥ {floor_per_s:,.0f} (only the latter without an earlier minute)"
     )
 
 

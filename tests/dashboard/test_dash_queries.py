@@ -190,7 +190,10 @@ def test_health_reports_an_alert_storm_and_names_only_the_users_subscription(
         assert h.storm.threshold_per_s == 100.0 and h.storm.share == pytest.approx(0.9)
         assert h.storm.subscription_id == str(sub.id) and h.storm.subscription_name == NASTY_NAME
         assert "10× the median minute of the previous 15 min (5.0/s)" in h.storm.rule
-        assert h.storm_rule.startswith("≥ 100 alerts/s")
+        assert h.storm_rule == (
+            "alerts/s over the last 60 s ≥ 10× the median minute of the previous 15 min and ≥ 100 "
+            "(only the latter without an earlier minute)"
+        )
         theirs = queries.health(sm, s, now=now, username=b)
         assert theirs.storm is not None and theirs.storm.subscription_id == str(sub.id)
         assert theirs.storm.subscription_name is None

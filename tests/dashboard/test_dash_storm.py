@@ -122,7 +122,9 @@ def test_the_banner_names_only_the_users_subscription_and_says_if_the_engine_kee
     theirs = s.banner(None, "behind", 45_000.0)
     assert "another user's subscription (aaaaaaaa)" in theirs and "vol" not in theirs
     assert theirs.endswith("The engine is not keeping up (lag 45.0 s).")
-    assert s.banner(None, "down", None).endswith("The engine is down: see the status above.")
+    assert s.banner(None, "down", None).endswith(
+        "The engine is down: these are its last batches' figures (see the status above)."
+    )
     fresh = _detect([(T0 + 5.0 * i, 1000, {}) for i in range(7)])
     assert fresh is not None and "no usual rate yet" in fresh.banner(None, "ok", None)
     assert "Most of it" not in fresh.banner(None, "ok", None)
