@@ -42,9 +42,10 @@ def render(settings: Settings) -> None:
         f"an alert storm: {h.storm_rule}",
     )
     cols[6].metric(
-        "processing capacity",
+        "capacity",  # "processing capacity" is cut short in a seventh of the page
         "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
-        help="the newest batch's events over its evaluation time: how fast the engine could go",
+        help="processing capacity: the newest batch's events over its evaluation time, how fast the "
+        "engine could go",
     )
     cols[2].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
     cols[3].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
