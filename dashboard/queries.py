@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from dashboard import storm
 from dashboard.catchup import AlertRow, as_values
 from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
@@ -305,7 +306,12 @@ class Health:
     :data:`RATE_WINDOW_S` of committed batches (:func:`input_rate`), what the feeds deliver.
     ``capacity_per_s`` is the newest batch's events over its evaluation time: how fast the
     engine could go, not how fast events arrive.  ``status`` and ``banner`` (its cause and
-    hint) come from :func:`engine.liveness.verdict`, the rule ``tidewatch status`` uses too."""
+    hint) come from :func:`engine.liveness.verdict`, the rule ``tidewatch status`` uses too.
+
+    ``alerts_per_s`` is the alerts the engine committed per wall-clock second over the same
+    window (:func:`dashboard.storm.rate_per_s`, from ``engine_metrics``); ``storm`` is set when
+    that rate is far above usual (:func:`dashboard.storm.detect`: the rule, the subscription
+    behind it -- named only when the user owns it), ``storm_rule`` says the rule in words."""
 
     status: str  # "ok" | "behind" | "starting" | "down" | "unknown"
     banner: str
@@ -326,6 +332,9 @@ class Health:
     hint: str = ""
     #: times the engine was started again after it failed or was killed (its run record)
     restarts: int = 0
+    alerts_per_s: float | None = None
+    storm: storm.Storm | None = None
+    storm_rule: str = ""
 
     @property
     def lost_banner(self) -> str | None:
@@ -343,8 +352,9 @@ class Health:
         return self.status == "ok"
 
 
-#: span of committed batches the input rate is measured over (seconds before the newest one)
-RATE_WINDOW_S = 60.0
+#: span of committed batches the input and alert rates are measured over (seconds before the
+#: newest one): the storm rule's window
+RATE_WINDOW_S = storm.WINDOW_S
 
 
 def input_rate(
@@ -385,8 +395,12 @@ def health(
     settings: Settings,
     now: datetime | None = None,
     recent: int = 300,
+    username: str | None = None,
 ) -> Health:
-    """Engine health: the latest metrics, input rate, dead letters, a status and its banner."""
+    """Engine health: the latest metrics, input and alert rates, dead letters, a status and its
+    banner, and an alert storm if there is one (:mod:`dashboard.storm`: the batches of the last
+    ``WINDOW_S + BASELINE_S`` seconds of ``engine_metrics``), its subscription named when
+    ``username`` owns it."""
     st = settings
     with sessions() as s:
         obs = liveness.observe(s)
@@ -408,6 +422,24 @@ def health(
                 EngineBatch.committed_at >= since
             )
         ).all()
+        storm_since = select(func.max(EngineMetric.ts)).scalar_subquery() - timedelta(
+            seconds=storm.WINDOW_S + storm.BASELINE_S
+        )
+        alert_rows = s.execute(
+            select(
+                func.extract("epoch", EngineMetric.ts), EngineMetric.alerts, EngineMetric.top_alerts
+            ).where(EngineMetric.ts >= storm_since)
+        ).all()
+        times = [float(r[0]) for r in alert_rows]
+        found = storm.detect(
+            times,
+            [r[1] for r in alert_rows],
+            [r[2] for r in alert_rows],
+            factor=st.storm_factor,
+            floor_per_s=st.storm_min_alerts_per_s,
+        )
+        if found is not None and found.subscription_id is not None and username is not None:
+            found = replace(found, subscription_name=_own_name(s, username, found.subscription_id))
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
     record = liveness.read_record(st)
@@ -422,8 +454,9 @@ def health(
             "lag_ms": r.lag_ms,
             "dead_letters": r.dead_letters,
             "alerts": r.alerts,
+            "alerts_per_s": per_s,
         }
-        for r in reversed(rows)
+        for r, per_s in zip(reversed(rows), _per_batch_rate(list(reversed(rows))), strict=True)
     ]
     return Health(
         status=verdict.status,
@@ -442,4 +475,30 @@ def health(
         cause=verdict.cause,
         hint=verdict.hint,
         restarts=record.restarts if record is not None else 0,
+        alerts_per_s=storm.rate_per_s(times, [r[1] or 0 for r in alert_rows], RATE_WINDOW_S),
+        storm=found,
+        storm_rule=storm.rule_text(st.storm_factor, st.storm_min_alerts_per_s),
     )
+
+
+def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
+    """Each metric row's alerts over the time since the row before (oldest first; None for the
+    first row, a missing count or no time between)."""
+    if not rows:
+        return []
+    t = np.array([r.ts.timestamp() for r in rows], np.float64)
+    a = np.array([np.nan if r.alerts is None else r.alerts for r in rows], np.float64)
+    dt = np.diff(t, prepend=np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(dt > 0, a / dt, np.nan)
+    return [None if np.isnan(x) else float(x) for x in rate.tolist()]
+
+
+def _own_name(s: Session, username: str, subscription_id: str) -> str | None:
+    """The name of subscription ``subscription_id`` if ``username`` owns it, else None."""
+    try:
+        sid = uuid.UUID(subscription_id)
+    except ValueError:
+        return None
+    name = s.scalar(select(Subscription.name).where(Subscription.id == sid, Subscription.owner == username))
+    return None if name is None else str(name)

@@ -200,6 +200,15 @@ class Settings(BaseSettings):
     engine_down_after_s: float = Field(
         60.0, description="Health banner: engine down after this long without a batch"
     )
+    storm_factor: float = Field(
+        10.0,
+        ge=1.0,
+        description="Health: an alert storm when the last minute's alerts/s is at least this many times "
+        "the median minute of the 15 before (and at least storm_min_alerts_per_s)",
+    )
+    storm_min_alerts_per_s: float = Field(
+        100.0, ge=0.0, description="Health: no alert storm below this many alerts/s (the floor of the rule)"
+    )
     dashboard_detail_minutes: float = Field(10.0, description="Key detail: span of the aggregate charts")
     dashboard_chart_wait_s: float = Field(
         8.0, description="Key detail: how long the page waits for the engine's answer to a chart request"

@@ -1,6 +1,8 @@
 """Health: engine status from ``engine_metrics`` and the engine's run record, with a banner when
 it is behind or down (its cause and what to do: :func:`engine.liveness.verdict`, the rule
-``tidewatch status`` uses too)."""
+``tidewatch status`` uses too), and a warning during an alert storm (:mod:`dashboard.storm`: the
+rate, the subscription behind it -- its name only when the user owns it -- and whether the
+engine keeps up)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,17 @@ import streamlit as st
 
 from dashboard import charts, queries
 from dashboard.timefmt import as_utc, utc_text
-from dashboard.ui import sessions
+from dashboard.ui import current_user, plain, sessions
 from tidewatch.settings import Settings
 
 
 def render(settings: Settings) -> None:
-    h = queries.health(sessions(settings), settings)
+    h = queries.health(sessions(settings), settings, username=current_user().username)
     {"ok": st.success, "behind": st.warning, "down": st.error}.get(h.status, st.info)(h.banner)
+    if h.storm is not None:
+        name = None if h.storm.subscription_name is None else plain(h.storm.subscription_name)
+        st.warning(h.storm.banner(name, h.status, h.lag_ms), icon="⚡")
+        st.caption(f"Alert storm rule: {h.storm.rule}.")
     if h.lost_banner:
         st.error(h.lost_banner)
     if h.restarts:
@@ -23,39 +29,47 @@ def render(settings: Settings) -> None:
             f"The engine was started again {h.restarts:,} time(s) after it failed or was killed "
             "(`tidewatch status` shows its supervisor's restarts and log)."
         )
-    cols = st.columns(6)
+    cols = st.columns(7)
     cols[0].metric(
         "events/s",
         "-" if h.events_per_s is None else f"{h.events_per_s:,.0f}",
         help=f"events taken in per second, over the last {queries.RATE_WINDOW_S:g} s of batches",
     )
-    cols[5].metric(
-        "processing capacity",
-        "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
-        help="the newest batch's events over its evaluation time: how fast the engine could go",
+    cols[1].metric(
+        "alerts/s",
+        "-" if h.alerts_per_s is None else f"{h.alerts_per_s:,.0f}",
+        help=f"alerts committed per second, over the last {queries.RATE_WINDOW_S:g} s of batches; "
+        f"an alert storm: {h.storm_rule}",
     )
-    cols[1].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
-    cols[2].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
-    cols[3].metric(
+    cols[6].metric(
+        "capacity",  # "processing capacity" is cut short in a seventh of the page
+        "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
+        help="processing capacity: the newest batch's events over its evaluation time, how fast the "
+        "engine could go",
+    )
+    cols[2].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
+    cols[3].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
+    cols[4].metric(
         "dead letters",
         f"{h.dead_letters_total:,}",
         delta=f"{h.dead_letters_recent:,} recent" if h.dead_letters_recent else None,
         delta_color="inverse",
     )
-    cols[4].metric(
+    cols[5].metric(
         "last batch (UTC)", "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S")
     )
     if h.watermark is not None:
         st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
     if h.series:
         df = pd.DataFrame(h.series)
-        c = st.columns(3)
+        c = st.columns(4)
         for col, (field, title) in zip(
             c,
             [
                 ("events_per_s", "processing capacity (events/s)"),
                 ("batch_ms", "batch duration (ms)"),
                 ("lag_ms", "lag (ms)"),
+                ("alerts_per_s", "alerts/s (per batch)"),
             ],
             strict=True,
         ):

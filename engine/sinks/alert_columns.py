@@ -33,6 +33,8 @@ import pyarrow.compute as pc
 from engine.messages import Alert
 
 _S = pa.large_string()
+#: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
+TOP_SUBSCRIPTIONS = 3
 _NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
 #: what ``repr`` gives for an ``int`` or a finite ``float``: exactly what ``json`` writes for it
 _JSON_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?(e[+-][0-9]+)?$"
@@ -202,6 +204,25 @@ class AlertColumns:
         enc = self.subscription_id.dictionary_encode()
         texts = pa.array([uuid_text(s) for s in enc.dictionary.to_pylist()], _S)
         return texts.take(enc.indices)
+
+    def top_subscriptions(self, n: int = TOP_SUBSCRIPTIONS) -> dict[str, int]:
+        """``{subscription UUID text: alerts}`` of the (at most) ``n`` subscriptions with the most
+        alerts in the batch, most first, ties by subscription id; counted by Arrow
+        (``value_counts``), sorted over the distinct subscriptions only, no per-alert Python
+        (``engine_metrics.top_alerts``: who an alert storm comes from)."""
+        if not len(self) or n <= 0:
+            return {}
+        vc = pc.value_counts(self.subscription_id)
+        sids, counts = vc.field("values"), np.asarray(vc.field("counts"), np.int64)
+        if len(counts) > n:  # only the subscriptions at or above the n-th largest count are sorted
+            keep = np.flatnonzero(counts >= np.partition(counts, len(counts) - n)[len(counts) - n])
+            sids, counts = sids.take(pa.array(keep)), counts[keep]
+        tbl = pa.table({"sid": sids, "n": counts})
+        top = tbl.sort_by([("n", "descending"), ("sid", "ascending")]).slice(0, n)
+        return {
+            uuid_text(sid): int(c)
+            for sid, c in zip(top.column("sid").to_pylist(), top.column("n").to_pylist(), strict=True)
+        }
 
     @cached_property
     def present(self) -> np.ndarray:

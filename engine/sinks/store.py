@@ -115,7 +115,11 @@ class Store:
         <engine.app.EngineApp.recover>` re-publishes a committed batch missing from Kafka before
         any later batch is committed.  The delete is sent only when there can be something to
         delete (dead letters written since the last delete, or the first commit of this store),
-        so a stream without dead letters pays nothing for them."""
+        so a stream without dead letters pays nothing for them.
+
+        The batch's ``engine_metrics`` row holds ``metrics`` (the evaluation's figures) and
+        :func:`batch_metrics` (which subscriptions the alerts came from, how many lookups),
+        counted here, on the delivery thread, from the columns the alerts' ``COPY`` uses."""
         prune = self._dead_stored
         with self.engine.begin() as conn:
             got = conn.execute(
@@ -142,7 +146,9 @@ class Store:
                 )
             write_dead_letters(conn, out.dead, out.batch_id, self.engine_id)
             conn.execute(
-                insert(EngineMetric).values(engine_id=self.engine_id, batch_id=out.batch_id, **metrics)
+                insert(EngineMetric).values(
+                    engine_id=self.engine_id, batch_id=out.batch_id, **(batch_metrics(out) | metrics)
+                )
             )
         self._dead_stored = len(out.dead) > 0
         return True
@@ -218,6 +224,15 @@ class Store:
                 )
             ).all()
         return [(str(r[0]), r[1], r[2], dt_to_ms(r[3])) for r in rows]
+
+
+def batch_metrics(out: BatchOutput) -> dict[str, Any]:
+    """The ``engine_metrics`` figures read off a batch's output: ``top_alerts`` (the alerts of its
+    top subscriptions, :meth:`AlertColumns.top_subscriptions
+    <engine.sinks.alert_columns.AlertColumns.top_subscriptions>`, from the batch's columns --
+    built once for both sinks) and ``lookups`` (lookup times evaluated)."""
+    top = AlertColumns.of(out.alerts).top_subscriptions() if out.alerts else {}
+    return {"top_alerts": top, "lookups": len(out.lookups)}
 
 
 # --------------------------------------------------------------------------- writing a batch

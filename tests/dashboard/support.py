@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from subscriptions.service import SubscriptionService, SubscriptionView
-from tidewatch.db.models import Alert, CurrentResult, EngineBatch
+from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric
 
 PASSWORD = "correct horse battery"
 
@@ -68,6 +68,35 @@ def add_alerts(
                     )
                 )
     return seqs
+
+
+def add_storm_metrics(
+    sm: sessionmaker[Session],
+    end: datetime,
+    storm_sub: uuid.UUID,
+    *,
+    calm_per_batch: int = 25,
+    storm_per_batch: int = 1000,
+    lag_ms: float = 900.0,
+) -> None:
+    """Engine metrics of every engine deleted, then a batch every 5 s (in time order): a calm quarter hour of
+    ``calm_per_batch`` alerts (5/s by default), then the minute up to ``end`` of
+    ``storm_per_batch`` (200/s), 90% of them from ``storm_sub`` (the rest from another id)."""
+    other = str(uuid.uuid4())
+    rows = [
+        EngineMetric(
+            ts=end - timedelta(seconds=5 * i),
+            batch_id=10**7 - i,
+            batch_ms=50.0,
+            lag_ms=lag_ms,
+            alerts=storm_per_batch if i <= 12 else calm_per_batch,
+            top_alerts={str(storm_sub): storm_per_batch * 9 // 10, other: 3} if i <= 12 else {other: 20},
+        )
+        for i in reversed(range(12 * 16 + 1))  # oldest first: ids in time order, as the engine's
+    ]
+    with sm.begin() as s:
+        s.execute(sa.delete(EngineMetric))
+        s.add_all(rows)
 
 
 def produce_trades(bootstrap: str, topic: str, symbols: list[str], ts: list[int], sizes: list[int]) -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 from streamlit.testing.v1 import AppTest
 
 from dashboard import auth, catchup
 from subscriptions.service import SubscriptionService
-from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
+from tests.dashboard.support import PASSWORD, RULE, add_alerts, add_storm_metrics, subscribe
+from tidewatch.db.models import EngineMetric
 from tidewatch.settings import get_settings
 
 pytestmark = pytest.mark.integration
@@ -213,6 +216,40 @@ def test_key_detail_and_health_pages_render(
     at.sidebar.radio(key="tw_page").set_value("Health").run()
     assert not at.exception
     assert at.metric  # events/s, batch duration, lag, dead letters, last batch
+
+
+def test_health_page_warns_of_an_alert_storm(
+    app_env: str,
+    sm: sessionmaker[Session],
+    svc: SubscriptionService,
+    new_user: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A minute at 200 alerts/s after a quarter hour at 5/s: the Health page shows alerts/s and a
+    storm warning naming the user's subscription (another user sees "another user's
+    subscription") and saying the engine keeps up."""
+    monkeypatch.setenv("TIDEWATCH_RUN_DIR", str(tmp_path))  # the engine's run record: none
+    get_settings.cache_clear()
+    owner, other = new_user("storm"), new_user("calm")
+    sub = subscribe(svc, owner, "everything *crosses*")
+    add_storm_metrics(sm, datetime.now(UTC) - timedelta(seconds=1), sub.id)
+    try:
+        at = logged_in(sm, owner, "Health")
+        assert not at.exception
+        assert [x.value for x in at.success][0].startswith("The engine is running")
+        (warn,) = [shown(x.value) for x in at.warning]
+        assert warn.startswith("Alert storm: 200 alerts/s over the last 60 s, 40× the usual 5.0/s")
+        assert f"'everything *crosses*' ({str(sub.id)[:8]}): at least 90% of the alerts" in warn
+        assert warn.endswith("The engine is keeping up (lag 0.9 s).")
+        assert {m.label: m.value for m in at.metric}["alerts/s"] == "200"
+        assert any("Alert storm rule: ≥ 10× the median minute" in c.value for c in at.caption)
+        at = logged_in(sm, other, "Health")
+        (warn,) = [shown(x.value) for x in at.warning]
+        assert f"another user's subscription ({str(sub.id)[:8]})" in warn and "everything" not in warn
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
 
 
 def test_subscribe_page_edits_a_subscription_and_refuses_a_duplicate_name(

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import queries
 from subscriptions.service import NotFound, SubscriptionService
-from tests.dashboard.support import add_alerts, subscribe
+from tests.dashboard.support import add_alerts, add_storm_metrics, subscribe
 from tidewatch.db.models import EngineBatch, EngineMetric
 from tidewatch.settings import Settings
 
@@ -170,3 +170,39 @@ def test_health_events_per_s_is_the_input_rate(sm: sessionmaker[Session], tmp_pa
         db.execute(delete(EngineBatch).where(EngineBatch.engine_id == engine_id))
     assert h.events_per_s == 800.0  # 24,000 events after the first batch, over 30 s
     assert h.capacity_per_s == 300_000.0
+
+
+def test_health_reports_an_alert_storm_and_names_only_the_users_subscription(
+    sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any, tmp_path: Path
+) -> None:
+    """A quarter hour at 5 alerts/s, then a minute at 200/s, 90% from A's subscription: a storm by
+    the rule (≥ 10× the usual minute and ≥ 100/s); A sees its name, B only that it is another
+    user's; with a factor of 50 it is no storm, and a calm engine has none."""
+    s = Settings(run_dir=tmp_path)
+    a, b = new_user("a"), new_user("b")
+    sub = subscribe(svc, a, NASTY_NAME)
+    now = datetime.now(UTC)
+    add_storm_metrics(sm, now - timedelta(seconds=1), sub.id)
+    try:
+        h = queries.health(sm, s, now=now, username=a)
+        assert h.storm is not None and h.alerts_per_s == pytest.approx(200.0)
+        assert h.storm.alerts_per_s == pytest.approx(200.0) and h.storm.usual_per_s == pytest.approx(5.0)
+        assert h.storm.threshold_per_s == 100.0 and h.storm.share == pytest.approx(0.9)
+        assert h.storm.subscription_id == str(sub.id) and h.storm.subscription_name == NASTY_NAME
+        assert "10× the median minute of the previous 15 min (5.0/s)" in h.storm.rule
+        assert h.storm_rule == (
+            "alerts/s over the last 60 s ≥ 10× the median minute of the previous 15 min and ≥ 100 "
+            "(only the latter without an earlier minute)"
+        )
+        theirs = queries.health(sm, s, now=now, username=b)
+        assert theirs.storm is not None and theirs.storm.subscription_id == str(sub.id)
+        assert theirs.storm.subscription_name is None
+        assert (
+            queries.health(sm, s.model_copy(update={"storm_factor": 50.0}), now=now, username=a).storm is None
+        )
+        add_storm_metrics(sm, now - timedelta(seconds=1), sub.id, storm_per_batch=25)
+        calm = queries.health(sm, s, now=now, username=a)
+        assert calm.storm is None and calm.alerts_per_s == pytest.approx(5.0)
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))

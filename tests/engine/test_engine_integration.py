@@ -174,6 +174,21 @@ def run_scenario(
     for _, r in sc.bad_trades:
         want[r] = want.get(r, 0) + 1
     assert summed == want
+    # each batch's top_alerts: its three subscriptions with the most alerts logged (ties by id)
+    with create_engine(db).connect() as conn:
+        tops: dict[int, dict[str, int]] = {
+            int(b): t for b, t in conn.execute(text("SELECT batch_id, top_alerts FROM engine_metrics"))
+        }
+        per_sub = conn.execute(
+            text(
+                "SELECT batch_id, subscription_id::text, count(*) FROM alerts GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2"
+            )
+        ).all()
+    logged: dict[int, dict[str, int]] = {}
+    for batch, sid, n in per_sub:
+        if len(logged.setdefault(batch, {})) < 3:
+            logged[batch][sid] = n
+    assert any(tops.values()) and {b: t for b, t in tops.items() if t} == logged
     enter_minus_exit = sum(1 if a[2] == "ENTER" else -1 for a in log)
     assert n_results == enter_minus_exit
     return set(app.executor_pids)

@@ -283,6 +283,13 @@ class EngineMetric(Base):
     dead_letter_reasons: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
+    #: ``{subscription id (UUID text): alerts}`` of the batch's (at most) three subscriptions with
+    #: the most alerts (``alerts`` is the batch total): who an alert storm comes from (0006)
+    top_alerts: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
+    #: lookup times the batch evaluated (None: written before migration 0006)
+    lookups: Mapped[int | None] = mapped_column(Integer)
     engine_id: Mapped[str] = _engine_id()
 
 

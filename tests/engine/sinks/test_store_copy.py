@@ -5,6 +5,7 @@ of the ``restartable_pg`` fixture, one fresh database per path)."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from engine.messages import Alert, BatchOutput
+from engine.sinks.alert_columns import subscription_uuid
 from engine.sinks.store import Store, _write_unnest, write_copy, write_direct
 from tidewatch.settings import Settings
 
@@ -136,3 +138,32 @@ def test_the_default_commit_is_copy_and_a_batch_rolls_back_whole(restartable_pg:
             assert conn.execute(text("SELECT count(*) FROM tw_net")).scalar() == 0
     finally:
         eng.dispose()
+
+
+def test_commit_records_the_top_subscriptions_alerts_and_lookups(restartable_pg: Settings) -> None:
+    """``engine_metrics.top_alerts``: the batch's three subscriptions with the most alerts (ties by
+    id) and their counts, as UUID text; ``lookups``: the batch's lookup times; a batch without
+    alerts has ``{}``; the evaluation's metrics are kept beside them."""
+    from tests.engine.test_engine_integration import fresh_database
+
+    eng = create_engine(fresh_database(restartable_pg.sqlalchemy_url))
+    store = Store(eng)
+    counts = {SUBS[0]: 5, SUBS[1]: 2, "not-a-uuid": 7, SUBS[3]: 2, SUBS[4]: 1}
+    alerts = [
+        Alert(sid, "r", "trades", f"K{i}", "ENTER", T0 + i, {}) for sid, n in counts.items() for i in range(n)
+    ]
+    random.Random(3).shuffle(alerts)
+    try:
+        big = BatchOutput(batch_id=1, alerts=alerts, lookups=[T0, T0 + 1000, T0 + 2000])
+        assert store.commit(big, watermark=T0, metrics=METRICS | {"alerts": len(alerts)})
+        assert store.commit(BatchOutput(batch_id=2, lookups=[T0 + 3000]), watermark=T0, metrics=METRICS)
+        assert not store.commit(big, watermark=T0, metrics=METRICS)  # once per batch id
+        with eng.connect() as conn:
+            rows = conn.execute(
+                text("SELECT batch_id, top_alerts, lookups, alerts, batch_ms FROM engine_metrics ORDER BY 1")
+            ).all()
+    finally:
+        eng.dispose()
+    odd = str(subscription_uuid("not-a-uuid"))
+    top = {odd: 7, SUBS[0]: 5, min(SUBS[1], SUBS[3]): 2}  # SUBS[1] and SUBS[3] tie: the smaller id
+    assert [tuple(r) for r in rows] == [(1, top, 3, 17, 2.0), (2, {}, 1, 0, 2.0)]
