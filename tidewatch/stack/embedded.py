@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -742,14 +743,27 @@ def engine_verdict(s: Settings, rows: list[dict[str, str]]) -> Any:
     return v
 
 
+def log_line(rows: list[dict[str, str]]) -> str:
+    """Where the components' logs are, in one line under the status table (the paths made the
+    table wrap at 80 columns): ``logs: <dir>/<component>.log`` when every log is named for its
+    component in one folder, else ``logs: name path, ...``."""
+    logs = {r["name"]: r["log"] for r in rows if r["log"] != "-"}
+    if not logs:
+        return "logs: none yet"
+    folders = {os.path.dirname(path) for path in logs.values()}
+    if len(folders) == 1 and all(os.path.basename(p) == f"{n}.log" for n, p in logs.items()):
+        return f"logs: {folders.pop() or '.'}/<component>.log"
+    return "logs: " + ", ".join(f"{n} {p}" for n, p in logs.items())
+
+
 def status() -> None:
     """What runs: state (apps: RUNNING, BACKOFF, FATAL, ...), PID, uptime, restarts, port, health, log.
 
     The engine's health is the dashboard's (:func:`engine_verdict`), its cause printed when it
     is not ok.  Exits 1 when something that should run does not, and prints its log and last
     error line."""
-    table = Table(title="tidewatch status")
-    for col in ("component", "state", "pid", "uptime", "restarts", "port", "health", "log"):
+    table = Table(title="tidewatch status", box=box.SIMPLE_HEAD)
+    for col in ("component", "state", "pid", "uptime", "restarts", "port", "health"):
         table.add_column(col, overflow="fold")
     settings = get_settings()
     rows = status_rows(settings)
@@ -758,9 +772,10 @@ def status() -> None:
         good = r["state"] in ("running", "RUNNING")
         colour = "green" if good and r["health"] == "ok" else ("yellow" if good else "dim")
         colour = "red" if r["ok"] == "no" else colour
-        cells = (r["pid"], r["uptime"], r["restarts"], r["port"], r["health"], r["log"])
+        cells = (r["pid"], r["uptime"], r["restarts"], r["port"], r["health"])
         table.add_row(r["name"], f"[{colour}]{r['state']}[/]", *cells)
     out.print(table)
+    out.print(log_line(rows), markup=False, highlight=False)
     if summary := cluster_mod.summary(get_settings()):
         out.print(summary, highlight=False)
     bad = [r for r in rows if r["ok"] == "no"]

@@ -28,3 +28,13 @@ def test_status_of_an_empty_run_dir_says_nothing_runs(tmp_path):
     assert all(r["pid"] == "-" for r in rows.values())
     for app in stack.APPS:
         assert rows[app.name]["state"] in ("stopped", "not built yet")
+
+
+def test_status_names_the_logs_in_one_line_under_the_table():
+    """The logs' paths are not table cells (they wrapped the table at 80 columns): one line."""
+    row = lambda name, log: {"name": name, "log": log}  # noqa: E731
+    assert stack.log_line([row("postgres", "-")]) == "logs: none yet"
+    same = [row("relay", ".run/logs/relay.log"), row("engine", ".run/logs/engine.log"), row("kafka", "-")]
+    assert stack.log_line(same) == "logs: .run/logs/<component>.log"
+    mixed = [row("relay", ".run/logs/relay.log"), row("postgres", "/var/pg/server.log")]
+    assert stack.log_line(mixed) == "logs: relay .run/logs/relay.log, postgres /var/pg/server.log"
