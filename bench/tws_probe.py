@@ -1,0 +1,128 @@
+"""Probe for issue #23 (sharded evaluation): Spark's ``transformWithStateInPandas`` keyed by shard
+on this machine -- does it run here, what does one micro-batch cost with (almost) no work, what
+does a task know of its batch, does a Python worker keep module state across batches.
+
+A ``rate`` source (``--rows-per-s``), ``shard = value % --shards``, ``groupBy(shard)`` into a
+stateful processor that keeps a row count and a 16-byte value per shard (RocksDB state store) and
+emits one row per shard and batch: the count, the worker's pid, whether a module-level cache of
+that worker already held the shard (``cached``), the task's partition and the batch id the task
+reads from its local property ``streaming.sql.batchId``.  Prints each batch's rows and, at the
+end, each batch's input rows and durations (``triggerExecution``, ``addBatch``) from Spark's
+progress reports.
+
+    .venv/bin/python bench/tws_probe.py --seconds 40 --rows-per-s 20000 --shards 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+#: shard -> times this worker process saw it (module state: survives tasks if the worker does)
+CACHE: dict[int, int] = {}
+OUT = StructType(
+    [
+        StructField(n, t)
+        for n, t in [
+            ("shard", LongType()), ("n", LongType()), ("pid", LongType()), ("cached", LongType()),
+            ("part", LongType()), ("batch", StringType()),
+        ]
+    ]
+)  # fmt: skip
+
+
+class Shard(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.snap = handle.getValueState("snap", StructType([StructField("b", BinaryType())]))
+        self.count = handle.getValueState("n", StructType([StructField("n", LongType())]))
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
+        from pyspark import TaskContext
+
+        shard = int(key[0])
+        n = sum(len(df) for df in rows)
+        prev = self.count.get()[0] if self.count.exists() else 0
+        self.count.update((prev + n,))
+        self.snap.update((os.urandom(16),))
+        seen = CACHE.get(shard, 0)
+        CACHE[shard] = seen + 1
+        tc = TaskContext.get()
+        yield pd.DataFrame(
+            {
+                "shard": [shard], "n": [prev + n], "pid": [os.getpid()], "cached": [seen],
+                "part": [tc.partitionId() if tc else -1],
+                "batch": [tc.getLocalProperty("streaming.sql.batchId") if tc else None],
+            }
+        )  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--rows-per-s", type=int, default=20_000)
+    ap.add_argument("--shards", type=int, default=2)
+    a = ap.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the state server's Python runner too
+    # the processor must be importable by the workers (not pickled with __main__'s globals)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
+    )
+    from tws_probe import Shard as ImportedShard  # type: ignore[import-not-found]
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", str(a.shards))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    ck = tempfile.mkdtemp(prefix="tws-probe-")
+    try:
+        src = spark.readStream.format("rate").option("rowsPerSecond", a.rows_per_s).load()
+        df = src.selectExpr(f"CAST(value % {a.shards} AS LONG) AS shard", "value")
+        res = df.groupBy("shard").transformWithStateInPandas(ImportedShard(), OUT, "Update", "None")
+
+        def sink(bdf: Any, bid: int) -> None:
+            print("batch", bid, [r.asDict() for r in bdf.collect()], flush=True)
+
+        q = (
+            res.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", ck)
+            .trigger(processingTime="0.5 seconds")
+            .start()
+        )
+        time.sleep(a.seconds)
+        q.stop()
+        print("batch  input rows  triggerExecution ms  addBatch ms")
+        for p in q.recentProgress:
+            d = p["durationMs"]
+            print(
+                f"{p['batchId']:>5}  {p['numInputRows']:>10}  {d.get('triggerExecution', 0):>19}  {d.get('addBatch', 0):>11}"
+            )
+    finally:
+        spark.stop()
+        shutil.rmtree(ck, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
