@@ -85,7 +85,7 @@ def backtest_cmd(
         progress.update(task, completed=done, total=total)
 
     try:
-        with progress, out.open("w") as fh:
+        with progress, out.open("wb") as fh:  # ASCII lines, written as built (alert_lines)
             result = run_backtest(
                 rules, pairs, every, fh, strategy=strategy, on_malformed=on_malformed, strict=strict,
                 progress=on_progress, settings=settings,

@@ -17,8 +17,9 @@ joined by ``pyarrow.compute`` and written as one buffer per chunk.
 from __future__ import annotations
 
 import ctypes
+import io
 import json
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -108,9 +109,17 @@ def format_alerts(
     ``keys`` object arrays of str, ``kinds`` "ENTER" / "EXIT" as 0 / 1.  Within a lookup the
     lines are ordered by rule, then key, then kind (as ``sorted`` orders the tuples); lookups
     keep their order.  Raises ValueError for a string Arrow cannot encode (a lone surrogate)."""
+    return str(format_alert_bytes(lookup, as_of, names, keys, kinds), "ascii")
+
+
+def format_alert_bytes(
+    lookup: np.ndarray, as_of: np.ndarray, names: np.ndarray, keys: np.ndarray, kinds: np.ndarray
+) -> memoryview:
+    """:func:`format_alerts` as the ASCII bytes of the lines (every string is JSON-quoted with
+    non-ASCII escaped), a view of the Arrow buffer they were built in: no copy, no decoding."""
     n = int(keys.shape[0])
     if n == 0:
-        return ""
+        return memoryview(b"")
     n_idx, n_uni = _factorize(names)
     k_idx, k_uni = _factorize(keys)
     kinds = kinds.astype(np.int64)
@@ -142,13 +151,15 @@ def format_alerts(
     offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32, count=2 * n + 1, offset=lines.offset * 4)
     data = lines.buffers()[2]
     assert data is not None
-    return str(memoryview(data)[int(offsets[0]) : int(offsets[-1])], "ascii")
+    return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
 
 
 class AlertWriter:
-    """Alert lines of successive lookups' changes to ``out``, in chunks of about ``chunk`` alerts."""
+    """Alert lines of successive lookups' changes to ``out``, in chunks of about ``chunk`` alerts.
+    ``out`` a text stream, or a binary one (``open(path, "wb")``, ``sys.stdout.buffer``): the
+    lines are ASCII, written then as the bytes they were built in."""
 
-    def __init__(self, out: IO[str], chunk: int = 1 << 18) -> None:
+    def __init__(self, out: IO[str] | IO[bytes], chunk: int = 1 << 18) -> None:
         self.out = out
         self.chunk = chunk
         self.count = 0
@@ -167,6 +178,15 @@ class AlertWriter:
         if self._held >= self.chunk:
             self.flush()
 
+    def _write(self, raw: memoryview | str) -> None:
+        """ASCII lines to ``out``: as they are to a binary stream (no decoding, no encoding, no
+        newline translation), as text to a text stream."""
+        out: Any = self.out  # IO[str] or IO[bytes], told apart here
+        if isinstance(out, io.RawIOBase | io.BufferedIOBase):
+            out.write(raw.encode("ascii") if isinstance(raw, str) else raw)
+        else:
+            out.write(raw if isinstance(raw, str) else str(raw, "ascii"))
+
     def flush(self) -> None:
         """Write what is queued."""
         if not self._parts:
@@ -179,7 +199,7 @@ class AlertWriter:
         names = np.concatenate([np.asarray(p[2], dtype=object) for p in parts])
         keys = np.concatenate([np.asarray(p[3], dtype=object) for p in parts])
         try:
-            text = format_alerts(lookup, as_of, names, keys, kinds)
+            raw = format_alert_bytes(lookup, as_of, names, keys, kinds)
         except ValueError:  # a string Arrow cannot encode: the per-alert reference
             rows = sorted(
                 zip(
@@ -194,6 +214,8 @@ class AlertWriter:
             text = "".join(
                 alert_line(t, n, k, "ENTER" if c == 0 else "EXIT") + "\n" for _, n, k, c, t in rows
             )
-        self.out.write(text)
+            self._write(text)
+        else:
+            self._write(raw)
         self.count += int(keys.shape[0])
         self._held = 0

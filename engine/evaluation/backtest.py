@@ -410,7 +410,7 @@ def run_backtest(
     rules_path: str | Path,
     events: list[tuple[str, str | Path]],
     every: int,
-    out: IO[str],
+    out: IO[str] | IO[bytes],
     strategy: str = "shared",
     on_malformed: Callable[[str, int, str], None] | None = None,
     strict: bool = False,

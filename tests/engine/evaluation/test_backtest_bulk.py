@@ -86,14 +86,15 @@ def change_sets(draw: Any) -> list[Changes]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes=change_sets(), chunk=st.sampled_from([1, 3, 1 << 18]))
 def test_bulk_writer_writes_the_per_alert_bytes(changes: list[Changes], chunk: int) -> None:
-    buf = io.StringIO()
-    w = AlertWriter(buf, chunk=chunk)
-    for ch in changes:
-        w.add(ch)
-    w.flush()
     expect = old_writer(changes)
-    assert buf.getvalue() == expect
-    assert w.count == expect.count("\n")
+    for buf in (io.StringIO(), io.BytesIO()):  # a text stream, and a binary one (the CLI's)
+        w = AlertWriter(buf, chunk=chunk)
+        for ch in changes:
+            w.add(ch)
+        w.flush()
+        got = buf.getvalue()
+        assert (got if isinstance(got, str) else got.decode("ascii")) == expect
+        assert w.count == expect.count("\n")
 
 
 @given(values=st.lists(TEXT, max_size=20))
@@ -126,6 +127,11 @@ def test_lone_surrogate_falls_back_to_the_reference() -> None:
     w.flush()
     assert buf.getvalue() == old_writer([ch])
     assert buf.getvalue().splitlines()[1] == alert_line(7, "r", "\ud800", "ENTER")
+    raw = io.BytesIO()  # the reference's lines to a binary stream: ASCII (JSON escapes)
+    w = AlertWriter(raw)
+    w.add(ch)
+    w.flush()
+    assert raw.getvalue() == old_writer([ch]).encode("ascii")
 
 
 # ---------------------------------------------------------------- scan == shared
