@@ -745,15 +745,18 @@ def engine_verdict(s: Settings, rows: list[dict[str, str]]) -> Any:
 
 def log_line(rows: list[dict[str, str]]) -> str:
     """Where the components' logs are, in one line under the status table (the paths made the
-    table wrap at 80 columns): ``logs: <dir>/<component>.log`` when every log is named for its
-    component in one folder, else ``logs: name path, ...``."""
+    table wrap at 80 columns): ``logs: <dir>/<component>.log`` for the components whose log is
+    named for them in the folder most of them share, then the path of each other one."""
     logs = {r["name"]: r["log"] for r in rows if r["log"] != "-"}
     if not logs:
         return "logs: none yet"
-    folders = {os.path.dirname(path) for path in logs.values()}
-    if len(folders) == 1 and all(os.path.basename(p) == f"{n}.log" for n, p in logs.items()):
-        return f"logs: {folders.pop() or '.'}/<component>.log"
-    return "logs: " + ", ".join(f"{n} {p}" for n, p in logs.items())
+    named = [(os.path.dirname(p), n) for n, p in logs.items() if os.path.basename(p) == f"{n}.log"]
+    folders = [d for d, _ in named]
+    common = max(set(folders), key=folders.count) if folders else None
+    pattern = [n for d, n in named if d == common]
+    parts = [f"{common or '.'}/<component>.log"] if len(pattern) > 1 else []
+    parts += [f"{n} {p}" for n, p in logs.items() if len(pattern) <= 1 or n not in pattern]
+    return "logs: " + "; ".join(parts)
 
 
 def status() -> None:

@@ -37,4 +37,9 @@ def test_status_names_the_logs_in_one_line_under_the_table():
     same = [row("relay", ".run/logs/relay.log"), row("engine", ".run/logs/engine.log"), row("kafka", "-")]
     assert stack.log_line(same) == "logs: .run/logs/<component>.log"
     mixed = [row("relay", ".run/logs/relay.log"), row("postgres", "/var/pg/server.log")]
-    assert stack.log_line(mixed) == "logs: relay .run/logs/relay.log, postgres /var/pg/server.log"
+    assert stack.log_line(mixed) == "logs: relay .run/logs/relay.log; postgres /var/pg/server.log"
+    up = [row("postgres", ".run/postgres/postgres.log"), row("kafka", ".run/kafka/stdout.log")]
+    up += [row(n, f".run/logs/{n}.log") for n in ("supervisord", "relay", "engine")]
+    assert stack.log_line(up) == (
+        "logs: .run/logs/<component>.log; postgres .run/postgres/postgres.log; kafka .run/kafka/stdout.log"
+    )
