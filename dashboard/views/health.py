@@ -29,33 +29,33 @@ def render(settings: Settings) -> None:
             f"The engine was started again {h.restarts:,} time(s) after it failed or was killed "
             "(`tidewatch status` shows its supervisor's restarts and log)."
         )
-    cols = st.columns(7)
-    cols[0].metric(
+    # two rows of four: seven figures in one row cut the wider values short ("16:37…")
+    top, bottom = st.columns(4), st.columns(4)
+    top[0].metric(
         "events/s",
         "-" if h.events_per_s is None else f"{h.events_per_s:,.0f}",
         help=f"events taken in per second, over the last {queries.RATE_WINDOW_S:g} s of batches",
     )
-    cols[1].metric(
+    top[1].metric(
         "alerts/s",
-        "-" if h.alerts_per_s is None else f"{h.alerts_per_s:,.0f}",
+        "-" if h.alerts_per_s is None else f"{h.alerts_per_s:,.{1 if h.alerts_per_s < 10 else 0}f}",
         help=f"alerts committed per second, over the last {queries.RATE_WINDOW_S:g} s of batches; "
         f"an alert storm: {h.storm_rule}",
     )
-    cols[6].metric(
-        "capacity",  # "processing capacity" is cut short in a seventh of the page
-        "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
-        help="processing capacity: the newest batch's events over its evaluation time, how fast the "
-        "engine could go",
-    )
-    cols[2].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
-    cols[3].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
-    cols[4].metric(
+    top[2].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
+    top[3].metric(
         "dead letters",
         f"{h.dead_letters_total:,}",
         delta=f"{h.dead_letters_recent:,} recent" if h.dead_letters_recent else None,
         delta_color="inverse",
     )
-    cols[5].metric(
+    bottom[0].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
+    bottom[1].metric(
+        "processing capacity",
+        "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
+        help="the newest batch's events over its evaluation time: how fast the engine could go",
+    )
+    bottom[2].metric(
         "last batch (UTC)", "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S")
     )
     if h.watermark is not None:
