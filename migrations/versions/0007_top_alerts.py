@@ -6,8 +6,8 @@ the dashboard's Health view sums ``top_alerts`` over the last minute to name the
 behind an alert storm.  New columns of an existing table: the grants of 0002 (the engine
 writes ``engine_metrics``, the dashboard reads it) already cover them.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-27
 """
 
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
