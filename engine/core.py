@@ -174,10 +174,10 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
     return {k: ks for (s, k), ks in specs.items() if s == stream}
 
 
-#: attributes of :class:`EngineCore` that are not state (the callables given to the constructor, and
-#: the alert cap: a setting, which a restart may change); every other attribute set in ``__init__``
-#: is saved by ``to_bytes`` and restored by ``from_bytes``
-_NOT_STATE = frozenset({"_compile", "alert_cap"})
+#: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
+#: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
+#: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
+_NOT_STATE = frozenset({"_compile"})
 
 
 class EngineCore:
@@ -197,7 +197,8 @@ class EngineCore:
     ) -> None:
         self.g = int(pane_ms)
         #: at most this many alerts per subscription and lookup time, the rest withheld
-        #: (``engine_alert_cap_per_lookup``, :mod:`engine.cap`); 0: no cap
+        #: (``engine_alert_cap_per_lookup``, :mod:`engine.cap`); 0: no cap.  A setting: the
+        #: snapshot's value is replaced by the one given to :meth:`from_bytes`
         self.alert_cap = int(alert_cap)
         #: lookups at every multiple of L (a multiple of g; default g): the alert log equals
         #: ``tidewatch backtest --every L``; a larger L divides the lookup cost of many rules by L/g
@@ -750,4 +751,5 @@ class EngineCore:
                 f"the snapshot holds attributes this engine has not: {sorted(map(str, unknown))}"
             )
         vars(self).update(state)
+        self.alert_cap = int(alert_cap)  # the setting now, not the one the snapshot was taken with
         return self

@@ -123,7 +123,7 @@ def test_a_new_rule_with_a_big_result_is_capped() -> None:
     assert c.current["s"] == {f"K{i}" for i in range(6)}
 
 
-def test_the_cap_is_a_setting_not_state() -> None:
+def test_the_cap_is_a_setting_the_snapshot_does_not_decide() -> None:
     c = core(2)
     c.process(0, records(["A"], [10_000], 0), [])
     again = EngineCore.from_bytes(c.to_bytes(), compile_rule, alert_cap=7)
