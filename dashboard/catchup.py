@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Numeric, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from dashboard.capped import CAPPED
 from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineBatch, Subscription
 
 #: alerts listed per subscription (the counts are always complete)
@@ -50,6 +51,13 @@ PER_GROUP_LIMIT = 50
 NO_VALUES = "\u2014"
 _MAX_VALUE_ITEMS = 12
 _MAX_VALUE_CHARS = 80
+
+
+def withheld_sum() -> Any:
+    """SQL: the sum of the CAPPED records' ``withheld`` counts among the rows aggregated (0 when
+    none): the changes the alert cap kept out of the log (:mod:`dashboard.capped`)."""
+    withheld = cast(Alert.values["withheld"].astext, Numeric)
+    return func.coalesce(func.sum(withheld).filter(Alert.kind == CAPPED), 0)
 
 
 def as_values(raw: object) -> dict[str, Any]:
@@ -121,10 +129,14 @@ class AwayGroup:
     enters: int
     exits: int
     alerts: list[AlertRow] = field(default_factory=list)  # newest first, at most PER_GROUP_LIMIT
+    #: CAPPED records (lookups whose alerts the cap cut short) and the changes they withheld
+    capped: int = 0
+    withheld: int = 0
 
     @property
     def total(self) -> int:
-        return self.enters + self.exits
+        """Rows of the alert log: ENTERs, EXITs and CAPPED records."""
+        return self.enters + self.exits + self.capped
 
 
 @dataclass(frozen=True)
@@ -198,13 +210,18 @@ def catch_up(
                     Subscription.state,
                     func.count().filter(Alert.kind == "ENTER"),
                     func.count().filter(Alert.kind == "EXIT"),
+                    func.count().filter(Alert.kind == CAPPED),
+                    withheld_sum(),
                 )
                 .join(Alert, Alert.subscription_id == Subscription.id)
                 .where(Subscription.owner == username, Alert.seq > cursor, Alert.seq <= upto)
                 .group_by(Subscription.id, Subscription.name, Subscription.state)
                 .order_by(Subscription.name, Subscription.id)
             ).all()
-            by_id = {r[0]: AwayGroup(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in counts}
+            by_id = {
+                r[0]: AwayGroup(r[0], r[1], r[2], int(r[3]), int(r[4]), capped=int(r[5]), withheld=int(r[6]))
+                for r in counts
+            }
             rn = (
                 func.row_number()
                 .over(partition_by=Alert.subscription_id, order_by=Alert.seq.desc())

@@ -1,6 +1,7 @@
 """Charts of the dashboard (Altair specs built from plain rows; no Streamlit calls here).
 
-* :func:`timeline` -- alerts over time, one row per subscription, ENTER / EXIT coloured.
+* :func:`timeline` -- alerts over time, one row per subscription, ENTER / EXIT coloured (a
+  CAPPED record, :mod:`dashboard.capped`, grey; in the alert log its values say what it withheld).
 * :func:`rate_chart` -- alerts per time bucket, stacked by kind (counted in SQL:
   :func:`dashboard.queries.alert_rate`).
 * :func:`aggregate_chart` -- one aggregate of a key over time, with the rule's thresholds drawn
@@ -22,11 +23,13 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+from dashboard.capped import CAPPED, capped_text
 from dashboard.catchup import AlertRow, format_values
 from dashboard.rules import Threshold
-from dashboard.timefmt import FORMAT, as_utc, span_text
+from dashboard.timefmt import FORMAT, as_utc, clock, span_text
 
-KIND_COLORS = alt.Scale(domain=["ENTER", "EXIT"], range=["#d62728", "#2ca02c"])
+#: ENTER red, EXIT green, CAPPED (the alert cap's record: dashboard.capped) grey
+KIND_COLORS = alt.Scale(domain=["ENTER", "EXIT", CAPPED], range=["#d62728", "#2ca02c", "#7f7f7f"])
 #: a row of the timeline per subscription, this many pixels high (ticks are 18 px)
 ROW_PX = 40
 #: room for subscription names on the timeline's y axis before they are cut with an ellipsis
@@ -75,7 +78,7 @@ def alerts_frame(rows: Iterable[AlertRow]) -> pd.DataFrame:
             "subscription": r.subscription,
             "key": r.key,
             "kind": r.kind,
-            "values": format_values(r.values),
+            "values": capped_text(r.values, clock(r.as_of)) if r.kind == CAPPED else format_values(r.values),
         }
         for r in rows
     ]
@@ -149,6 +152,8 @@ def aggregate_series(rows: Iterable[AlertRow], aggregate: str) -> pd.DataFrame:
     """(time, value, kind) of one aggregate from the values recorded with alerts."""
     data: list[dict[str, Any]] = []
     for r in rows:
+        if r.kind == CAPPED:  # its values are counts of withheld alerts, not the rule's aggregates
+            continue
         v = r.values.get(aggregate)
         if isinstance(v, int | float) and not isinstance(v, bool):
             data.append({"time": as_utc(r.as_of), "value": float(v), "kind": r.kind})

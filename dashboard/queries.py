@@ -19,7 +19,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import storm
-from dashboard.catchup import AlertRow, as_values
+from dashboard.capped import CAPPED
+from dashboard.catchup import AlertRow, as_values, withheld_sum
 from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
 from tidewatch.settings import Settings
@@ -119,6 +120,8 @@ class SubscriptionSummary:
     keys: int  # distinct keys among those alerts
     first: datetime | None
     last: datetime | None
+    #: changes the alert cap withheld from the log (the CAPPED records' counts; dashboard.capped)
+    withheld: int = 0
 
     @property
     def total(self) -> int:
@@ -139,9 +142,10 @@ def summary_by_subscription(
         Subscription.state,
         enters,
         exits,
-        func.count(func.distinct(Alert.key)),
+        func.count(func.distinct(Alert.key)).filter(Alert.kind != CAPPED),
         func.min(Alert.as_of),
         func.max(Alert.as_of),
+        withheld_sum(),
     ).join(Alert, Alert.subscription_id == Subscription.id)
     q = _filtered(q, username, **filters)
     q = q.group_by(Subscription.id, Subscription.name, Subscription.state).order_by(
@@ -149,7 +153,7 @@ def summary_by_subscription(
     )
     with sessions() as s:
         return [
-            SubscriptionSummary(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6], r[7])
+            SubscriptionSummary(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), r[6], r[7], int(r[8]))
             for r in s.execute(q).all()
         ]
 
@@ -182,7 +186,7 @@ def busiest_keys(
         func.count().filter(Alert.kind == "EXIT"),
         func.max(Alert.as_of),
     ).join(Subscription, Subscription.id == Alert.subscription_id)
-    q = _filtered(q, username, **filters)
+    q = _filtered(q, username, **filters).where(Alert.kind != CAPPED)  # a CAPPED record is no key's
     q = (
         q.group_by(Alert.key, Subscription.id, Subscription.name)
         .order_by(total.desc(), func.max(Alert.as_of).desc(), Alert.key)
@@ -289,7 +293,7 @@ def known_keys(sessions: sessionmaker[Session], username: str, limit: int = 500)
     """Keys that appear in the user's alerts or current results (for the Key detail picker)."""
     with sessions() as s:
         mine = select(Subscription.id).where(Subscription.owner == username).scalar_subquery()
-        a = select(Alert.key).where(Alert.subscription_id.in_(mine))
+        a = select(Alert.key).where(Alert.subscription_id.in_(mine), Alert.kind != CAPPED)
         c = select(CurrentResult.key).where(CurrentResult.subscription_id.in_(mine))
         u = a.union(c).subquery()
         return [str(k) for k in s.scalars(select(u.c.key).order_by(u.c.key).limit(limit))]

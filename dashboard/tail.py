@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dashboard.capped import CAPPED, capped_text
+
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
 
@@ -68,13 +70,18 @@ def format_values(values: dict[str, float | None]) -> str:
 
 def format_line(rec: Record, tz: tzinfo | None = None) -> str:
     """One human line: ``<as of>  ENTER  <subscription name> [<id>]  key=<key>  <values>`` for an
-    alert; ``RESULT``/``GONE`` (present or not) for a result, ``REMOVED`` for its tombstone."""
+    alert (``CAPPED <subscription>  capped: n more changes withheld (…)`` for the alert cap's
+    record, :mod:`dashboard.capped`); ``RESULT``/``GONE`` (present or not) for a result,
+    ``REMOVED`` for its tombstone."""
     v = rec.value
     if v is None:
         return f"{'-':<29}  REMOVED  {rec.key}  (results tombstone)"
     if rec.topic == "alerts":
         name = v.get("rule_name") or v["subscription_id"]
         kind = v["kind"]
+        if kind == CAPPED:  # the alert cap's record: what it withheld, not a key
+            sub = f"{name} [{v['subscription_id']}]" if name != v["subscription_id"] else name
+            return f"{iso_time(v['as_of'], tz)}  {kind} {sub}  {capped_text(v.get('values') or {})}"
     else:
         name = v["subscription_id"]
         kind = "RESULT" if v["present"] else "GONE"

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.cap import republished_results
 from engine.core import EngineCore, make_evaluator, rule_compiler
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
@@ -116,6 +117,7 @@ def default_core(settings: Settings) -> EngineCore:
         max_future_ms=settings.max_future_ms,
         idle_timeout_ms=getattr(settings, "engine_idle_timeout_ms", 5_000),
         lookup_every_ms=getattr(settings, "engine_lookup_every_ms", None),
+        alert_cap=getattr(settings, "engine_alert_cap_per_lookup", 0),
         evaluator_factory=lambda: make_evaluator(settings),
         compile_rule=rule_compiler(settings),
     )
@@ -224,7 +226,11 @@ class EngineApp:
         self.core = self._core_factory()
         for snap in reversed(snaps):  # the newest one this engine can read
             try:
-                self.core = EngineCore.from_bytes(snap.read_bytes(), rule_compiler(self.settings))
+                self.core = EngineCore.from_bytes(
+                    snap.read_bytes(),
+                    rule_compiler(self.settings),
+                    alert_cap=getattr(self.settings, "engine_alert_cap_per_lookup", 0),
+                )
                 log.info("restored the state snapshot of batch %d", self.core.last_batch)
                 break
             except SnapshotUnreadable as exc:  # another state format, moved classes, a damaged file
@@ -262,12 +268,16 @@ class EngineApp:
         published = self.publisher.last_published()
         for b in range(published + 1, last + 1):
             rows, dead = self.store.alerts_of_batch(b), self.store.dead_letters_of_batch(b)
-            removed = self.store.removed_of_batch(b)
+            removed, withheld = self.store.removed_of_batch(b), self.store.withheld_of_batch(b)
             log.info(
                 "batch %d was committed but not published to Kafka: publishing its %d alerts, %d dead "
-                "letters and the tombstones of %d removed subscriptions", b, len(rows), len(dead), len(removed),
+                "letters, the tombstones of %d removed subscriptions and the results of %d withheld "
+                "keys", b, len(rows), len(dead), len(removed), sum(map(len, withheld.values())),
             )  # fmt: skip
-            self.publisher.publish(b, rows, dead, removed)
+            # only the last committed batch can be here, before any new commit: current_results
+            # holds the state after it, which the results of the keys it withheld are read from
+            results = republished_results(rows, withheld, self.store.current_of(withheld))
+            self.publisher.publish(b, rows, dead, removed, results)
         for b in pending:
             ranges = self._read_log(b).ranges
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)
@@ -595,7 +605,8 @@ class EngineApp:
         if not committed:
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
         t_kafka = time.perf_counter()
-        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed_keys)
+        results = out.result_changes() if out.withheld else None  # capped: not its alerts
+        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed_keys, results)
         t_done = time.perf_counter()
         self.batches_done += 1
         n_events = sum(out.events.values())

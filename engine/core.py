@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from engine.cap import cap_alerts
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.executors.history import HistoryIndex
@@ -175,6 +176,7 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
 
 #: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
 #: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
+#: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
 _NOT_STATE = frozenset({"_compile"})
 
 
@@ -191,8 +193,13 @@ class EngineCore:
         compile_rule: Callable[[str, Any], tuple[Any, str]],
         idle_timeout_ms: int = 5_000,
         lookup_every_ms: int | None = None,
+        alert_cap: int = 0,
     ) -> None:
         self.g = int(pane_ms)
+        #: at most this many alerts per subscription and lookup time, the rest withheld
+        #: (``engine_alert_cap_per_lookup``, :mod:`engine.cap`); 0: no cap.  A setting: the
+        #: snapshot's value is replaced by the one given to :meth:`from_bytes`
+        self.alert_cap = int(alert_cap)
         #: lookups at every multiple of L (a multiple of g; default g): the alert log equals
         #: ``tidewatch backtest --every L``; a larger L divides the lookup cost of many rules by L/g
         self.L = int(lookup_every_ms or pane_ms)
@@ -323,6 +330,8 @@ class EngineCore:
             self._fresh.add(sid)  # its change state in the evaluator starts empty
             self._diff(sid, found, self.applied_until, out)
             self._attach_values(out, first, self.applied_until)
+            if self.alert_cap:
+                cap_alerts(out, first, self.alert_cap)
 
     def _diff(self, sid: str, found: Iterable[str], tau: int, out: BatchOutput) -> None:
         info = self.rules[sid]
@@ -619,6 +628,7 @@ class EngineCore:
         out.lookups.append(tau)
         if not self.rules:
             return
+        start = len(out.alerts)
         ev = self.evaluator
         # the evaluator's own changes (cheap with thousands of rules), checked against ours;
         # read block-wise (rule names, key values, kind) without building a row per change
@@ -652,6 +662,8 @@ class EngineCore:
                 self._diff(sid, ev.current_ids(sid), tau, out)
         self._fresh.clear()
         self._attach_values(out, first, tau)
+        if self.alert_cap:
+            cap_alerts(out, start, self.alert_cap)
 
     def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
         """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from
@@ -699,20 +711,24 @@ class EngineCore:
         cls,
         data: bytes,
         compile_rule: Callable[[str, Any], tuple[Any, str]],
+        alert_cap: int = 0,
     ) -> EngineCore:
         """Restore a snapshot written by :meth:`to_bytes` (``compile_rule``: as for the constructor,
-        e.g. :func:`rule_compiler`).  :class:`~engine.errors.SnapshotUnreadable` when this engine
+        e.g. :func:`rule_compiler`; ``alert_cap``: the setting, not part of the state).
+        :class:`~engine.errors.SnapshotUnreadable` when this engine
         cannot read it (another state format, a class moved, renamed or not allowed, attributes
         this engine does not have, a damaged file)."""
         try:
-            return cls._restore(data, compile_rule)
+            return cls._restore(data, compile_rule, alert_cap)
         except SnapshotUnreadable:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotUnreadable(f"{type(exc).__name__}: {exc}") from exc
 
     @classmethod
-    def _restore(cls, data: bytes, compile_rule: Callable[[str, Any], tuple[Any, str]]) -> EngineCore:
+    def _restore(
+        cls, data: bytes, compile_rule: Callable[[str, Any], tuple[Any, str]], alert_cap: int = 0
+    ) -> EngineCore:
         """A core made by ``__init__`` (its defaults: an attribute a snapshot of an older engine
         lacks keeps them), then every attribute the snapshot holds."""
         state = state_codec.loads(data)
@@ -727,6 +743,7 @@ class EngineCore:
             compile_rule=compile_rule,
             idle_timeout_ms=state.get("idle_timeout", 5_000),
             lookup_every_ms=state.get("L"),
+            alert_cap=alert_cap,
         )
         unknown = set(state) - (set(vars(self)) - _NOT_STATE)
         if unknown:
@@ -734,4 +751,5 @@ class EngineCore:
                 f"the snapshot holds attributes this engine has not: {sorted(map(str, unknown))}"
             )
         vars(self).update(state)
+        self.alert_cap = int(alert_cap)  # the setting now, not the one the snapshot was taken with
         return self

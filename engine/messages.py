@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from engine.dead_letter import DeadLetters
+
+#: the kind of the alert cap's record (:mod:`engine.cap`): a subscription's alerts at one lookup
+#: time past ``engine_alert_cap_per_lookup`` were withheld from the alert log
+CAPPED = "CAPPED"
+_AS_OF = attrgetter("as_of")
 
 
 @dataclass
@@ -41,7 +47,7 @@ class Alert:
     rule_name: str
     stream: str
     key: str
-    kind: str  # ENTER | EXIT
+    kind: str  # ENTER | EXIT (| CAPPED: the alert cap's record, :mod:`engine.cap`)
     as_of: int
     #: the aggregates the rule compares, for this key at ``as_of`` (what made it fire):
     #: aggregate text -> value (None for NULL); empty when the evaluator cannot say
@@ -115,3 +121,25 @@ class BatchOutput:
     changed: set[str] = field(default_factory=set)  # subscriptions whose result set changed
     events: dict[str, int] = field(default_factory=dict)  # valid events per stream
     rule_errors: list[tuple[str, str]] = field(default_factory=list)
+    #: the alerts the alert cap kept out of ``alerts`` (``engine_alert_cap_per_lookup``,
+    #: :mod:`engine.cap`), in the engine's order, with their values: ``current_results`` and the
+    #: ``results`` topic still get them; ``alerts`` has a CAPPED record for them instead
+    withheld: list[Alert] = field(default_factory=list)
+    #: the alert cap's bookkeeping: (subscription, lookup time) -> [alerts kept, index in
+    #: ``alerts`` of its CAPPED record or -1] (:func:`engine.cap.cap_alerts`)
+    cap_state: dict[tuple[str, int], list[int]] = field(default_factory=dict, repr=False)
+    _changes: list[Alert] | None = field(default=None, repr=False, compare=False)
+
+    def result_changes(self) -> list[Alert]:
+        """Every change of the subscriptions' results in this batch, what ``current_results`` and
+        the ``results`` topic get: ``alerts`` itself when the cap withheld nothing; else the alerts
+        but the CAPPED records, then the withheld ones, stably sorted by ``as_of`` -- each
+        (subscription, key)'s changes in their order (:mod:`engine.cap`).  Made once per batch."""
+        if not self.withheld:
+            return self.alerts
+        if self._changes is None:
+            merged = [a for a in self.alerts if a.kind != CAPPED]
+            merged += self.withheld
+            merged.sort(key=_AS_OF)
+            self._changes = merged
+        return self._changes

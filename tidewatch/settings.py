@@ -291,6 +291,13 @@ class Settings(BaseSettings):
         description="the engine looks every rule up at each multiple of this (a multiple of pane_ms; "
         "default pane_ms); alerts equal `tidewatch backtest --every` this",
     )
+    engine_alert_cap_per_lookup: int = Field(
+        0,
+        ge=0,
+        description="at most this many alerts per subscription and lookup time in the alert log and the "
+        "alerts topic, the rest withheld and said by one CAPPED record (current_results and the results "
+        "topic stay exact); 0: no cap (docs/engine.md, 'Alert cap')",
+    )
 
     # --- reliability and security (helper REL; docs/RELIABILITY.md) ---------------
     max_rule_window_days: float = Field(

@@ -20,13 +20,19 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import catchup, charts, queries
+from dashboard.capped import CAPPED, capped_text
 from dashboard.timefmt import table_time, utc_text
 from dashboard.ui import client_id, current_user, empty_state, sessions
-from dashboard.views.summary import rate_and_busiest
+from dashboard.views.summary import rate_and_busiest, with_withheld
 from subscriptions.service import SubscriptionService
 from tidewatch.settings import Settings
 
 LIMIT = 500
+KIND_HELP = (
+    "ENTER: a key entered the subscription's result; EXIT: it left. CAPPED: at one lookup the "
+    "subscription's result changed by more keys than the alert cap (engine_alert_cap_per_lookup); "
+    "the rest were withheld from this log, its current results are still complete."
+)
 TIME_COL = st.column_config.DatetimeColumn(format="YYYY-MM-DD HH:mm:ss")
 
 
@@ -38,7 +44,7 @@ def _filters(settings: Settings, username: str) -> None:
         "Subscriptions", options=list(names), format_func=lambda i: names.get(i, i), key="alerts_subs"
     )
     cols[1].text_input("Key contains", key="alerts_key", max_chars=200)
-    cols[2].multiselect("Kind", ["ENTER", "EXIT"], key="alerts_kinds")
+    cols[2].multiselect("Kind", ["ENTER", "EXIT", CAPPED], key="alerts_kinds", help=KIND_HELP)
 
 
 def _summary(settings: Settings, username: str, filters: dict[str, Any]) -> None:
@@ -47,19 +53,22 @@ def _summary(settings: Settings, username: str, filters: dict[str, Any]) -> None
     sm = sessions(settings)
     rows = queries.summary_by_subscription(sm, username, **filters)
     st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "subscription": r.name,
-                    "state": r.state,
-                    "entered": r.entered,
-                    "left": r.left,
-                    "keys": r.keys,
-                    "last alert (UTC)": table_time(r.last),
-                }
-                for r in rows
-            ],
-            columns=["subscription", "state", "entered", "left", "keys", "last alert (UTC)"],
+        with_withheld(
+            pd.DataFrame(
+                [
+                    {
+                        "subscription": r.name,
+                        "state": r.state,
+                        "entered": r.entered,
+                        "left": r.left,
+                        "keys": r.keys,
+                        "last alert (UTC)": table_time(r.last),
+                    }
+                    for r in rows
+                ],
+                columns=["subscription", "state", "entered", "left", "keys", "last alert (UTC)"],
+            ),
+            rows,
         ),
         hide_index=True,
         width="stretch",
@@ -85,8 +94,11 @@ def _live(settings: Settings) -> None:
     )
     if rows:
         last = rows[0]
-        st.text(f"Latest: {last.kind} {last.key} ({last.subscription}) as of {utc_text(last.as_of)}")
-        st.text(f"Values: {catchup.format_values(last.values)}")
+        if last.kind == CAPPED:
+            st.text(f"Latest: {capped_text(last.values, utc_text(last.as_of))} ({last.subscription})")
+        else:
+            st.text(f"Latest: {last.kind} {last.key} ({last.subscription}) as of {utc_text(last.as_of)}")
+            st.text(f"Values: {catchup.format_values(last.values)}")
         summary, log = st.tabs(["Summary", f"Alert log (newest {len(rows)})"])
         with summary:
             _summary(settings, user.username, filters)

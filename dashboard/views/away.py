@@ -20,10 +20,11 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import catchup, queries
+from dashboard.capped import CAPPED, capped_text
 from dashboard.catchup import Catchup
 from dashboard.timefmt import clock, span_text, table_time, utc_text
 from dashboard.ui import CATCHUP, client_id, current_user, empty_state, go, sessions
-from dashboard.views.summary import rate_and_busiest
+from dashboard.views.summary import rate_and_busiest, with_withheld
 from tidewatch.settings import Settings
 
 #: keys of a current result set listed on the page
@@ -35,7 +36,10 @@ def listing(group: catchup.AwayGroup) -> str:
     """The group's alerts as fixed-width plain text, newest first, times in UTC (a code block)."""
     lines = []
     for a in group.alerts:
-        lines.append(f"{clock(a.as_of)}  {a.kind:<5}  {a.key}  ({catchup.format_values(a.values)})")
+        if a.kind == CAPPED:  # the alert cap's record: what it withheld, not a key
+            lines.append(f"{clock(a.as_of)}  {a.kind}  {capped_text(a.values)}")
+        else:
+            lines.append(f"{clock(a.as_of)}  {a.kind:<5}  {a.key}  ({catchup.format_values(a.values)})")
     return "\n".join(lines)
 
 
@@ -45,11 +49,23 @@ def result_line(r: catchup.ResultRow) -> str:
     return line + (f"  {catchup.format_values(r.values)}" if r.values else "")
 
 
+def capped_caption(groups: list[catchup.AwayGroup]) -> str:
+    """What the alert cap withheld while away, said once above the table (the counts above are
+    ENTER / EXIT alerts logged)."""
+    n = sum(g.withheld for g in groups)
+    lookups = sum(g.capped for g in groups)
+    names = ", ".join(g.name for g in groups)
+    return (
+        f"Capped: {n:,} more changes withheld at {lookups:,} lookup(s) of {names} (the alert cap); "
+        "the current results below are complete."
+    )
+
+
 def summary_frame(rows: list[queries.SubscriptionSummary], snap: Catchup) -> pd.DataFrame:
     """Per subscription with alerts while away: entered, left, distinct keys, its result's size
     now and its last alert (UTC); most alerts first."""
     now = {cs.subscription_id: len(cs.rows) for cs in snap.current}
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         [
             {
                 "subscription": r.name,
@@ -64,6 +80,7 @@ def summary_frame(rows: list[queries.SubscriptionSummary], snap: Catchup) -> pd.
         ],
         columns=["subscription", "state", "entered", "left", "keys", "in result now", "last alert (UTC)"],
     )
+    return with_withheld(frame, rows)
 
 
 def results_frame(cs: catchup.CurrentSet, limit: int = CURRENT_LIMIT) -> pd.DataFrame:
@@ -91,6 +108,9 @@ def _summary(settings: Settings, snap: Catchup) -> None:
     cols[0].metric("keys entered", sum(g.enters for g in snap.groups))
     cols[1].metric("keys left", sum(g.exits for g in snap.groups))
     cols[2].metric("subscriptions with alerts", len(snap.groups))
+    capped = [g for g in snap.groups if g.capped]
+    if capped:
+        st.caption(capped_caption(capped))
     st.dataframe(
         summary_frame(rows, snap),
         hide_index=True,

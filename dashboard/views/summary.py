@@ -1,6 +1,7 @@
 """What the Alerts page and "While you were away" both show under their summary table: alerts per
 time bucket (counted in SQL, :func:`dashboard.queries.alert_rate`) beside the busiest keys
-(:func:`dashboard.queries.busiest_keys`), for one user over the same filters or span."""
+(:func:`dashboard.queries.busiest_keys`), for one user over the same filters or span; and the
+"withheld (capped)" column their summary tables get when the alert cap withheld changes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from dashboard import charts, queries
 
 BUSIEST = 10  #: keys in the busiest-keys table
+#: the summary tables' column of the changes the alert cap withheld (shown only when there are some)
+WITHHELD = "withheld (capped)"
+
+
+def with_withheld(frame: pd.DataFrame, rows: list[queries.SubscriptionSummary]) -> pd.DataFrame:
+    """``frame`` (one row per summary row, a ``keys`` column) with :data:`WITHHELD` after ``keys``
+    when the cap withheld changes of any of them (:mod:`dashboard.capped`); else as it is."""
+    if not any(r.withheld for r in rows):
+        return frame
+    frame.insert(int(frame.columns.get_loc("keys")) + 1, WITHHELD, [r.withheld for r in rows])
+    return frame
 
 
 def rate_and_busiest(sm: sessionmaker[Session], username: str, **scope: Any) -> None:

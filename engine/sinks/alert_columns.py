@@ -132,18 +132,21 @@ class AlertColumns:
 
     # ---------------------------------------------------------------- building
     @classmethod
-    def of(cls, alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]]) -> AlertColumns:
+    def of(
+        cls, alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]], slot: str = "alerts"
+    ) -> AlertColumns:
         """The columns of ``alerts`` (Alert objects, or alert rows of
         :meth:`engine.sinks.store.Store.alerts_of_batch`: dicts without rule or stream); the
         columns of the last list given are kept and returned again for the same list (a batch's
-        alerts are not changed once its output is made: the sinks only read them)."""
+        alerts are not changed once its output is made: the sinks only read them).  One list is
+        kept per ``slot`` (``"withheld"``: :attr:`engine.messages.BatchOutput.withheld`'s)."""
         if isinstance(alerts, AlertColumns):
             return alerts
-        last = _LAST.get("alerts")
+        last = _LAST.get(slot)
         if last is not None and last[0] is alerts and len(last[1]) == len(alerts):
             return last[1]
         cols = cls._build(alerts)
-        _LAST["alerts"] = (alerts, cols)
+        _LAST[slot] = (alerts, cols)
         return cols
 
     @classmethod
@@ -263,5 +266,5 @@ class AlertColumns:
         return pc.binary_join_element_wise(pa.scalar("{", _S), joined, pa.scalar("}", _S), pa.scalar("", _S))
 
 
-#: the last list :meth:`AlertColumns.of` was given and its columns
+#: per slot, the last list :meth:`AlertColumns.of` was given and its columns
 _LAST: dict[str, tuple[Any, AlertColumns]] = {}

@@ -125,15 +125,19 @@ class AlertRecords:
 
 
 def encode_alerts(
-    alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]], batch_id: int, emitted_at: int
+    alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]],
+    batch_id: int,
+    emitted_at: int,
+    slot: str = "alerts",
 ) -> AlertRecords:
     """The ``alerts`` and ``results`` records of a batch's alerts (bytes as fastavro writes them):
     from their columns (:class:`~engine.sinks.alert_columns.AlertColumns`, built here from Alert
-    objects or the alert rows of :meth:`engine.sinks.store.Store.alerts_of_batch` when not given)."""
+    objects or the alert rows of :meth:`engine.sinks.store.Store.alerts_of_batch` when not given;
+    ``slot``: :meth:`AlertColumns.of`'s)."""
     n = len(alerts)
     if n == 0:
         return AlertRecords([], [], [], [], [])
-    c = AlertColumns.of(alerts)
+    c = AlertColumns.of(alerts, slot)
     strings = (c.ids, c.subscription_id, c.rule_name, c.stream, c.key, c.kind)
     cols = [utf8_buffers(a) for a in strings]
     sdata = np.concatenate([d for d, _ in cols])

@@ -155,6 +155,7 @@ class Publisher:
         alerts: Alerts,
         dead: DeadLetters | None = None,
         removed: Mapping[str, Sequence[str]] | None = None,
+        results: Alerts | None = None,
     ) -> None:
         """Produce one batch's output and its progress marker in one transaction, exactly once:
         a failed or stalled transaction is retried with a new producer unless the marker shows
@@ -162,7 +163,10 @@ class Publisher:
         of the subscriptions the batch removed (:attr:`engine.messages.BatchOutput.removed_keys`):
         a tombstone for each ``subscription|key`` on ``results``, before the batch's own result
         records (a subscription deleted and subscribed again in one batch has its new result
-        after them)."""
+        after them).  ``results``: the batch's result changes when they are not its alerts (the
+        alert cap withheld some: :meth:`engine.messages.BatchOutput.result_changes`, or the rows
+        :func:`engine.cap.republished_results` gives): ``results`` gets their records instead of
+        the alerts' (no record for a CAPPED one)."""
 
         def attempt(n: int) -> None:
             if n > 1:
@@ -171,7 +175,9 @@ class Publisher:
                 if self._bounded(self.last_published, "the progress marker") >= batch_id:
                     log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
                     return
-            self._bounded(lambda: self._transaction(batch_id, alerts, dead, removed), f"batch {batch_id}")
+            self._bounded(
+                lambda: self._transaction(batch_id, alerts, dead, removed, results), f"batch {batch_id}"
+            )
 
         retrying(attempt, self.settings.engine_kafka_retry_s, f"batch {batch_id}", log)
 
@@ -185,6 +191,7 @@ class Publisher:
         alerts: Alerts,
         dead: DeadLetters | None,
         removed: Mapping[str, Sequence[str]] | None = None,
+        results: Alerts | None = None,
     ) -> None:
         s = self.settings
         now = int(time.time() * 1000)
@@ -194,7 +201,10 @@ class Publisher:
             if removed:
                 keys = [f"{sid}|{key}".encode() for sid, ks in removed.items() for key in ks]
                 _produce_all(p, s.topic_results, [None] * len(keys), keys)
-            self.produce_alerts(p, s, alerts, batch_id, now)
+            if results is None:
+                self.produce_alerts(p, s, alerts, batch_id, now)
+            else:
+                produce_alerts(p, s, alerts, batch_id, now, results)
             if dead is not None and len(dead):
                 for rec in dead.records(now):
                     p.produce(
@@ -215,14 +225,20 @@ class Publisher:
         self.marker.close()
 
 
-def produce_alerts(p: Producer, s: Any, alerts: Alerts, batch_id: int, now: int) -> None:
+def produce_alerts(
+    p: Producer, s: Any, alerts: Alerts, batch_id: int, now: int, results: Alerts | None = None
+) -> None:
     """Produce a batch's alert, result and tombstone records (encoded together from the batch's
     columns, :func:`engine.sinks.alert_wire.encode_alerts`): every ``alerts`` record in the
     alerts' order, then every ``results`` record, each EXIT's followed by its tombstone.  Each
     topic's records keep the alerts' order (per partition too), as the one interleaved loop
-    before (kept in ``bench/delivery_bench.py``) gave them."""
+    before (kept in ``bench/delivery_bench.py``) gave them.  ``results`` (a capped batch: its
+    result changes, see :meth:`Publisher.publish`): the ``results`` records are theirs, in their
+    order, encoded apart."""
     recs = encode_alerts(alerts, batch_id, now)
     _produce_all(p, s.topic_alerts, recs.alert_values, recs.alert_keys)
+    if results is not None:
+        recs = encode_alerts(results, batch_id, now, slot="results")
     present = np.asarray(recs.present, np.bool_)
     if present.all():
         _produce_all(p, s.topic_results, recs.result_values, recs.result_keys)

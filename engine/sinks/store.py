@@ -12,7 +12,9 @@ batches; alerts and metrics carry the engine id too.
 A batch committed here whose Kafka transaction never happened is re-published from here after a
 restart (:meth:`engine.app.EngineApp.recover`): its alerts (:meth:`Store.alerts_of_batch`), its
 dead letters (:meth:`Store.dead_letters_of_batch`) and the results of the subscriptions it
-removed (:meth:`Store.removed_of_batch`, from ``engine_batches.removed``: their tombstones).  Dead letters are only kept until then:
+removed (:meth:`Store.removed_of_batch`, from ``engine_batches.removed``: their tombstones) and the
+keys whose changes the alert cap withheld (:meth:`Store.withheld_of_batch`, from
+``engine_batches.withheld``; their state from :meth:`Store.current_of`).  Dead letters are only kept until then:
 see :meth:`Store.commit` for when they are deleted.
 
 The alerts of a batch (thousands while many rules' windows fill) are written by
@@ -131,6 +133,7 @@ class Store:
                     events=sum(out.events.values()),
                     alerts=len(out.alerts),
                     removed=out.removed_keys,
+                    withheld=withheld_keys(out),
                 )
                 .on_conflict_do_nothing(index_elements=[EngineBatch.engine_id, EngineBatch.batch_id])
                 .returning(EngineBatch.batch_id)
@@ -185,6 +188,36 @@ class Store:
                 )
             ).scalar()
         return {str(sid): [str(k) for k in keys] for sid, keys in (got or {}).items()}
+
+    def withheld_of_batch(self, batch_id: int) -> dict[str, list[str]]:
+        """``{subscription UUID text: [key, ...]}`` of this engine's committed batch ``batch_id``: the
+        keys whose changes the alert cap withheld from the alert log (``engine_batches.withheld``;
+        their ``results`` records are re-published from ``current_results`` after a crash)."""
+        with self.engine.connect() as conn:
+            got = conn.execute(
+                select(EngineBatch.withheld).where(
+                    EngineBatch.engine_id == self.engine_id, EngineBatch.batch_id == batch_id
+                )
+            ).scalar()
+        return {str(sid): [str(k) for k in keys] for sid, keys in (got or {}).items()}
+
+    def current_of(self, keys: dict[str, list[str]]) -> dict[tuple[str, str], tuple[int, dict[str, Any]]]:
+        """``current_results`` of ``{subscription: [key, ...]}``: (subscription as given, key) ->
+        (since ms, values), for the rows that exist; one statement."""
+        if not keys:
+            return {}
+        pairs = [(_uuid_text(sid), sid, k) for sid, ks in keys.items() for k in ks]
+        by_uuid = {u: sid for u, sid, _ in pairs}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT c.subscription_id::text, c.key, c.since, c.values FROM current_results c "
+                    "JOIN unnest(CAST(:sids AS uuid[]), CAST(:keys AS text[])) AS w(sid, key) "
+                    "ON c.subscription_id = w.sid AND c.key = w.key"
+                ),
+                {"sids": [u for u, _, _ in pairs], "keys": [k for _, _, k in pairs]},
+            ).all()
+        return {(by_uuid[r[0]], r[1]): (dt_to_ms(r[2]), dict(r[3] or {})) for r in rows}
 
     def alerts_of_batch(self, batch_id: int) -> list[dict[str, Any]]:
         """The alert rows of this engine's committed batch ``batch_id`` (to re-publish them after
@@ -367,6 +400,23 @@ def _last_of_each(keys: pa.Array) -> np.ndarray:
     return out
 
 
+def withheld_keys(out: BatchOutput) -> dict[str, list[str]]:
+    """``{subscription UUID text: [key, ...]}`` of the batch's withheld alerts (the alert cap), each
+    key once, sorted: ``engine_batches.withheld``.  Found by Arrow from the withheld alerts'
+    columns (kept for :func:`write_direct`); ``{}`` when none."""
+    if not out.withheld:
+        return {}
+    cols = AlertColumns.of(out.withheld, slot="withheld")
+    tbl = pa.table({"sid": cols.subscription_uuid_text, "key": cols.key})
+    got = tbl.group_by("sid").aggregate([("key", "distinct")])
+    return {
+        sid: sorted(keys)
+        for sid, keys in zip(
+            got.column("sid").to_pylist(), got.column("key_distinct").to_pylist(), strict=True
+        )
+    }
+
+
 def _csv(tbl: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pacsv.write_csv(tbl, sink, pacsv.WriteOptions(include_header=False, quoting_style="needed"))
@@ -390,7 +440,14 @@ def write_direct(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_EN
     and the batch's alerts are inserted as :func:`write_copy` does (``ON CONFLICT DO NOTHING``:
     the row written first is kept).  Writes what :func:`write_copy` and :func:`_write_unnest`
     write (tests/engine/sinks/test_store_copy.py): the same rows, timestamps, values JSON and
-    ``alerts.seq`` order."""
+    ``alerts.seq`` order.
+
+    A capped batch (``out.withheld``, :mod:`engine.cap`): ``alerts`` gets its alerts (kept and
+    CAPPED records), ``current_results`` the net change of every (subscription, key) over
+    :meth:`~engine.messages.BatchOutput.result_changes` (kept and withheld, no CAPPED record),
+    found by Arrow as for a batch out of order: exactly what the batch uncapped gives
+    (tests/engine/sinks/test_cap_sinks.py).  :func:`write_copy` and :func:`_write_unnest` take
+    uncapped batches only."""
     raw: Any = conn.connection.dbapi_connection  # psycopg2's own: COPY is not in the DB-API
     try:
         with raw.cursor() as cur:
@@ -428,9 +485,13 @@ def write_direct(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_EN
                 cur.copy_expert(_COPY, io.BytesIO(_stage_csv(out.alerts)), size=1 << 20)
                 cur.execute(_FROM_STAGE_ALERTS, {"batch": out.batch_id, "engine": engine_id})
                 logged = False
-            if logged and in_order:  # every row is the batch's, in its order: read them back
+            if logged and in_order and not out.withheld:  # the batch's rows, in its order: read back
                 cur.execute(_FROM_LOGGED, {"after": after, "engine": engine_id, "batch": out.batch_id})
                 return
+            if out.withheld:  # capped: every change (kept and withheld, no CAPPED), by as_of
+                cols = AlertColumns.of(out.result_changes(), slot="results")
+                ts = pa.array(cols.as_of, pa.int64()).cast(pa.timestamp("ms"))
+                sid, vals = cols.subscription_uuid_text, cols.values_json
             last = pa.array(_last_of_each(pc.binary_join_element_wise(sid, cols.key, pa.scalar("|", _S))))
             net = pa.table(
                 {"sid": sid.take(last), "key": cols.key.take(last), "kind": cols.kind.take(last),

@@ -69,3 +69,18 @@ def test_the_subscription_filter_takes_an_id_or_an_alerts_name() -> None:
 def test_iso_time_is_local_by_default_and_exact_to_the_millisecond() -> None:
     assert iso_time(AS_OF + 7, UTC) == "2026-01-01T00:00:00.007+00:00"
     assert iso_time(AS_OF).startswith("20")  # the machine's zone, whatever it is
+
+
+def test_a_capped_record_says_what_the_cap_withheld() -> None:
+    """The alert cap's record (kind CAPPED, key ''): one line saying how many changes were withheld
+    and that the current results are complete, never a ``key=`` of its own."""
+    capped = _alert(
+        id=f"s1||CAPPED|{AS_OF}",
+        key="",
+        kind="CAPPED",
+        values={"withheld": 4900.0, "withheld_enter": 2300.0, "withheld_exit": 2600.0, "cap": 100.0},
+    )
+    assert format_line(capped, UTC) == (
+        "2026-01-01T00:00:00.000+00:00  CAPPED momentum [s1]  capped: 4,900 more changes withheld "
+        "(2,300 ENTER, 2,600 EXIT; cap 100 per lookup) \u2014 the subscription's current results are complete"
+    )

@@ -53,7 +53,9 @@ NAMING = {
 }
 
 SUBSCRIPTION_STATES = ("active", "paused", "deleted")
-ALERT_KINDS = ("ENTER", "EXIT")
+#: an alert's kinds: ENTER / EXIT, and CAPPED -- the record saying a subscription's alerts at one
+#: lookup time were capped (``engine_alert_cap_per_lookup``; docs/engine.md, "Alert cap")
+ALERT_KINDS = ("ENTER", "EXIT", "CAPPED")
 
 
 class Base(DeclarativeBase):
@@ -202,7 +204,7 @@ class Alert(Base):
 
     __tablename__ = "alerts"
     __table_args__ = (
-        CheckConstraint("kind IN ('ENTER', 'EXIT')", name="kind"),
+        CheckConstraint("kind IN ('ENTER', 'EXIT', 'CAPPED')", name="kind"),
         Index("ix_alerts_subscription_as_of", "subscription_id", "as_of"),
     )
 
@@ -211,7 +213,7 @@ class Alert(Base):
     seq: Mapped[int] = mapped_column(BigInteger, Identity(), unique=True, nullable=False)
     subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
     key: Mapped[str] = mapped_column(Text, nullable=False)
-    kind: Mapped[str] = mapped_column(String(5), nullable=False)
+    kind: Mapped[str] = mapped_column(String(6), nullable=False)
     as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     values: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     batch_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
@@ -261,6 +263,11 @@ class EngineBatch(Base):
     #: ``{subscription_id: [key, ...]}``: the result each subscription removed in the batch had
     #: (their tombstones on the ``results`` topic, re-published with the batch after a crash)
     removed: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    #: ``{subscription_id: [key, ...]}``: the keys whose changes the batch withheld from the alert log
+    #: (the alert cap; their ``results`` records are re-published from ``current_results`` after a crash)
+    withheld: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
 
 
 class EngineMetric(Base):
