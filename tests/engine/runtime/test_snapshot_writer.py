@@ -3,6 +3,7 @@ written by one background thread while the batches go on (no fork)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -191,7 +192,7 @@ def test_in_the_calling_thread_when_asked(tmp_path: Path, slow_disk: list[str]) 
 def test_keeps_the_newest_three(tmp_path: Path) -> None:
     w = SnapshotWriter()
     for b in range(1, 6):
-        w.write(b, tmp_path / f"{b:012d}.bin", lambda b=b: str(b).encode())
+        w.write(b, tmp_path / f"{b:012d}.bin", functools.partial(bytes, str(b).encode()))
         w.wait()
     assert sorted(int(p.stem) for p in tmp_path.glob("*.bin")) == [3, 4, 5]
 
