@@ -3,16 +3,16 @@
 A snapshot is the whole driver state at the end of one batch, in the format of
 :mod:`engine.runtime.state_codec`.  The next batch may change the state, so only what must see
 the state as it is now runs in the calling (evaluation) thread: the capture
-(:meth:`engine.core.EngineCore.capture`, :func:`engine.runtime.state_capture.capture`) -- the walk
-of the object graph, copies of the arrays (a ``memcpy``) and of the object arrays, the algorithm
-structures' own bytes.  The rest -- the object arrays' Arrow buffers, the JSON document, the
-CRC-32 (:meth:`~engine.runtime.state_capture.Captured.finish`) -- and writing the file -- a
-temporary file written piece by piece, ``fsync``, rename -- are done by one background thread
-while the batches go on.  That thread competes with the evaluation thread for the GIL while it
-converts and serializes (the CRC, the write and ``fsync`` release it); figures in
-docs/measurements/engine.md, "Snapshots off the evaluation thread".  Nothing is forked: a fork
-of the driver (py4j, librdkafka and Arrow threads) could inherit a lock held by another thread
-and hang, and would share the driver's sockets and pipes.
+(:meth:`engine.core.EngineCore.capture`, :func:`engine.runtime.state_capture.capture`) -- the
+walk of the object graph, copies of the arrays (a ``memcpy``), of the object arrays and of the
+algorithm structures' arrays.  The rest -- the object arrays' Arrow buffers, the structures'
+``np.savez``, the JSON document, the CRC-32 (:meth:`~engine.runtime.state_capture.Captured.finish`)
+-- and writing the file -- a temporary file written piece by piece, ``fsync``, rename -- are done
+by one background thread while the batches go on.  That thread competes with the evaluation
+thread for the GIL while it converts and serializes (the CRC, the write and ``fsync`` release
+it); figures in docs/measurements/engine.md, "Snapshots off the evaluation thread".  Nothing is
+forked: a fork of the driver (py4j, librdkafka and Arrow threads) could inherit a lock held by
+another thread and hang, and would share the driver's sockets and pipes.
 
 At most one snapshot is in flight (finished and written): a snapshot that falls due while the
 previous one is still in flight is skipped (logged) -- before its capture, so it costs the

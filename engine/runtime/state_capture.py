@@ -10,14 +10,20 @@ state as it is now, and what can work on a private copy:
 * :func:`capture` (calling thread, the state must not change meanwhile): the walk of the object
   graph into the nodes of the format (containers, instances, shared objects numbered, paths of
   unencodable values), a copy of every array's buffer (a ``memcpy``), a shallow ``copy()`` of
-  every object array of str (its elements are immutable), the algorithm structures' own
-  ``to_bytes`` (it compacts the structure, so it must run where the structure is used), Arrow
-  tables' IPC stream and NumPy scalars.  What it returns shares nothing mutable with the state:
-  the nodes are lists of its own holding atoms (immutable), the buffers are copies or ``bytes``.
+  every object array of str (its elements are immutable), the algorithm structures'
+  ``capture_bytes()`` -- it compacts the structure (so it must run where the structure is used)
+  and copies the arrays its ``to_bytes`` would write, and gives a callable that writes them
+  later (``engine.algorithms._pool.Packing``; a class without it: its ``to_bytes`` now) --,
+  Arrow tables' IPC stream and NumPy scalars.  What it returns shares nothing mutable with the
+  state: the nodes are lists of its own holding atoms (immutable), the buffers are copies,
+  ``bytes``, or the structures' callables holding copies.
 * :meth:`Captured.finish` (any thread, later; the state may have changed since): the object
-  arrays' Arrow buffers, the buffers' offsets, the JSON document, the CRC-32 and the header.  It
-  returns the file's pieces in order, not one ``bytes`` of hundreds of megabytes: the writer
-  writes them one after another (:func:`engine.runtime.snapshot_writer.atomic_write`).
+  arrays' Arrow buffers, the structures' bytes (``np.savez`` of the copies), the buffers'
+  offsets, the JSON document, the CRC-32 and the header.  It returns the file's pieces in order,
+  not one ``bytes`` of hundreds of megabytes: the writer writes them one after another
+  (:func:`engine.runtime.snapshot_writer.atomic_write`).  The one difference it can make: the
+  zip entries ``np.savez`` writes are stamped with the time of day (2-second steps), so they
+  hold the time of the finish, not of the capture (nothing reads them).
 
 ``b"".join(capture(root).finish())`` is :func:`engine.runtime.state_codec.dumps`: the same bytes
 the one-phase writer of before gave (tests/engine/runtime/test_state_capture.py), whatever the
@@ -88,6 +94,16 @@ _UNSEEN: Any = object()
 _NONE = type(None)
 #: tags of nodes that hold no value of the state's but buffer numbers, dtypes and shapes
 _LEAVES = frozenset("ABYOPN")
+
+
+class _Later:
+    """A buffer made by :meth:`Captured.finish`: an algorithm structure's ``to_bytes`` as of the
+    capture (its ``capture_bytes()``, which holds copies of what it needs)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], bytes]) -> None:
+        self.make = make
 
 
 class CaptureMismatch(EngineError, RuntimeError):
@@ -229,8 +245,9 @@ class _Encoder:
             kind = ["N" if _native(t) else "C", len(self.classes), tuple(_slots(t)), {}, True]
             self.classes.append(_path_of(t))
             self.kinds[t] = kind
-        if kind[0] == "N":
-            return ["N", kind[1], self.buf(x.to_bytes())]
+        if kind[0] == "N":  # its bytes later if it can give them so (copies of its arrays)
+            later = getattr(x, "capture_bytes", None)
+            return ["N", kind[1], self.buf(x.to_bytes() if later is None else _Later(later()))]
         return self.instance(x, kind)
 
     def mapping(self, d: dict[Any, Any]) -> list[Any]:
@@ -468,6 +485,8 @@ class Captured:
         data_pieces: list[Any] = []
         size = 0
         for b in buffers:
+            if type(b) is _Later:
+                b = b.make()
             n = len(b) if isinstance(b, bytes) else int(b.nbytes)
             pad = -size % _ALIGN
             if pad:

@@ -42,7 +42,8 @@ standing for itself, or a list whose first element is a tag:
 ``["C", h, x...]``          instance of an allowed class: ``shapes[h]`` names its class and the
                             attributes (``__dict__`` and slots) the values ``x...`` are of
 ``["N", c, buf]``           instance of an :mod:`engine.algorithms` class, by its own exact
-                            ``to_bytes`` / ``from_bytes`` (NumPy ``savez`` without pickle)
+                            ``to_bytes`` / ``from_bytes`` (NumPy ``savez`` without pickle;
+                            written from copies of its arrays by ``capture_bytes``, if it has it)
 ``["R", n]``                the n-th shared object again (identity and cycles are kept)
 ==========================  =====================================================================
 
