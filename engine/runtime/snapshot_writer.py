@@ -139,24 +139,27 @@ class SnapshotWriter:
             )
             return False
         captured_s = time.perf_counter() - t0
+        box = [captured]  # the thread takes it out: the capture is freed as soon as it is finished
+        del captured
         if not self.background:
-            self._finish(batch_id, path, captured, t0, captured_s)
+            self._finish(batch_id, path, box, t0, captured_s)
             return True
         self._batch = batch_id
         self._thread = threading.Thread(
             target=self._finish,
-            args=(batch_id, path, captured, t0, captured_s),
+            args=(batch_id, path, box, t0, captured_s),
             name=f"tidewatch-snapshot-{batch_id}",
         )
         self._thread.start()
         return True
 
     def _finish(
-        self, batch_id: int, path: Path, captured: Finishable | bytes, t0: float, captured_s: float
+        self, batch_id: int, path: Path, box: list[Finishable | bytes], t0: float, captured_s: float
     ) -> None:
-        """Finish, write, ``fsync``, rename; then keep the newest ``keep`` snapshots (the writer
-        thread)."""
+        """Finish the capture in ``box`` (taken out of it), write, ``fsync``, rename; then keep the
+        newest ``keep`` snapshots (the writer thread)."""
         t1 = time.perf_counter()
+        captured = box.pop()
         try:
             pieces = [captured] if isinstance(captured, bytes) else captured.finish()
         except Exception:

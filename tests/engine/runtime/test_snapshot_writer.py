@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,23 @@ def test_a_capture_that_cannot_be_finished_is_logged_and_the_next_snapshot_is_ta
     assert w.write(2, tmp_path / "000000000002.bin", lambda: _Capture(b"fine"))
     w.wait()
     assert (tmp_path / "000000000002.bin").read_bytes() == b"fine"
+
+
+def test_the_capture_is_freed_once_finished_while_the_file_is_written(
+    tmp_path: Path, slow_disk: list[str]
+) -> None:
+    refs: list[weakref.ref[_Capture]] = []
+
+    def capture() -> _Capture:
+        cap = _Capture(b"snapshot")
+        refs.append(weakref.ref(cap))
+        return cap
+
+    w = SnapshotWriter()
+    assert w.write(1, tmp_path / "000000000001.bin", capture)
+    time.sleep(0.5)  # finished after 0.3 s, then fsync takes 0.4 s
+    assert w.busy and refs[0]() is None
+    w.wait()
 
 
 def test_the_engine_state_as_captured_is_written_whatever_the_next_batches_do(
