@@ -108,7 +108,7 @@ def two_phases(core: Any, repeat: int) -> None:
         ww, wc, _ = best(functools.partial(atomic_write, path, pieces), repeat, time.thread_time)
         assert path.stat().st_size == len(data)  # the same file (savez stamps its zip entries with the time)
         del pieces
-        bw, share = gil_share(lambda: atomic_write(path, cap.finish()))
+        shares = [gil_share(lambda: atomic_write(path, cap.finish())) for _ in range(repeat)]
     print(
         f"two phases ({len(data) / 1e6:.1f} MB): to_bytes {dw:.3f} s wall / {dc:.3f} s CPU | capture "
         f"(evaluation thread) {cw:.3f} / {cc:.3f} s | finish {fw:.3f} / {fc:.3f} s + write and fsync "
@@ -116,22 +116,14 @@ def two_phases(core: Any, repeat: int) -> None:
         f"{cc + fc + wc:.3f} s"
     )
     print(
-        f"GIL: finish + write in a thread took {bw:.3f} s wall while a pure-Python loop ran in the "
-        f"main thread at {share:.0%} of its pace alone"
+        "GIL: finish + write in a thread while a pure-Python loop runs in the main thread (each "
+        "run: its wall seconds, the loop's pace as a share of its pace alone): "
+        + ", ".join(f"{w:.3f} s {sh:.0%}" for w, sh in shares)
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rules", type=int, default=2000)
-    ap.add_argument("--events", type=int, default=300_000)
-    ap.add_argument("--keys", type=int, default=5000)
-    ap.add_argument("--rate", type=float, default=2000.0, help="events/s of event time")
-    ap.add_argument("--max-offsets", type=int, default=20_000, help="records per batch")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--no-pickle", action="store_true", help="only the codec: no pickle, no restore")
-    a = ap.parse_args()
-
+def build_core(a: argparse.Namespace) -> Any:
+    """The engine core of the benchmark's arguments (see the module's docstring)."""
     import pyarrow as pa
 
     from engine.core import EngineCore, make_evaluator, rule_compiler
@@ -174,6 +166,25 @@ def main() -> None:
         f"{core.pending_events:,} events pending",
         flush=True,
     )
+    return core
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rules", type=int, default=2000)
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--keys", type=int, default=5000)
+    ap.add_argument("--rate", type=float, default=2000.0, help="events/s of event time")
+    ap.add_argument("--max-offsets", type=int, default=20_000, help="records per batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-pickle", action="store_true", help="only the codec: no pickle, no restore")
+    a = ap.parse_args()
+
+    from engine.core import EngineCore, rule_compiler
+    from tidewatch.settings import get_settings
+
+    core = build_core(a)
+    settings = get_settings()
     EngineCore.from_bytes(core.to_bytes(), rule_compiler(settings))  # warm up (compile / initialize)
     two_phases(core, a.repeat)
     if a.no_pickle:

@@ -446,6 +446,31 @@ def _strictly(root: Any, tuples: list[tuple[list[Any], tuple[Any, ...]]]) -> Any
     return node(root)
 
 
+def _coalesced(pieces: list[Any], small: int = 1 << 16, run: int = 1 << 20) -> list[Any]:
+    """``pieces`` with each run of consecutive pieces under ``small`` bytes joined into pieces of
+    about ``run`` bytes: a state of thousands of rules has ~10**4 small buffers, and each write or
+    CRC of a piece of its own would drop and take the GIL again (and be a system call)."""
+    out: list[Any] = []
+    group: list[Any] = []
+    n = 0
+    for p in pieces:
+        size = len(p) if isinstance(p, bytes) else int(p.nbytes)
+        if size >= small:
+            if group:
+                out.append(b"".join(group))
+                group, n = [], 0
+            out.append(p)
+            continue
+        group.append(p)
+        n += size
+        if n >= run:
+            out.append(b"".join(group))
+            group, n = [], 0
+    if group:
+        out.append(b"".join(group))
+    return out
+
+
 class Captured:
     """A state as :func:`capture` saw it, to be finished into snapshot bytes by :meth:`finish` --
     in any thread, however the state has changed since.  Holds the nodes, the copies of the
@@ -465,7 +490,7 @@ class Captured:
 
     def finish(self) -> list[Any]:
         """The snapshot's bytes as pieces to write one after another (``bytes`` and uint8 arrays,
-        the 32-byte header first): ``b"".join(...)`` of them is the file.  The CRC-32 is taken
+        the 32-byte header first, small buffers joined): ``b"".join(...)`` of them is the file.  The CRC-32 is taken
         over the pieces (``zlib.crc32`` releases the GIL for large buffers); nothing of the size
         of the state is joined or copied.  :class:`CaptureMismatch` as in the module's docstring."""
         buffers = list(self._buffers)
@@ -498,12 +523,12 @@ class Captured:
         doc = _document(self._root, self._classes, self._shapes, table)
         if _long_digits(doc):  # an int of thousands of digits, maybe: big ints as "I" nodes
             doc = _document(_strictly(self._root, self._tuples), self._classes, self._shapes, table)
-        pieces = [doc, _ZEROS[: -len(doc) % _ALIGN], *data_pieces]
+        doc_len = len(doc) + (-len(doc) % _ALIGN)
+        pieces = _coalesced([doc, _ZEROS[: -len(doc) % _ALIGN], *data_pieces])
         crc = 0
         for p in pieces:
             crc = zlib.crc32(p, crc)
-        head = _HEADER.pack(MAGIC, FORMAT_VERSION, crc, len(doc) + len(pieces[1]), size)
-        return [head, *pieces]
+        return [_HEADER.pack(MAGIC, FORMAT_VERSION, crc, doc_len, size), *pieces]
 
 
 def capture(root: Any) -> Captured:

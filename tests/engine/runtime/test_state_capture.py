@@ -121,7 +121,7 @@ def test_dumps_is_capture_then_finish_and_finish_can_be_repeated(panes: bool) ->
     assert b"".join(cap.finish()) == data
     assert b"".join(cap.finish()) == data
     pieces = cap.finish()
-    assert len(pieces[0]) == 32 and len(pieces) > 3  # the header, the document, the buffers apart
+    assert len(pieces[0]) == 32 and len(pieces) >= 2  # the header apart
 
 
 @settings(max_examples=200, deadline=None)
