@@ -172,7 +172,7 @@ class SnapshotWriter:
             return
         del captured  # the pieces replace the capture: hold one of them only
         finished_s = time.perf_counter() - t1
-        size = sum(len(p) if isinstance(p, bytes) else int(p.nbytes) for p in pieces)
+        size = sum(memoryview(p).nbytes for p in pieces)
         try:
             atomic_write(path, pieces)
         except Exception as exc:

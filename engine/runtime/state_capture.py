@@ -454,7 +454,7 @@ def _coalesced(pieces: list[Any], small: int = 1 << 16, run: int = 1 << 20) -> l
     group: list[Any] = []
     n = 0
     for p in pieces:
-        size = len(p) if isinstance(p, bytes) else int(p.nbytes)
+        size = memoryview(p).nbytes
         if size >= small:
             if group:
                 out.append(b"".join(group))
@@ -474,8 +474,8 @@ def _coalesced(pieces: list[Any], small: int = 1 << 16, run: int = 1 << 20) -> l
 class Captured:
     """A state as :func:`capture` saw it, to be finished into snapshot bytes by :meth:`finish` --
     in any thread, however the state has changed since.  Holds the nodes, the copies of the
-    arrays' buffers and of the object arrays, and the algorithm structures' bytes: the state's
-    size and more while it waits.  Nothing of it is exposed for change; :meth:`finish` may be
+    arrays' buffers and of the object arrays, and the algorithm structures' ``capture_bytes``
+    callables (holding copies of their arrays): about the state's size while it waits.  Nothing of it is exposed for change; :meth:`finish` may be
     called more than once (one thread at a time), each giving the same bytes."""
 
     __slots__ = ("_buffers", "_classes", "_root", "_shapes", "_strings", "_tuples")
@@ -490,9 +490,10 @@ class Captured:
 
     def finish(self) -> list[Any]:
         """The snapshot's bytes as pieces to write one after another (``bytes`` and uint8 arrays,
-        the 32-byte header first, small buffers joined): ``b"".join(...)`` of them is the file.  The CRC-32 is taken
-        over the pieces (``zlib.crc32`` releases the GIL for large buffers); nothing of the size
-        of the state is joined or copied.  :class:`CaptureMismatch` as in the module's docstring."""
+        the 32-byte header first, runs of small buffers joined): ``b"".join(...)`` of them is the
+        file.  The CRC-32 is taken over the pieces (``zlib.crc32`` releases the GIL for large
+        buffers); no large buffer is joined or copied.  :class:`CaptureMismatch` as in the
+        module's docstring."""
         buffers = list(self._buffers)
         for node, flat in self._strings:
             s = pa.array(flat, type=pa.string(), from_pandas=False)
@@ -512,7 +513,7 @@ class Captured:
         for b in buffers:
             if type(b) is _Later:
                 b = b.make()
-            n = len(b) if isinstance(b, bytes) else int(b.nbytes)
+            n = memoryview(b).nbytes
             pad = -size % _ALIGN
             if pad:
                 data_pieces.append(_ZEROS[:pad])
