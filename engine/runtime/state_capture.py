@@ -37,14 +37,17 @@ document holds a run of that many digits (:func:`_long_digits`: a huge int, or a
 ``T`` node (strict, it is no tuple of plain atoms) instead of a ``u`` node.  The one-phase writer
 walked the state a second time for that.  Here the check needs the document, made in
 :meth:`Captured.finish`, when the state may have changed, so the strict document is derived from
-the captured nodes instead (:func:`_strictly`): ints are immutable and the nodes hold the state's
-own int objects, so big ints become ``I`` nodes there; a ``u`` node remembers the tuple it was
-made of (:attr:`_Encoder.tuples`, immutable too), so a tuple holding an int becomes a ``T`` node
-numbered in the walk's order, and its second occurrence an ``R`` node of it, as the strict walk
-numbers them; every later node's number -- and every ``R`` node pointing to one -- shifts
-accordingly.  Nodes are numbered depth first before their children, which is the order of the
-captured node tree, so one pass over it renumbers exactly.  The common case (no such run) costs
-nothing but the remembered tuples.
+the captured nodes instead (:func:`_strictly`), not from the state.  Ints are immutable and the
+nodes hold the state's own int objects, so big ints become ``I`` nodes there.  The tuples the
+``u`` nodes were made of (immutable too) are remembered in the order the nodes were made
+(:attr:`_Encoder.tuples`), so a tuple holding an int becomes a ``T`` node, numbered, and its
+next occurrences ``R`` nodes of it, as the strict walk would number them; every later node's
+number -- and every ``R`` node pointing to one -- shifts accordingly.  The walk makes and numbers
+nodes depth first, before their children, which is the order of the captured node tree, so one
+pass over it renumbers exactly.  The common case (no such run) costs nothing but the list of
+tuples.  (Detecting huge ints during the walk instead would not do: the retry is decided by the
+document's text, strings of digits included, and looking at every int and str would slow the
+walk's bulk checks.)
 
 Errors: :func:`capture` raises :class:`~engine.runtime.state_format.StateNotEncodable` (what and
 where) for anything the format does not hold, as the one-phase writer did; :meth:`Captured.finish`
@@ -156,8 +159,9 @@ class _Encoder:
         #: types written as themselves without a look: ints of any size (the strict document, if
         #: one is needed, is derived from the nodes: see the module's docstring)
         self.fast = _LOOSE
-        #: (``u`` node, the tuple it was made of): for the strict document
-        self.tuples: list[tuple[list[Any], tuple[Any, ...]]] = []
+        #: the tuples of the ``u`` nodes, in the order the nodes were made -- the order of the
+        #: node tree, depth first -- for the strict document
+        self.tuples: list[tuple[Any, ...]] = []
         #: (``O`` node, a copy of the flattened object array): Arrow buffers made by finish
         self.strings: list[tuple[list[Any], np.ndarray]] = []
 
@@ -165,25 +169,21 @@ class _Encoder:
         self.buffers.append(b)
         return len(self.buffers) - 1
 
-    def atoms(self, x: tuple[Any, ...]) -> list[Any]:
-        """The ``u`` node of a tuple of atoms (remembered with the tuple)."""
-        u = ["u", *x]
-        self.tuples.append((u, x))
-        return u
-
     def items(self, tag: str, xs: Any, where: Callable[[int], str]) -> list[Any]:
         fast = self.fast
         if _atomic(xs, fast):
             return [tag, *xs]
         out: list[Any] = [tag]
         enc = self.enc
+        tuples = self.tuples
         try:
             for x in xs:
                 tx = type(x)
                 if tx in fast or (tx is float and x - x == 0.0):
                     out.append(x)
                 elif tx is tuple and set(map(type, x)) <= fast:
-                    out.append(self.atoms(x))
+                    out.append(["u", *x])
+                    tuples.append(x)
                 else:
                     out.append(enc(x))
         except _Fail as f:
@@ -200,7 +200,8 @@ class _Encoder:
         if t is float:
             return x if math.isfinite(x) else ["f", repr(x)]
         if t is tuple and _atomic(x, self.fast):  # immutable, no identity to keep: not numbered
-            return self.atoms(x)
+            self.tuples.append(x)
+            return ["u", *x]
         i = id(x)
         memo = self.memo
         m = memo.get(i)
@@ -256,6 +257,7 @@ class _Encoder:
             return ["D", *itertools.chain.from_iterable(d.items())]
         out: list[Any] = ["D"]
         enc = self.enc
+        tuples = self.tuples
         k: Any = None
         try:
             for k, v in d.items():
@@ -265,7 +267,8 @@ class _Encoder:
                 if tv in fast or (tv is float and v - v == 0.0):
                     out.append(v)
                 elif tv is tuple and set(map(type, v)) <= fast:
-                    out.append(self.atoms(v))
+                    out.append(["u", *v])
+                    tuples.append(v)
                 else:
                     out.append(enc(v))
         except _Fail as f:
@@ -294,6 +297,7 @@ class _Encoder:
             out += values
             return out
         enc = self.enc
+        tuples = self.tuples
         kinds = self.kinds
         memo = self.memo
         flat = True
@@ -305,7 +309,8 @@ class _Encoder:
                     continue
                 flat = False
                 if tv is tuple and set(map(type, v)) <= fast:
-                    out.append(self.atoms(v))
+                    out.append(["u", *v])
+                    tuples.append(v)
                     continue
                 k = kinds.get(tv)
                 if k is not None and k[0] == "C":  # an instance: enc's path, inlined
@@ -406,11 +411,12 @@ def _long_digits(text: bytes) -> bool:
     return bool((edges[1::2] - edges[0::2]).max() > limit)
 
 
-def _strictly(root: Any, tuples: list[tuple[list[Any], tuple[Any, ...]]]) -> Any:
+def _strictly(root: Any, tuples: list[tuple[Any, ...]]) -> Any:
     """The root node the strict walk of the captured state gives (see the module's docstring):
     ints beyond 64 bits as ``I`` nodes, tuples holding an int as numbered ``T`` nodes (``R`` nodes
-    when met again), every node renumbered.  ``tuples``: the ``u`` nodes and their tuples."""
-    source = {id(u): x for u, x in tuples}
+    when met again), every node renumbered.  ``tuples``: the tuples of the ``u`` nodes, in the
+    order of the tree (depth first), which is the order this walks it in."""
+    source = iter(tuples)
     renumber: list[int] = []  # the loose number of a node -> its strict number
     numbered: dict[int, int] = {}  # id of a tuple made a T node -> its number
     count = 0
@@ -424,7 +430,7 @@ def _strictly(root: Any, tuples: list[tuple[list[Any], tuple[Any, ...]]]) -> Any
             return n
         tag = n[0]
         if tag == "u":
-            x = source[id(n)]
+            x = next(source)
             if int not in set(map(type, x)):
                 return n
             m = numbered.get(id(x))
