@@ -529,11 +529,15 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         )
     if a.snapshot_every:
         snaps = app.snapshots.written
-        how = "serialized in the evaluation thread, written by a background thread"
+        phases = {b: (c, f) for b, c, f in app.snapshots.timings}
+        how = "captured in the evaluation thread, finished and written by a background thread"
+        each = ", ".join(
+            f"{n / 1e6:.0f} MB in {sec:.1f} s (capture {phases[b][0]:.2f} s, finish {phases[b][1]:.2f} s)"
+            for b, _, n, sec in snaps
+        )
         print(
-            f"state snapshots every {a.snapshot_every} batches, written {how}: {len(snaps)} written "
-            f"({', '.join(f'{n / 1e6:.0f} MB in {sec:.1f} s' for _, _, n, sec in snaps) or 'none'}), "
-            f"{app.snapshots.skipped} skipped (the previous one still being written)",
+            f"state snapshots every {a.snapshot_every} batches, {how}: {len(snaps)} written "
+            f"({each or 'none'}), {app.snapshots.skipped} skipped (the previous one still in flight)",
             flush=True,
         )
     cpu = {k: cpu1[k] - (cpu0[k] if k != "producer" else 0.0) for k in cpu1}

@@ -8,15 +8,26 @@ evaluator pickled with its algorithms' structures through their ``to_bytes``, th
 state pickled, protocol 5), its size, and restoring it (``from_bytes`` / ``pickle.loads``).
 No services needed.
 
+The two phases of the engine's snapshot side by side (:mod:`engine.runtime.state_capture`):
+``EngineCore.capture`` -- what the evaluation thread does -- against ``Captured.finish`` plus
+writing the pieces to a file (``atomic_write``, ``fsync``: what the writer thread does) and
+against ``to_bytes`` (both phases and a join, the one-phase cost of before).  CPU seconds are
+per thread (``time.thread_time``); "total" is both phases' CPU.  Then the GIL: the background
+part run in a thread while the main thread runs a pure-Python loop, whose pace is reported as
+a share of its pace alone (what an evaluation thread keeps while a snapshot is finished).
+
     .venv/bin/python bench/snapshot_bench.py --rules 2000 --events 300000
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import pickle
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,28 +61,69 @@ def old_from_bytes(data: bytes) -> Any:
     return pickle.loads(doc["evaluator"]), doc
 
 
-def best(fn: Any, repeat: int) -> tuple[float, float, Any]:
+def best(fn: Any, repeat: int, clock: Any = time.process_time) -> tuple[float, float, Any]:
     """Best wall and best CPU seconds of ``repeat`` calls (CPU: this process only -- the figure
-    that does not depend on what else the machine runs), and the result."""
+    that does not depend on what else the machine runs -- or ``clock``'s, e.g.
+    ``time.thread_time``: the calling thread's), and the result."""
     wall, cpu, out = [], [], None
     for _ in range(repeat):
-        t, c = time.perf_counter(), time.process_time()
+        t, c = time.perf_counter(), clock()
         out = fn()
         wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
+        cpu.append(clock() - c)
     return min(wall), min(cpu), out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rules", type=int, default=2000)
-    ap.add_argument("--events", type=int, default=300_000)
-    ap.add_argument("--keys", type=int, default=5000)
-    ap.add_argument("--rate", type=float, default=2000.0, help="events/s of event time")
-    ap.add_argument("--max-offsets", type=int, default=20_000, help="records per batch")
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+def _spin(until: Any) -> tuple[int, float]:
+    """Rounds of a small pure-Python loop until ``until()`` (the evaluation thread's stand-in)."""
+    n, t = 0, time.perf_counter()
+    while not until():
+        sum(i * i for i in range(200))
+        n += 1
+    return n, time.perf_counter() - t
 
+
+def gil_share(work: Any) -> tuple[float, float]:
+    """(seconds of ``work`` in a thread, the main thread's loop pace meanwhile as a share of its
+    pace alone for one second)."""
+    deadline = time.perf_counter() + 1.0
+    n0, s0 = _spin(lambda: time.perf_counter() >= deadline)
+    th = threading.Thread(target=work)
+    t = time.perf_counter()
+    th.start()
+    n1, s1 = _spin(lambda: not th.is_alive())
+    th.join()
+    return time.perf_counter() - t, (n1 / s1) / (n0 / s0)
+
+
+def two_phases(core: Any, repeat: int) -> None:
+    """Capture (calling thread) vs finish + write (writer thread) vs to_bytes, and the GIL."""
+    from engine.runtime.snapshot_writer import atomic_write
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "000000000001.bin"
+        dw, dc, data = best(core.to_bytes, repeat, time.thread_time)
+        cw, cc, cap = best(core.capture, repeat, time.thread_time)
+        fw, fc, pieces = best(cap.finish, repeat, time.thread_time)
+        ww, wc, _ = best(functools.partial(atomic_write, path, pieces), repeat, time.thread_time)
+        assert path.stat().st_size == len(data)  # the same file (savez stamps its zip entries with the time)
+        del pieces
+        shares = [gil_share(lambda: atomic_write(path, cap.finish())) for _ in range(repeat)]
+    print(
+        f"two phases ({len(data) / 1e6:.1f} MB): to_bytes {dw:.3f} s wall / {dc:.3f} s CPU | capture "
+        f"(evaluation thread) {cw:.3f} / {cc:.3f} s | finish {fw:.3f} / {fc:.3f} s + write and fsync "
+        f"{ww:.3f} / {wc:.3f} s (writer thread) | total CPU capture + finish + write "
+        f"{cc + fc + wc:.3f} s"
+    )
+    print(
+        "GIL: finish + write in a thread while a pure-Python loop runs in the main thread (each "
+        "run: its wall seconds, the loop's pace as a share of its pace alone): "
+        + ", ".join(f"{w:.3f} s {sh:.0%}" for w, sh in shares)
+    )
+
+
+def build_core(a: argparse.Namespace) -> Any:
+    """The engine core of the benchmark's arguments (see the module's docstring)."""
     import pyarrow as pa
 
     from engine.core import EngineCore, make_evaluator, rule_compiler
@@ -114,8 +166,31 @@ def main() -> None:
         f"{core.pending_events:,} events pending",
         flush=True,
     )
-    old_to_bytes(core)  # warm up both (first calls compile / initialize)
-    EngineCore.from_bytes(core.to_bytes(), rule_compiler(settings))
+    return core
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rules", type=int, default=2000)
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--keys", type=int, default=5000)
+    ap.add_argument("--rate", type=float, default=2000.0, help="events/s of event time")
+    ap.add_argument("--max-offsets", type=int, default=20_000, help="records per batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-pickle", action="store_true", help="only the codec: no pickle, no restore")
+    a = ap.parse_args()
+
+    from engine.core import EngineCore, rule_compiler
+    from tidewatch.settings import get_settings
+
+    core = build_core(a)
+    settings = get_settings()
+    EngineCore.from_bytes(core.to_bytes(), rule_compiler(settings))  # warm up (compile / initialize)
+    two_phases(core, a.repeat)
+    if a.no_pickle:
+        print("command:", " ".join(sys.argv))
+        return
+    old_to_bytes(core)
     s_new, c_new, new = best(core.to_bytes, a.repeat)
     r_new, rc_new, _ = best(lambda: EngineCore.from_bytes(new, rule_compiler(settings)), a.repeat)
     s_old, c_old, old = best(lambda: old_to_bytes(core), a.repeat)

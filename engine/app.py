@@ -15,8 +15,9 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
 * Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
   before the commit, and the whole driver state is snapshotted every
   ``snapshot_every_batches`` batches (in the versioned format of
-  :mod:`engine.runtime.state_codec`, which runs no code when read; serialized in the evaluation
-  thread, written to disk by a background thread: :mod:`engine.runtime.snapshot_writer`).  On start the newest snapshot at or
+  :mod:`engine.runtime.state_codec`, which runs no code when read; captured in the evaluation
+  thread, serialized and written to disk by a background thread:
+  :mod:`engine.runtime.snapshot_writer`).  On start the newest snapshot at or
   before the last committed batch is loaded and the batches after it are re-read from
   Kafka by offset and re-run with no output, so the state equals the state at the last
   committed batch; a committed batch whose Kafka transaction is missing is re-published
@@ -587,7 +588,7 @@ class EngineApp:
         self._evaluated += 1
         self.snapshots.poll()
         if self._evaluated % max(1, self.settings.snapshot_every_batches) == 0:
-            with self.charts.lock:  # serializing compacts the structures: no chart read meanwhile
+            with self.charts.lock:  # the capture compacts the structures: no chart read meanwhile
                 self.snapshot()
         return _Evaluated(
             batch_id, out, metrics, self.core.watermark, len(self.core.rules), t0, read_s, core_s
@@ -633,10 +634,11 @@ class EngineApp:
         )  # fmt: skip
 
     def snapshot(self) -> Path:
-        """Snapshot the state of the last processed batch (keeps the newest three): serialized
-        here, written to disk by a background thread (:mod:`engine.runtime.snapshot_writer`)."""
+        """Snapshot the state of the last processed batch (keeps the newest three): captured
+        here, finished and written to disk by a background thread
+        (:mod:`engine.runtime.snapshot_writer`)."""
         path = self._snapshot_path(self.core.last_batch)
-        self.snapshots.write(self.core.last_batch, path, self.core.to_bytes)
+        self.snapshots.write(self.core.last_batch, path, self.core.capture)
         self._prune_logs()
         return path
 

@@ -45,6 +45,7 @@ from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
 from engine.runtime import state_codec
+from engine.runtime.state_capture import Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
 
 if TYPE_CHECKING:
@@ -704,7 +705,17 @@ class EngineCore:
         """Snapshot of the whole state (exact round trip with :meth:`from_bytes`): every attribute
         set in ``__init__`` but the callables (``_NOT_STATE``), the evaluator included, in the
         format of :mod:`engine.runtime.state_codec` (reading it cannot run code; no pickle)."""
-        return state_codec.dumps({k: v for k, v in vars(self).items() if k not in _NOT_STATE})
+        return state_codec.dumps(self._state())
+
+    def capture(self) -> Captured:
+        """The first phase of :meth:`to_bytes` (:mod:`engine.runtime.state_capture`), between two
+        batches: ``b"".join(self.capture().finish())`` is ``self.to_bytes()`` of now, wherever
+        and whenever ``finish`` runs and however the state changes meanwhile.  Compacts the
+        algorithm structures, as :meth:`to_bytes` does (no chart read meanwhile)."""
+        return capture(self._state())
+
+    def _state(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if k not in _NOT_STATE}
 
     @classmethod
     def from_bytes(

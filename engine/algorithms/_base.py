@@ -3,12 +3,14 @@ serialization. Subclasses declare their row columns and per-key columns and prov
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ._pool import (
     INT64_MIN,
+    Packing,
     Plan,
     Pool,
     expire_heads,
@@ -16,7 +18,6 @@ from ._pool import (
     keep_newest,
     move_rows_1d,
     move_rows_2d,
-    pack,
     unpack,
 )
 
@@ -141,6 +142,14 @@ class PooledStructure:
 
     def to_bytes(self) -> bytes:
         """Serialize the whole state (the pool is compacted first; answers are unchanged)."""
+        return self._packing().to_bytes()
+
+    def capture_bytes(self) -> Callable[[], bytes]:
+        """:meth:`to_bytes` of now, made by the callable returned whenever it is called (it holds
+        copies of the arrays); the pool is compacted now."""
+        return self._packing().later()
+
+    def _packing(self) -> Packing:
         if self._pool.n_keys:
             self._apply_plan(self._pool.compact())
         top = self._pool.top
@@ -151,7 +160,7 @@ class PooledStructure:
         meta = dict(self._meta())
         meta["top"] = top
         meta["min_cap"] = p.min_cap
-        return self._kind.encode() + b"\x00" + pack(arrays, meta)
+        return Packing(self._kind, arrays, meta)
 
     @classmethod
     def _empty_from_meta(cls, meta: dict[str, np.ndarray]) -> PooledStructure:

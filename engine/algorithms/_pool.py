@@ -17,6 +17,7 @@ COUNT DISTINCT.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba as nb
@@ -341,6 +342,25 @@ def pack(arrays: dict[str, np.ndarray], meta: dict[str, int | float]) -> bytes:
         payload[f"m_{k}"] = np.asarray(v)
     np.savez(buf, **payload)  # type: ignore[arg-type]
     return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a structure's ``to_bytes`` writes: its kind, then :func:`pack` of named arrays and
+    scalars.  :meth:`later` makes the same bytes later from copies of the arrays, however the
+    structure changes meanwhile (a state snapshot's capture, :mod:`engine.runtime.state_capture`)."""
+
+    kind: str
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, int | float]
+
+    def to_bytes(self) -> bytes:
+        return self.kind.encode() + b"\x00" + pack(self.arrays, self.meta)
+
+    def later(self) -> Callable[[], bytes]:
+        """:meth:`to_bytes` to be called later: the arrays copied now (a ``memcpy`` each)."""
+        arrays = {k: np.array(v, order="C") for k, v in self.arrays.items()}
+        return Packing(self.kind, arrays, dict(self.meta)).to_bytes
 
 
 def unpack(b: bytes) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

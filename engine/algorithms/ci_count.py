@@ -21,6 +21,8 @@ method takes and returns key ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba as nb
 import numpy as np
 
@@ -46,7 +48,7 @@ from ._levels import (
     reset_expired,
     touch,
 )
-from ._pool import INT64_MIN, as_keys, order_batch, pack, unpack
+from ._pool import INT64_MIN, Packing, as_keys, order_batch, unpack
 from .rint import RInt, count_filter
 
 _MISSING = object()
@@ -341,6 +343,14 @@ class CICount:
         return S * 8 * (1 + 1 / (1 << BLOCK_SHIFT) + 1 / (1 << BLOCK2_SHIFT)) + 5 * 8
 
     def to_bytes(self) -> bytes:
+        return self._packing().to_bytes()
+
+    def capture_bytes(self) -> Callable[[], bytes]:
+        """:meth:`to_bytes` of now, made by the callable returned whenever it is called (it holds
+        copies of the arrays)."""
+        return self._packing().later()
+
+    def _packing(self) -> Packing:
         K = self._K
         arrays = {"TS": self.TS[: self.L * self.p, :K], "m": self.m[:K], "act": self.act[:K],
                   "key_of": self.key_of[:K], "score": self.score[:K]}  # fmt: skip
@@ -352,7 +362,7 @@ class CICount:
             "since": self._since,
             "every": self.relayout_every,
         }
-        return self._kind.encode() + b"\x00" + pack(arrays, meta)
+        return Packing(self._kind, arrays, meta)
 
     @classmethod
     def from_bytes(cls, b: bytes) -> CICount:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import fixed128 as fx
 from ._levels import levels_lookup
-from ._pool import as_keys, order_batch, search_after
+from ._pool import Packing, as_keys, order_batch, search_after
 from .ci_count import CICount
 from .rint import RInt
 
@@ -147,16 +147,10 @@ class CISum(CICount):
     def bytes_per_key(self) -> float:
         return super().bytes_per_key() + 8 if self._K else 0.0
 
-    def to_bytes(self) -> bytes:
-        from ._pool import pack, unpack
-
-        kind, _, rest = super().to_bytes().partition(b"\x00")
-        arrays, meta = unpack(rest)
-        arrays["csum"] = self.csum[: self._K]
-        meta2 = {k: v.item() for k, v in meta.items()}
-        meta2["unit"] = self.unit
-        meta2["integral"] = int(self.integral)
-        return kind + b"\x00" + pack(arrays, meta2)
+    def _packing(self) -> Packing:
+        p = super()._packing()
+        arrays = {**p.arrays, "csum": self.csum[: self._K]}
+        return Packing(p.kind, arrays, {**p.meta, "unit": self.unit, "integral": int(self.integral)})
 
     @classmethod
     def from_bytes(cls, b: bytes) -> CISum:

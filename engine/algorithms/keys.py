@@ -7,6 +7,9 @@ is the one place that maps the caller's key values to those ids and back.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -66,7 +69,12 @@ class KeyInterner:
 
     def to_bytes(self) -> bytes:
         """Serialize: key count (8 bytes) then the UTF-8 keys joined by NUL (keys never contain NUL)."""
-        return len(self._keys).to_bytes(8, "little") + "\x00".join(self._keys).encode("utf-8")
+        return _keys_bytes(self._keys)
+
+    def capture_bytes(self) -> Callable[[], bytes]:
+        """:meth:`to_bytes` of now, made by the callable returned whenever it is called (it holds
+        a copy of the list of keys, which are immutable)."""
+        return functools.partial(_keys_bytes, list(self._keys))
 
     @classmethod
     def from_bytes(cls, b: bytes) -> KeyInterner:
@@ -83,3 +91,7 @@ class KeyInterner:
     def nbytes(self) -> int:
         """Approximate state size in bytes."""
         return sum(len(k) + 8 for k in self._keys)
+
+
+def _keys_bytes(keys: list[str]) -> bytes:
+    return len(keys).to_bytes(8, "little") + "\x00".join(keys).encode("utf-8")

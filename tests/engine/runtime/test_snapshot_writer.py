@@ -1,8 +1,9 @@
-"""engine.runtime.snapshot_writer: the state snapshot serialized in the calling thread and written
-by one background thread while the batches go on (no fork)."""
+"""engine.runtime.snapshot_writer: the state snapshot captured in the calling thread, finished and
+written by one background thread while the batches go on (no fork)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -10,8 +11,12 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
+import zipfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from engine.runtime import snapshot_writer
@@ -33,9 +38,7 @@ def slow_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
-def test_serialized_at_once_in_the_calling_thread_written_in_the_background(
-    tmp_path: Path, slow_disk: list[str]
-) -> None:
+def test_bytes_are_written_in_the_background_as_they_are(tmp_path: Path, slow_disk: list[str]) -> None:
     state = {"batch": 7}
     serialized_in: list[str] = []
 
@@ -109,6 +112,92 @@ def test_a_failed_write_is_logged_leaves_no_temporary_and_the_next_is_taken(
     assert [p.name for p in tmp_path.iterdir()] == ["000000000002.bin"]
 
 
+class _Capture:
+    """A stand-in for a captured state: ``finish`` notes its thread, waits, and gives two pieces."""
+
+    def __init__(self, text: bytes, fail: bool = False) -> None:
+        self.text = text
+        self.fail = fail
+        self.finished_in: list[str] = []
+
+    def finish(self) -> list[Any]:
+        self.finished_in.append(threading.current_thread().name)
+        time.sleep(0.3)
+        if self.fail:
+            raise ValueError("cannot finish")
+        return [self.text[:2], np.frombuffer(self.text[2:], np.uint8)]
+
+
+def test_captured_in_the_calling_thread_finished_and_written_in_the_background(tmp_path: Path) -> None:
+    captured_in: list[str] = []
+    cap = _Capture(b"snapshot")
+
+    def capture() -> _Capture:
+        captured_in.append(threading.current_thread().name)
+        return cap
+
+    w = SnapshotWriter()
+    path = tmp_path / "000000000005.bin"
+    t0 = time.perf_counter()
+    assert w.write(5, path, capture)
+    assert time.perf_counter() - t0 < 0.2  # the caller does not wait for the finish
+    assert w.busy
+    w.wait()
+    assert captured_in == [threading.current_thread().name]
+    assert cap.finished_in == ["tidewatch-snapshot-5"]
+    assert path.read_bytes() == b"snapshot"
+    assert [(b, p, n) for b, p, n, _ in w.written] == [(5, path, 8)]
+    assert [b for b, _, _ in w.timings] == [5]
+
+
+def test_a_capture_that_cannot_be_finished_is_logged_and_the_next_snapshot_is_taken(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    w = SnapshotWriter()
+    with caplog.at_level(logging.WARNING, "tidewatch.engine"):
+        assert w.write(1, tmp_path / "000000000001.bin", lambda: _Capture(b"broken", fail=True))
+        w.wait()
+    assert "state snapshot of batch 1 failed: the captured state could not be finished" in caplog.text
+    assert w.failed == 1 and not w.written and not list(tmp_path.iterdir())
+    assert w.write(2, tmp_path / "000000000002.bin", lambda: _Capture(b"fine"))
+    w.wait()
+    assert (tmp_path / "000000000002.bin").read_bytes() == b"fine"
+
+
+def test_the_capture_is_freed_once_finished_while_the_file_is_written(
+    tmp_path: Path, slow_disk: list[str]
+) -> None:
+    refs: list[weakref.ref[_Capture]] = []
+
+    def capture() -> _Capture:
+        cap = _Capture(b"snapshot")
+        refs.append(weakref.ref(cap))
+        return cap
+
+    w = SnapshotWriter()
+    assert w.write(1, tmp_path / "000000000001.bin", capture)
+    time.sleep(0.5)  # finished after 0.3 s, then fsync takes 0.4 s
+    assert w.busy and refs[0]() is None
+    w.wait()
+
+
+def test_the_engine_state_as_captured_is_written_whatever_the_next_batches_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.engine.runtime import test_state_capture as capture_tests
+    from tests.engine.runtime import test_state_codec as codec_tests
+
+    monkeypatch.setattr(zipfile, "time", capture_tests._FIXED_TIME)
+    core, _ = capture_tests._core_state(panes=True)
+    before = core.to_bytes()
+    w = SnapshotWriter()
+    path = tmp_path / "000000000009.bin"
+    assert w.write(9, path, core.capture)
+    codec_tests._alerts(core, codec_tests._batches(seed=5)[10:14], 10)  # meanwhile, the next batches
+    w.wait()
+    assert path.read_bytes() == before and core.to_bytes() != before
+
+
 def test_in_the_calling_thread_when_asked(tmp_path: Path, slow_disk: list[str]) -> None:
     w = SnapshotWriter(background=False)
     assert not w.background
@@ -121,7 +210,7 @@ def test_in_the_calling_thread_when_asked(tmp_path: Path, slow_disk: list[str]) 
 def test_keeps_the_newest_three(tmp_path: Path) -> None:
     w = SnapshotWriter()
     for b in range(1, 6):
-        w.write(b, tmp_path / f"{b:012d}.bin", lambda b=b: str(b).encode())
+        w.write(b, tmp_path / f"{b:012d}.bin", functools.partial(bytes, str(b).encode()))
         w.wait()
     assert sorted(int(p.stem) for p in tmp_path.glob("*.bin")) == [3, 4, 5]
 
