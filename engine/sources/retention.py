@@ -17,7 +17,9 @@ dashboard's Health view.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,7 +113,7 @@ def _list_offsets(
 
     if not parts:
         return {}
-    admin: Any = AdminClient(librdkafka_config(settings, "engine", bootstrap))
+    admin: Any = _admin(AdminClient, librdkafka_config(settings, "engine", bootstrap))
     want = OffsetSpec.earliest() if spec == "earliest" else OffsetSpec.latest()
     req = {TopicPartition(t, p): want for t, p in parts}
     level = IsolationLevel.READ_COMMITTED if spec == "earliest" else IsolationLevel.READ_UNCOMMITTED
@@ -129,6 +131,30 @@ def _list_offsets(
             log.warning("asking Kafka for %s offsets failed (%s); retrying in %.1f s", spec, err, wait)
             time.sleep(wait)
             wait = min(2 * wait, 5.0)
+
+
+#: one AdminClient per client configuration, kept for the process: a new client per call paid
+#: its connection and metadata on every batch -- 1 s or 3 s of the Spark trigger, now and then,
+#: in the live 10,000-rule run (the engine asks for the silent partitions' high watermarks at
+#: every batch start); librdkafka reconnects a kept client by itself after a broker restart.
+#: The last few configurations only (a process talking to brokers that are gone -- a test
+#: session's -- does not keep clients reconnecting to them)
+_ADMINS: OrderedDict[tuple[tuple[str, str], ...], Any] = OrderedDict()
+_ADMINS_KEPT = 2
+_ADMINS_LOCK = threading.Lock()
+
+
+def _admin(make: Any, conf: dict[str, Any]) -> Any:
+    """The process's AdminClient for ``conf`` (made by ``make(conf)`` the first time)."""
+    key = tuple(sorted((str(k), repr(v)) for k, v in conf.items()))
+    with _ADMINS_LOCK:
+        admin = _ADMINS.get(key)
+        if admin is None:
+            admin = _ADMINS[key] = make(conf)
+            while len(_ADMINS) > _ADMINS_KEPT:
+                _ADMINS.popitem(last=False)
+        _ADMINS.move_to_end(key)
+        return admin
 
 
 def _transient_codes() -> frozenset[int]:
