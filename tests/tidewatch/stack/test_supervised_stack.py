@@ -62,7 +62,8 @@ def _alive(pid: int) -> bool:
 
 def _status_row(output: str, name: str) -> list[str]:
     line = next(ln for ln in output.splitlines() if re.match(rf"^\W*{name}\s", ln))
-    return [c.strip() for c in re.split(r"[│|]", line) if c.strip()]
+    # cells apart by rules or (the table has no vertical rules) by two spaces or more
+    return [c.strip() for c in re.split(r"[│|]|\s{2,}", line) if c.strip()]
 
 
 def _kill_until_back(s: Settings, name: str) -> tuple[int, int, float]:
