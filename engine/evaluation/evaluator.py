@@ -86,7 +86,7 @@ from engine.evaluation.batches import (
 from engine.evaluation.history import History, RowsKeep
 from engine.evaluation.lookup import Lookup
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate, pane_of
-from engine.evaluation.rules import Changes, Group, Rule, extra_atoms
+from engine.evaluation.rules import Changes, Group, Rule, extra_atoms, unique_ids
 from engine.evaluation.state import KeyState, Structure, set_name
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
@@ -725,7 +725,7 @@ class Evaluator:
         cols: list[list[list[Any]]] = [[[] for _ in rule.plan.aggs] for rule, _ in reqs]
         for s, spec, members, lists in sigs.values():
             allids = np.concatenate(lists)
-            u, inv = np.unique(allids, return_inverse=True)
+            u, inv = unique_ids(allids)  # key ids: non-negative, dense
             v = ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0)
             x = np.asarray(v, np.float64)[inv.reshape(-1)]
             nan = np.isnan(x)
