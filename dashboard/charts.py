@@ -30,6 +30,16 @@ from dashboard.timefmt import FORMAT, as_utc, clock, span_text
 
 #: ENTER red, EXIT green, CAPPED (the alert cap's record: dashboard.capped) grey
 KIND_COLORS = alt.Scale(domain=["ENTER", "EXIT", CAPPED], range=["#d62728", "#2ca02c", "#7f7f7f"])
+#: the same without CAPPED: the legend names it only when the data has one (the cap is off by
+#: default, and a newcomer asked what "CAPPED" was)
+_ENTER_EXIT = alt.Scale(domain=["ENTER", "EXIT"], range=["#d62728", "#2ca02c"])
+
+
+def kind_colors(kinds: Any) -> alt.Scale:
+    """The colour scale of alert kinds for a chart of ``kinds`` (CAPPED in it only if present)."""
+    return KIND_COLORS if CAPPED in set(kinds) else _ENTER_EXIT
+
+
 #: a row of the timeline per subscription, this many pixels high (ticks are 18 px)
 ROW_PX = 40
 #: room for subscription names on the timeline's y axis before they are cut with an ellipsis
@@ -101,7 +111,9 @@ def timeline(rows: Sequence[AlertRow]) -> alt.Chart:
                 title=None,
                 axis=alt.Axis(labelLimit=LABEL_PX, labelPadding=8, labelFontSize=12),
             ),
-            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="top")),
+            color=alt.Color(
+                "kind:N", scale=kind_colors(df["kind"]), title="kind", legend=alt.Legend(orient="top")
+            ),
             tooltip=[
                 alt.Tooltip("when:N", title="as of"),
                 "subscription:N",
@@ -141,7 +153,9 @@ def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart
                 axis=alt.Axis(labelAngle=0, labelOverlap=True),
             ),
             y=alt.Y("alerts:Q", title="alerts", stack="zero", axis=alt.Axis(tickMinStep=1)),
-            color=alt.Color("kind:N", scale=KIND_COLORS, title="kind", legend=alt.Legend(orient="right")),
+            color=alt.Color(
+                "kind:N", scale=kind_colors(df["kind"]), title="kind", legend=alt.Legend(orient="right")
+            ),
             tooltip=[alt.Tooltip("when:N", title="from"), "kind:N", "alerts:Q"],
         )
         .properties(height=200, title=f"Alerts per {span_text(bucket_s)}")

@@ -72,3 +72,10 @@ def test_alerts_and_away_pages_say_what_was_withheld(
     summary = frame_with(at, "entered", "left", "keys")
     assert summary[["entered", "left", "keys", "withheld (capped)"]].values.tolist() == [[2, 0, 2, 4900]]
     assert "CAPPED" in at.multiselect(key="alerts_kinds").options
+
+
+def test_the_kind_legend_names_capped_only_when_there_is_one() -> None:
+    from dashboard.charts import kind_colors
+
+    assert list(kind_colors(["ENTER", "EXIT"]).domain) == ["ENTER", "EXIT"]
+    assert list(kind_colors(["EXIT", "CAPPED"]).domain) == ["ENTER", "EXIT", "CAPPED"]
