@@ -37,6 +37,8 @@ class RuleInfo:
     text: str
     stream: str
     version: int | None = None
+    #: how far apart (ms) the overload policy may space its lookups (None: never)
+    staleness_budget_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class SubscriptionChange:
     text: str = ""
     plan: Any = None
     version: int | None = None  # the subscription's version; a replay of an older one is ignored
+    #: how far apart (ms) the engine may space this subscription's lookups when overloaded (None: never)
+    staleness_budget_ms: int | None = None
 
 
 def parse_subscription_change(key: bytes | None, value: bytes | None) -> SubscriptionChange:
@@ -78,7 +82,7 @@ def parse_subscription_change(key: bytes | None, value: bytes | None) -> Subscri
 
     Accepted value fields: ``id`` / ``subscription_id``, ``name``, ``rule`` / ``text``,
     ``plan`` (the compiled plan's JSON, optional), ``op`` (upsert | delete | pause) or
-    ``status`` / ``active``.
+    ``status`` / ``active``, ``staleness_budget_ms`` (a positive integer or null).
     """
     sid = key.decode() if key else ""
     if value is None:
@@ -96,6 +100,9 @@ def parse_subscription_change(key: bytes | None, value: bytes | None) -> Subscri
     else:
         op = "upsert"
     version = doc.get("version")
+    budget = doc.get("staleness_budget_ms")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+        raise ValueError(f"staleness_budget_ms must be a positive integer or null, not {budget!r}")
     return SubscriptionChange(
         sid,
         op,
@@ -103,6 +110,7 @@ def parse_subscription_change(key: bytes | None, value: bytes | None) -> Subscri
         str(doc.get("rule") or doc.get("rule_text") or doc.get("text") or ""),
         doc.get("plan"),
         None if version is None else int(version),
+        budget,
     )
 
 

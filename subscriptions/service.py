@@ -111,6 +111,7 @@ def change_message(sub: Subscription, change: str, changed_at: datetime) -> dict
         "plan": sub.plan,
         "state": sub.state,
         "version": sub.version,
+        "staleness_budget_ms": sub.staleness_budget_ms,
         "change": change,
         "changed_at": changed_at.isoformat(),
         # the fields engine.messages.parse_subscription_change reads

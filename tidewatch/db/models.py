@@ -130,6 +130,9 @@ class Subscription(Base):
     __table_args__ = (
         CheckConstraint("state IN ('active', 'paused', 'deleted')", name="state"),
         CheckConstraint("version >= 1", name="version_positive"),
+        CheckConstraint(
+            "staleness_budget_ms IS NULL OR staleness_budget_ms > 0", name="staleness_budget_positive"
+        ),
         # a name is unique per owner among the subscriptions that are not deleted
         Index(
             "uq_subscriptions_owner_name_live",
@@ -150,6 +153,9 @@ class Subscription(Base):
     plan: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False, server_default="active")
     version: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    #: how far apart (ms) the engine may space this subscription's lookups when it is overloaded
+    #: (None: never; docs/engine.md "Overload"; migration 0009)
+    staleness_budget_ms: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
 
@@ -158,6 +164,11 @@ class SubscriptionVersion(Base):
     """History: one row per (subscription, version), written with the change."""
 
     __tablename__ = "subscription_versions"
+    __table_args__ = (
+        CheckConstraint(
+            "staleness_budget_ms IS NULL OR staleness_budget_ms > 0", name="staleness_budget_positive"
+        ),
+    )
 
     subscription_id: Mapped[uuid.UUID] = mapped_column(
         UUID(as_uuid=True), ForeignKey("subscriptions.id", ondelete="CASCADE"), primary_key=True
@@ -170,6 +181,7 @@ class SubscriptionVersion(Base):
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     changed_by: Mapped[str] = mapped_column(String(64), nullable=False)
     changed_at: Mapped[datetime] = _now()
+    staleness_budget_ms: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Outbox(Base):
@@ -268,6 +280,10 @@ class EngineBatch(Base):
     withheld: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
+    #: ``{subscription_id: stride}``: the subscriptions the batch looked up only at the lookup
+    #: times that are multiples of ``stride`` lookup periods (overload policy, stride > 1; a
+    #: replay of the batch makes the same lookups; migration 0009)
+    strides: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
 
 
 class EngineMetric(Base):
@@ -297,6 +313,11 @@ class EngineMetric(Base):
     )
     #: lookup times the batch evaluated (None: written before migration 0006)
     lookups: Mapped[int | None] = mapped_column(Integer)
+    #: ``{subscription id: {"every_ms": spacing, "budget_ms": budget}}``: the subscriptions whose
+    #: lookups the overload policy spaced at this batch (Health's "degraded"; migration 0009)
+    degraded: Mapped[dict[str, Any]] = mapped_column(
+        JSONB, nullable=False, server_default=text("'{}'::jsonb")
+    )
     engine_id: Mapped[str] = _engine_id()
 
 
