@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import catchup, detail
+from dashboard import catchup, degraded, detail
 from dashboard.catchup import format_values
 from dashboard.rules import TEMPLATES, Validation, validate
 from dashboard.timefmt import span_text, table_time, utc_text
@@ -236,6 +236,13 @@ def render(settings: Settings) -> None:
         )
         with sessions(settings)() as s:
             current = [c for c in catchup.current_sets(s, user.username) if c.subscription_id == editing.id]
+            spaced = [
+                d for d in degraded.read(s, user.username).items if d.subscription_id == str(editing.id)
+            ]
+        if spaced:
+            st.warning(
+                plain(f"Degraded now (the engine is overloaded): {spaced[0].text(editing.name)}."), icon="🐢"
+            )
         st.subheader("Current result set")
         rows = current[0].rows if current else []
         if rows:

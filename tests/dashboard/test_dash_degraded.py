@@ -186,6 +186,13 @@ def test_health_page_lists_degraded_subscriptions_for_their_owner_only(
     (line,) = degraded_lines(at)
     assert line.startswith(f"- another user's subscription ({str(sub.id)[:8]}): looked up every 8 s")
     assert "volume" not in line
+    # the subscription's page in Subscribe says so too
+    at = logged_in(sm, owner, "Subscribe")
+    at.selectbox(key="sub_edit").select(str(sub.id)).run()
+    assert [shown(w.value) for w in at.warning] == [
+        "Degraded now (the engine is overloaded): 'volume *x*' "
+        f"({str(sub.id)[:8]}): looked up every 8 s of its 30 s budget, since {utc_text(first)}."
+    ]
     # the newest batch degrades nothing: no section at all
     _metrics(sm, [*rows, (end + timedelta(seconds=0.5), {})])
     at = logged_in(sm, owner, "Health")
@@ -215,6 +222,11 @@ def test_subscribe_page_sets_changes_and_clears_a_budget(
     assert at.button(key="sub_save").disabled
     at.text_input(key="sub_budget").input("soon").run()
     assert "is not a duration" in shown(at.error[0].value) and at.button(key="sub_save").disabled
+    at.text_input(key="sub_budget").input("<img src=x onerror=alert(1)>").run()  # shown as text
+    assert shown(at.error[0].value).startswith(
+        "the staleness budget '<img src=x onerror=alert(1)>' is not a duration: write e.g. 30s"
+    )
+    assert "\\<img" in at.error[0].value  # escaped for Markdown
     at.text_input(key="sub_budget").input("30s").run()
     assert not at.error and not at.button(key="sub_save").disabled
     at.button(key="sub_save").click().run()
