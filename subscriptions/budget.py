@@ -14,9 +14,8 @@ rest of the CLI writes them: ``30s``, ``2m``, ``1.5h``, ``250ms``; a bare number
 
 from __future__ import annotations
 
-import re
-
 from subscriptions.errors import InvalidBudget
+from tidewatch.durations import parse_duration_ms
 from tidewatch.settings import Settings
 
 __all__ = [
@@ -39,9 +38,6 @@ HELP = (
     "subscription; every event still counts. Empty or 'none': never degraded."
 )
 
-_DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|sec|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT_MS = {"ms": 1, "s": 1000, "sec": 1000, None: 1000, "m": 60_000, "min": 60_000}
-_UNIT_MS |= {"h": 3_600_000, "d": 86_400_000}
 _NONE = {"", "none", "off", "no"}
 
 
@@ -56,15 +52,14 @@ def parse_budget(text: str | None) -> int | None:
     range is :func:`check_budget`'s."""
     if text is None or text.strip().lower() in _NONE:
         return None
-    m = _DUR.match(text)
-    if not m:
+    try:
+        return parse_duration_ms(text)
+    except ValueError:
         raise InvalidBudget(
             InvalidBudget.NOT_A_DURATION,
             f"the staleness budget {text.strip()[:40]!r} is not a duration: write e.g. 30s, 2m or 1h, "
             "or 'none' for no budget",
-        )
-    unit = m.group(2).lower() if m.group(2) else None
-    return int(round(float(m.group(1)) * _UNIT_MS[unit]))
+        ) from None
 
 
 def check_budget(budget_ms: int | None, settings: Settings) -> int | None:
