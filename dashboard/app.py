@@ -31,7 +31,7 @@ RENDER = {
 
 #: widget state kept when the user goes to another page and back (Streamlit drops the state
 #: of a widget that a run did not draw): the rule being written, the filters, the key
-KEEP: tuple[str, ...] = ("sub_edit", "sub_template", "sub_name", "sub_rule")
+KEEP: tuple[str, ...] = ("sub_edit", "sub_template", "sub_name", "sub_rule", "sub_budget")
 KEEP += ("alerts_subs", "alerts_key", "alerts_kinds", "detail_pick", "detail_key")
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard import storm
+from dashboard import degraded, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
 from engine import liveness
@@ -315,7 +315,9 @@ class Health:
     ``alerts_per_s`` is the alerts the engine committed per wall-clock second over the same
     window (:func:`dashboard.storm.rate_per_s`, from ``engine_metrics``); ``storm`` is set when
     that rate is far above usual (:func:`dashboard.storm.detect`: the rule, the subscription
-    behind it -- named only when the user owns it), ``storm_rule`` says the rule in words."""
+    behind it -- named only when the user owns it), ``storm_rule`` says the rule in words.
+    ``degraded``: the subscriptions the newest batch looked up less often under overload
+    (:mod:`dashboard.degraded`; staleness budgets), named only for their owner."""
 
     status: str  # "ok" | "behind" | "starting" | "down" | "unknown"
     banner: str
@@ -339,6 +341,7 @@ class Health:
     alerts_per_s: float | None = None
     storm: storm.Storm | None = None
     storm_rule: str = ""
+    degraded: degraded.Degradation = degraded.Degradation(None)
 
     @property
     def lost_banner(self) -> str | None:
@@ -444,6 +447,7 @@ def health(
         )
         if found is not None and found.subscription_id is not None and username is not None:
             found = replace(found, subscription_name=_own_name(s, username, found.subscription_id))
+        spaced = degraded.read(s, username)
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
     record = liveness.read_record(st)
@@ -482,6 +486,7 @@ def health(
         alerts_per_s=storm.rate_per_s(times, [r[1] or 0 for r in alert_rows], RATE_WINDOW_S),
         storm=found,
         storm_rule=storm.rule_text(st.storm_factor, st.storm_min_alerts_per_s),
+        degraded=spaced,
     )
 
 

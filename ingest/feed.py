@@ -24,24 +24,22 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from tidewatch import durations
 from tidewatch.settings import Settings
 
 err = Console(stderr=True, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- parsing helpers
-_DUR = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|min|h|d)?\s*$")
 
 
 def parse_duration_ms(text: str) -> int:
-    """``'90s'``, ``'5m'``, ``'1.5h'``, ``'250ms'``, ``'2d'``; a bare number is seconds."""
-    m = _DUR.match(text)
-    if not m:
-        raise typer.BadParameter(f"not a duration: {text!r} (e.g. 90s, 5m, 1h)")
-    unit = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}[
-        m.group(2)
-    ]
-    return int(round(float(m.group(1)) * unit))
+    """``'90s'``, ``'5m'``, ``'1.5h'``, ``'250ms'``, ``'2d'``; a bare number is seconds
+    (:func:`tidewatch.durations.parse_duration_ms`, as a command-line parameter)."""
+    try:
+        return durations.parse_duration_ms(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_time_ms(text: str) -> int:

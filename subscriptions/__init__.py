@@ -7,7 +7,7 @@ Names other than the errors module's are imported on first use (:mod:`tidewatch.
 
 from __future__ import annotations
 
-from subscriptions.errors import RuleError, SubscriptionsError
+from subscriptions.errors import InvalidBudget, RuleError, SubscriptionError, SubscriptionsError
 from tidewatch.lazy import lazy_exports
 
 TYPE_CHECKING = False  # not typing's: importing typing costs more than this package
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
         InvalidName,
         NameTaken,
         NotFound,
-        SubscriptionError,
         SubscriptionService,
         SubscriptionView,
     )
 
 __all__ = [
+    "InvalidBudget",
     "InvalidName",
     "NameTaken",
     "NotFound",
@@ -48,7 +48,6 @@ __getattr__, __dir__ = lazy_exports(
         "OutboxRelay": "subscriptions.outbox",
         "Plan": "subscriptions.compiler",
         "RelayBusy": "subscriptions.outbox",
-        "SubscriptionError": "subscriptions.service",
         "SubscriptionService": "subscriptions.service",
         "SubscriptionView": "subscriptions.service",
         "compile_rule": "subscriptions.compiler",

@@ -2,18 +2,42 @@
 
 :class:`SubscriptionsError` is the root of every error of the package (under
 :class:`tidewatch.errors.TidewatchError`): :class:`RuleError` here, the service's refusals
-(:class:`subscriptions.service.SubscriptionError`), :class:`subscriptions.outbox.RelayBusy`.
+(:class:`SubscriptionError` and its subclasses, most in :mod:`subscriptions.service`;
+:class:`InvalidBudget` here), :class:`subscriptions.outbox.RelayBusy`.
 """
 
 from __future__ import annotations
 
 from tidewatch.errors import TidewatchError
 
-__all__ = ["RuleError", "SubscriptionsError"]
+__all__ = ["InvalidBudget", "RuleError", "SubscriptionError", "SubscriptionsError"]
 
 
 class SubscriptionsError(TidewatchError):
     """The root of every error of the ``subscriptions`` package."""
+
+
+class SubscriptionError(SubscriptionsError):
+    """Base of the subscription service's refusals (each has a message fit for a user);
+    re-exported by :mod:`subscriptions.service`."""
+
+
+class InvalidBudget(SubscriptionError, ValueError):
+    """A staleness budget that cannot be accepted (:mod:`subscriptions.budget`).
+
+    ``code`` says which rule it broke, for callers that compare (never the text):
+    :data:`NOT_A_DURATION`, :data:`NOT_POSITIVE`, :data:`BELOW_LOOKUP` (shorter than the engine's
+    lookup period), :data:`ABOVE_MAX`.  The message says what to enter instead.
+    """
+
+    NOT_A_DURATION = "not_a_duration"
+    NOT_POSITIVE = "not_positive"
+    BELOW_LOOKUP = "below_lookup_period"
+    ABOVE_MAX = "above_max"
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(message)
 
 
 class RuleError(SubscriptionsError, ValueError):

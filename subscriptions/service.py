@@ -11,11 +11,17 @@ and writes, in the same transaction, a row of ``subscription_versions`` (history
 row of ``outbox`` carrying the new state; :mod:`subscriptions.outbox` publishes it to the
 compacted ``subscriptions`` topic, keyed by subscription id.  A change that does not
 change anything (pausing a paused subscription) writes nothing.
+
+A subscription may have a staleness budget (:mod:`subscriptions.budget`; none by default):
+set with :meth:`SubscriptionService.create` or set, changed or cleared with
+:meth:`SubscriptionService.update` -- a change of the budget alone is a new version like any
+other -- and refused with :class:`~subscriptions.errors.InvalidBudget` outside its range.
 """
 
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
 import re
 import uuid
@@ -29,12 +35,15 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from subscriptions.errors import RuleError, SubscriptionsError
+from subscriptions.budget import check_budget
+from subscriptions.errors import InvalidBudget, RuleError, SubscriptionError
 from tidewatch.db.models import Outbox, Subscription, SubscriptionVersion, User
 from tidewatch.db.session import session_factory
 from tidewatch.settings import Settings
 
 __all__ = [
+    "UNCHANGED",
+    "InvalidBudget",
     "InvalidName",
     "NameTaken",
     "NotFound",
@@ -50,8 +59,12 @@ NAME_MAX = 128
 MESSAGE_SCHEMA = 1
 
 
-class SubscriptionError(SubscriptionsError):
-    """Base of the service's refusals (each has a message fit for a user)."""
+class _Unchanged(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+#: :meth:`SubscriptionService.update`'s default for the budget: keep it as it is (None clears it)
+UNCHANGED = _Unchanged.UNCHANGED
 
 
 class NotFound(SubscriptionError):
@@ -79,6 +92,8 @@ class SubscriptionView:
     version: int
     created_at: datetime
     updated_at: datetime
+    #: how far apart (ms) the engine may space its lookups when overloaded; None: never
+    staleness_budget_ms: int | None = None
 
     @classmethod
     def of(cls, sub: Subscription) -> SubscriptionView:
@@ -92,6 +107,7 @@ class SubscriptionView:
             version=sub.version,
             created_at=sub.created_at,
             updated_at=sub.updated_at,
+            staleness_budget_ms=sub.staleness_budget_ms,
         )
 
 
@@ -218,6 +234,7 @@ class SubscriptionService:
                     "name": r.name,
                     "state": r.state,
                     "rule_text": r.rule_text,
+                    "staleness_budget_ms": r.staleness_budget_ms,
                     "changed_at": r.changed_at,
                 }
                 for r in rows
@@ -225,9 +242,18 @@ class SubscriptionService:
 
     # --- changes ------------------------------------------------------------------------------
 
-    def create(self, user: str, rule_text: str, name: str | None = None) -> SubscriptionView:
-        """Compile ``rule_text`` and store it as a new active subscription of ``user``."""
+    def create(
+        self,
+        user: str,
+        rule_text: str,
+        name: str | None = None,
+        *,
+        staleness_budget_ms: int | None = None,
+    ) -> SubscriptionView:
+        """Compile ``rule_text`` and store it as a new active subscription of ``user``, with a
+        staleness budget (ms) when given (:func:`subscriptions.budget.check_budget`)."""
         check_username(user)
+        budget = check_budget(staleness_budget_ms, self.settings)
         plan = self._compile_checked(rule_text)
         sub_id = uuid.uuid4()
         name = _check_name(name) if name is not None else f"rule-{sub_id.hex[:8]}"
@@ -243,6 +269,7 @@ class SubscriptionService:
                 plan=plan,
                 state="active",
                 version=1,
+                staleness_budget_ms=budget,
                 created_at=now,
                 updated_at=now,
             )
@@ -255,21 +282,38 @@ class SubscriptionService:
             return SubscriptionView.of(sub)
 
     def update(
-        self, user: str, ref: str | uuid.UUID, *, rule_text: str | None = None, name: str | None = None
+        self,
+        user: str,
+        ref: str | uuid.UUID,
+        *,
+        rule_text: str | None = None,
+        name: str | None = None,
+        staleness_budget_ms: int | None | _Unchanged = UNCHANGED,
     ) -> SubscriptionView:
-        """Change the rule and/or the name of one of the user's subscriptions."""
+        """Change the rule, the name and/or the staleness budget (ms; None clears it, the
+        default :data:`UNCHANGED` keeps it) of one of the user's subscriptions; nothing is
+        written when nothing changes."""
+        budget = (
+            staleness_budget_ms
+            if isinstance(staleness_budget_ms, _Unchanged)
+            else check_budget(staleness_budget_ms, self.settings)
+        )
         plan = self._compile_checked(rule_text) if rule_text is not None else None
         new_name = _check_name(name) if name is not None else None
         with self._sessions.begin() as s:
             sub = self._find(s, user, ref, lock=True)
-            if (rule_text is None or rule_text == sub.rule_text) and (
-                new_name is None or new_name == sub.name
+            if (
+                (rule_text is None or rule_text == sub.rule_text)
+                and (new_name is None or new_name == sub.name)
+                and (budget is UNCHANGED or budget == sub.staleness_budget_ms)
             ):
                 return SubscriptionView.of(sub)
             if rule_text is not None and plan is not None:
                 sub.rule_text, sub.plan = rule_text, plan
             if new_name is not None:
                 sub.name = new_name
+            if not isinstance(budget, _Unchanged):
+                sub.staleness_budget_ms = budget
             try:
                 return self._bump(s, sub, "update", user)
             except IntegrityError as exc:
@@ -347,6 +391,7 @@ class SubscriptionService:
                 rule_text=sub.rule_text,
                 plan=sub.plan,
                 state=sub.state,
+                staleness_budget_ms=sub.staleness_budget_ms,
                 changed_by=user,
                 changed_at=now,
             )

@@ -16,8 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from subscriptions import budget
 from subscriptions.errors import RuleError
-from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
+from subscriptions.service import UNCHANGED, SubscriptionError, SubscriptionService, SubscriptionView
 
 out = Console()
 err = Console(stderr=True)
@@ -28,6 +29,15 @@ subs_app = typer.Typer(
 
 UserOpt = Annotated[str, typer.Option("--user", "-u", help="act as this user")]
 RefArg = Annotated[str, typer.Argument(help="subscription id or name")]
+StalenessOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--staleness",
+        metavar="DURATION",
+        help="staleness budget: 30s, 2m, 1h, ... (at least the engine's lookup period, at most 24 h), "
+        f"or 'none'. {budget.HELP}",
+    ),
+]
 
 
 def _service() -> SubscriptionService:
@@ -46,7 +56,16 @@ def _fail(exc: Exception) -> typer.Exit:
 
 
 def _show(v: SubscriptionView, verb: str) -> None:
-    out.print(f"{verb} [bold]{v.name}[/] ({v.id}) state={v.state} version={v.version}", highlight=False)
+    out.print(
+        f"{verb} [bold]{v.name}[/] ({v.id}) state={v.state} version={v.version} "
+        f"staleness={budget.budget_text(v.staleness_budget_ms).replace(' ', '')}",
+        highlight=False,
+    )
+
+
+def _staleness(text: str) -> int | None:
+    """``--staleness`` as milliseconds (None: ``none``, no budget); the service checks its range."""
+    return budget.parse_budget(text)
 
 
 def subscribe(
@@ -57,12 +76,14 @@ def subscribe(
     name: Annotated[
         str | None, typer.Option("--name", "-n", help="a name for it (default: rule-<id>)")
     ] = None,
+    staleness: StalenessOpt = None,
 ) -> None:
     """Store a new subscription for --user (validated and compiled first)."""
     svc = _service()
     try:
+        budget_ms = _staleness(staleness) if staleness is not None else None
         svc.ensure_user(user)
-        _show(svc.create(user, rule, name=name), "subscribed")
+        _show(svc.create(user, rule, name=name, staleness_budget_ms=budget_ms), "subscribed")
     except (RuleError, SubscriptionError) as exc:
         raise _fail(exc) from None
 
@@ -87,17 +108,24 @@ def list_(
                         "name": v.name,
                         "state": v.state,
                         "version": v.version,
+                        "staleness_budget_ms": v.staleness_budget_ms,
                         "rule": v.rule_text,
                     }
                 )
             )
         return
     table = Table(title=f"subscriptions of {user}")
-    for col in ("name", "id", "state", "version", "updated", "rule"):
+    for col in ("name", "id", "state", "version", "staleness", "updated", "rule"):
         table.add_column(col, overflow="fold")
     for v in subs:
         table.add_row(
-            v.name, str(v.id), v.state, str(v.version), f"{v.updated_at:%Y-%m-%d %H:%M:%S}", v.rule_text
+            v.name,
+            str(v.id),
+            v.state,
+            str(v.version),
+            budget.budget_text(v.staleness_budget_ms),
+            f"{v.updated_at:%Y-%m-%d %H:%M:%S}",
+            v.rule_text,
         )
     out.print(table)
 
@@ -113,8 +141,13 @@ def show(ref: RefArg, user: UserOpt) -> None:
         raise _fail(exc) from None
     _show(v, "subscription")
     out.print(v.rule_text, highlight=False)
+    out.print(f"staleness budget: {budget.budget_text(v.staleness_budget_ms)}", highlight=False)
     for h in hist:
-        out.print(f"  v{h['version']} {h['change']:<7} {h['state']:<8} {h['changed_at']:%Y-%m-%d %H:%M:%S}")
+        out.print(
+            f"  v{h['version']} {h['change']:<7} {h['state']:<8} {h['changed_at']:%Y-%m-%d %H:%M:%S} "
+            f"staleness={budget.budget_text(h['staleness_budget_ms']).replace(' ', '')}",
+            highlight=False,
+        )
 
 
 @subs_app.command("update")
@@ -123,10 +156,15 @@ def update_(
     user: UserOpt,
     rule: Annotated[str | None, typer.Option("--rule", help="new rule text")] = None,
     name: Annotated[str | None, typer.Option("--name", help="new name")] = None,
+    staleness: StalenessOpt = None,
 ) -> None:
-    """Change the rule and/or the name of a subscription."""
+    """Change the rule, the name and/or the staleness budget of a subscription (--staleness none
+    clears the budget)."""
     try:
-        _show(_service().update(user, ref, rule_text=rule, name=name), "updated")
+        budget_ms = UNCHANGED if staleness is None else _staleness(staleness)
+        _show(
+            _service().update(user, ref, rule_text=rule, name=name, staleness_budget_ms=budget_ms), "updated"
+        )
     except (RuleError, SubscriptionError) as exc:
         raise _fail(exc) from None
 

@@ -2,7 +2,8 @@
 it is behind or down (its cause and what to do: :func:`engine.liveness.verdict`, the rule
 ``tidewatch status`` uses too), and a warning during an alert storm (:mod:`dashboard.storm`: the
 rate, the subscription behind it -- its name only when the user owns it -- and whether the
-engine keeps up)."""
+engine keeps up), and the subscriptions the engine looks up less often under overload, within
+their staleness budgets (:mod:`dashboard.degraded`; named only for their owner)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, queries
+from dashboard.degraded import Degradation
 from dashboard.timefmt import as_utc, utc_text
 from dashboard.ui import current_user, plain, sessions
 from tidewatch.settings import Settings
@@ -22,6 +24,7 @@ def render(settings: Settings) -> None:
         name = None if h.storm.subscription_name is None else plain(h.storm.subscription_name)
         st.warning(h.storm.banner(name, h.status, h.lag_ms), icon="⚡")
         st.caption(f"Alert storm rule: {h.storm.rule}.")
+    _degraded(h.degraded)
     if h.lost_banner:
         st.error(h.lost_banner)
     if h.restarts:
@@ -74,3 +77,23 @@ def render(settings: Settings) -> None:
             strict=True,
         ):
             col.altair_chart(charts.metric_chart(df, field, title), width="stretch")
+
+
+#: at most this many degraded subscriptions are listed one by one
+LISTED = 50
+
+
+def _degraded(d: Degradation) -> None:
+    """The newest batch's degraded subscriptions, one line each; nothing when there is none."""
+    if not d.items:
+        return
+    st.subheader("Degraded subscriptions")
+    st.caption(
+        f"As of the engine's batch at {utc_text(d.as_of)}: the input outruns the engine, so it keeps "
+        "every event exact but looks these subscriptions up less often, each within its staleness "
+        "budget (loosest budgets first). Subscriptions without a budget are never degraded."
+    )
+    lines = ["- " + plain(x.text(x.name)) for x in d.items[:LISTED]]
+    if len(d.items) > LISTED:
+        lines.append(f"- … and {len(d.items) - LISTED:,} more")
+    st.markdown("\n".join(lines))

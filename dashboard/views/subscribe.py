@@ -1,5 +1,6 @@
 """Subscribe: write a rule (templates from RULES.md), see it validated and compiled as you
-type, save it; pause, resume, edit or delete your subscriptions.
+type, give it a staleness budget if you like (:mod:`subscriptions.budget`), save it; pause,
+resume, edit or delete your subscriptions.
 
 Changes go through :class:`subscriptions.service.SubscriptionService`, scoped to the
 logged-in user (another user's subscription behaves as if it did not exist).
@@ -10,12 +11,21 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dashboard import catchup, detail
+from dashboard import catchup, degraded, detail
 from dashboard.catchup import format_values
 from dashboard.rules import TEMPLATES, Validation, validate
 from dashboard.timefmt import span_text, table_time, utc_text
 from dashboard.ui import current_user, flash, plain, sessions
-from subscriptions.errors import RuleError
+from subscriptions.budget import (
+    HELP,
+    MAX_BUDGET_MS,
+    budget_input,
+    budget_text,
+    check_budget,
+    lookup_period_ms,
+    parse_budget,
+)
+from subscriptions.errors import InvalidBudget, RuleError
 from subscriptions.service import SubscriptionError, SubscriptionService, SubscriptionView
 from tidewatch.settings import Settings
 
@@ -37,6 +47,16 @@ def _pick(subs: dict[str, SubscriptionView]) -> None:
     sub = subs.get(sel)
     st.session_state["sub_name"] = sub.name if sub else ""
     st.session_state["sub_rule"] = sub.rule_text if sub else ""
+    st.session_state["sub_budget"] = budget_input(sub.staleness_budget_ms) if sub else ""
+
+
+def _budget(settings: Settings) -> tuple[int | None, str | None]:
+    """The Staleness budget field as milliseconds (None: no budget) and the reason it cannot be
+    saved (None: it can)."""
+    try:
+        return check_budget(parse_budget(st.session_state.get("sub_budget", "")), settings), None
+    except InvalidBudget as exc:
+        return None, str(exc)
 
 
 def _save(settings: Settings, editing: SubscriptionView | None) -> None:
@@ -44,12 +64,15 @@ def _save(settings: Settings, editing: SubscriptionView | None) -> None:
     name = st.session_state.get("sub_name", "").strip() or None
     rule = st.session_state.get("sub_rule", "")
     try:
+        budget = check_budget(parse_budget(st.session_state.get("sub_budget", "")), settings)
         if editing is None:
-            sub = _service(settings).create(user.username, rule, name=name)
+            sub = _service(settings).create(user.username, rule, name=name, staleness_budget_ms=budget)
             flash("success", f"Subscribed: {sub.name}. Its first results arrive within one micro-batch.")
             st.session_state["sub_edit"] = str(sub.id)
         else:
-            sub = _service(settings).update(user.username, editing.id, rule_text=rule, name=name)
+            sub = _service(settings).update(
+                user.username, editing.id, rule_text=rule, name=name, staleness_budget_ms=budget
+            )
             flash("success", f"Saved {sub.name} (version {sub.version}).")
     except RuleError as err:
         flash("error", f"Not saved: line {err.line}, column {err.column}: {err.message}")
@@ -70,6 +93,7 @@ def _change(settings: Settings, action: str, sub_id: str) -> None:
         st.session_state["sub_edit"] = NEW
         st.session_state["sub_name"] = ""
         st.session_state["sub_rule"] = ""
+        st.session_state["sub_budget"] = ""
         st.session_state["sub_confirm_delete"] = False
 
 
@@ -103,10 +127,17 @@ def _list(subs: list[SubscriptionView]) -> None:
     st.dataframe(
         pd.DataFrame(
             [
-                {"name": s.name, "state": s.state, "version": s.version, "rule": s.rule_text, "id": str(s.id)}
+                {
+                    "name": s.name,
+                    "state": s.state,
+                    "version": s.version,
+                    "staleness budget": budget_text(s.staleness_budget_ms),
+                    "rule": s.rule_text,
+                    "id": str(s.id),
+                }
                 for s in subs
             ],
-            columns=["name", "state", "version", "rule", "id"],
+            columns=["name", "state", "version", "staleness budget", "rule", "id"],
         ),
         hide_index=True,
         width="stretch",
@@ -135,7 +166,25 @@ def render(settings: Settings) -> None:
     top[1].selectbox(
         "Template (examples of RULES.md)", [BLANK, *TEMPLATES], key="sub_template", on_change=_use_template
     )
-    st.text_input("Name", key="sub_name", max_chars=128)
+    fields = st.columns([3, 1])
+    fields[0].text_input("Name", key="sub_name", max_chars=128)
+    period = lookup_period_ms(settings)
+    fields[1].text_input(
+        "Staleness budget (optional)",
+        key="sub_budget",
+        max_chars=32,
+        placeholder="none (e.g. 30s, 2m)",
+        help=f"{HELP} From {budget_text(period)} (the engine's lookup period) to {budget_text(MAX_BUDGET_MS)}.",
+    )
+    budget_error = _budget(settings)[1]
+    if budget_error is not None:
+        fields[1].error(plain(budget_error))
+    st.caption(
+        "Staleness budget: when the engine is overloaded, it looks this subscription up less often, "
+        "never more than the budget apart (loosest budgets first), before latency grows for every "
+        f"subscription; every event still counts. {budget_text(period)} to {budget_text(MAX_BUDGET_MS)}, "
+        "e.g. 30s or 2m; empty: never degraded."
+    )
     st.text_area(
         "Rule",
         key="sub_rule",
@@ -163,7 +212,7 @@ def render(settings: Settings) -> None:
     buttons = st.columns(4)
     buttons[0].button(
         "Save changes" if editing else "Subscribe",
-        disabled=not (v and v.ok),
+        disabled=not (v and v.ok) or budget_error is not None,
         on_click=_save,
         args=(settings, editing),
         key="sub_save",
@@ -187,6 +236,13 @@ def render(settings: Settings) -> None:
         )
         with sessions(settings)() as s:
             current = [c for c in catchup.current_sets(s, user.username) if c.subscription_id == editing.id]
+            spaced = [
+                d for d in degraded.read(s, user.username).items if d.subscription_id == str(editing.id)
+            ]
+        if spaced:
+            st.warning(
+                plain(f"Degraded now (the engine is overloaded): {spaced[0].text(editing.name)}."), icon="🐢"
+            )
         st.subheader("Current result set")
         rows = current[0].rows if current else []
         if rows:

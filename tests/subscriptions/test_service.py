@@ -183,3 +183,75 @@ def test_versions_table_matches_subscription_version(svc, users, db_url):
     finally:
         engine.dispose()
     assert n == svc.get(alice, v.id).version == 3
+
+
+def test_a_staleness_budget_is_stored_versioned_and_published(svc, users, db_url):
+    alice, bob = users
+    v = svc.create(alice, RULE, name="budgeted", staleness_budget_ms=30_000)
+    assert v.staleness_budget_ms == 30_000 and svc.get(alice, v.id).staleness_budget_ms == 30_000
+    assert svc.create(bob, RULE, name="plain").staleness_budget_ms is None  # none by default
+    # a change of budget alone is a new version; the rule and name stay
+    changed = svc.update(alice, v.id, staleness_budget_ms=120_000)
+    assert (changed.version, changed.staleness_budget_ms, changed.rule_text) == (2, 120_000, RULE)
+    # the same budget again, or no budget argument at all: nothing written
+    assert svc.update(alice, v.id, staleness_budget_ms=120_000).version == 2
+    assert svc.update(alice, v.id, name="budgeted").version == 2
+    # a rule change keeps the budget; None clears it
+    assert svc.update(alice, v.id, rule_text=RULE2).staleness_budget_ms == 120_000
+    cleared = svc.update(alice, v.id, staleness_budget_ms=None)
+    assert (cleared.version, cleared.staleness_budget_ms) == (4, None)
+
+    hist = svc.history(alice, v.id)
+    assert [(h["version"], h["change"], h["staleness_budget_ms"]) for h in hist] == [
+        (1, "create", 30_000),
+        (2, "update", 120_000),
+        (3, "update", 120_000),
+        (4, "update", None),
+    ]
+    rows = [r for r in _outbox(db_url, svc.topic) if r.key == str(v.id)]
+    assert [r.payload["staleness_budget_ms"] for r in rows] == [30_000, 120_000, 120_000, None]
+    assert [r.payload["version"] for r in rows] == [1, 2, 3, 4]
+    # what the engine reads from the topic
+    import json
+
+    from engine.messages import parse_subscription_change
+
+    change = parse_subscription_change(str(v.id).encode(), json.dumps(rows[1].payload).encode())
+    assert (change.op, change.staleness_budget_ms, change.version) == ("upsert", 120_000, 2)
+    engine = create_engine(db_url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            stored = conn.execute(
+                select(SubscriptionVersion.version, SubscriptionVersion.staleness_budget_ms)
+                .where(SubscriptionVersion.subscription_id == v.id)
+                .order_by(SubscriptionVersion.version)
+            ).all()
+            now = conn.scalar(select(Subscription.staleness_budget_ms).where(Subscription.id == v.id))
+    finally:
+        engine.dispose()
+    assert [tuple(r) for r in stored] == [(1, 30_000), (2, 120_000), (3, 120_000), (4, None)]
+    assert now is None
+
+
+def test_a_budget_out_of_range_is_refused_and_nothing_is_written(svc, users, db_url):
+    from subscriptions.errors import InvalidBudget
+
+    alice, _ = users
+    period = int(svc.settings.engine_lookup_every_ms or svc.settings.pane_ms)
+    before = len(_outbox(db_url, svc.topic))
+    for bad, code in [
+        (period - 1, InvalidBudget.BELOW_LOOKUP),
+        (0, InvalidBudget.NOT_POSITIVE),
+        (25 * 3_600_000, InvalidBudget.ABOVE_MAX),
+    ]:
+        with pytest.raises(InvalidBudget) as err:
+            svc.create(alice, RULE, name="refused", staleness_budget_ms=bad)
+        assert err.value.code == code and "enter" in str(err.value)
+    assert svc.list(alice) == []
+    v = svc.create(alice, RULE, name="ok", staleness_budget_ms=period)
+    with pytest.raises(InvalidBudget) as err:
+        svc.update(alice, v.id, rule_text=RULE2, staleness_budget_ms=period // 2)
+    assert err.value.code == InvalidBudget.BELOW_LOOKUP
+    after = svc.get(alice, v.id)  # the refused update changed nothing, not even the rule
+    assert (after.version, after.rule_text, after.staleness_budget_ms) == (1, RULE, period)
+    assert len(_outbox(db_url, svc.topic)) == before + 1

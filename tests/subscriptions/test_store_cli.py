@@ -62,3 +62,47 @@ def test_a_bad_rule_is_refused_with_its_position(cli):
     assert res.exit_code == 1
     assert "rule refused" in res.output and "line 1, column" in res.output and "size" in res.output
     assert _listed(cli, user) == []
+
+
+def test_staleness_is_set_shown_changed_and_cleared(cli):
+    user = f"cli-{uuid.uuid4().hex[:6]}"
+    res = cli("subscribe", "--user", user, "--name", "vol", "--staleness", "30s", RULE)
+    assert res.exit_code == 0, res.output
+    assert "staleness=30s" in res.stdout
+    assert [(s["name"], s["staleness_budget_ms"]) for s in _listed(cli, user)] == [("vol", 30_000)]
+    res = cli("subscriptions", "update", "vol", "--user", user, "--staleness", "2m")
+    assert res.exit_code == 0 and "version=2" in res.stdout and "staleness=2min" in res.stdout
+    table = cli("subscriptions", "list", "--user", user)
+    assert table.exit_code == 0 and "staleness" in table.stdout and "2 min" in table.stdout
+    assert cli("subscriptions", "update", "vol", "--user", user, "--staleness", "none").exit_code == 0
+    assert _listed(cli, user)[0]["staleness_budget_ms"] is None
+    shown = cli("subscriptions", "show", "vol", "--user", user)
+    assert shown.exit_code == 0 and "staleness budget: none" in shown.stdout
+    lines = [ln.split() for ln in shown.stdout.splitlines() if ln.strip().startswith("v")]
+    assert [(ln[0], ln[-1]) for ln in lines] == [
+        ("v1", "staleness=30s"),
+        ("v2", "staleness=2min"),
+        ("v3", "staleness=none"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("staleness", "says"),
+    [
+        ("soon", "is not a duration: write e.g. 30s, 2m or 1h"),
+        ("100ms", "shorter than the engine's lookup period (1 s)"),
+        ("2d", "longer than the most allowed (24 h)"),
+    ],
+)
+def test_a_bad_staleness_is_refused_with_what_to_do(cli, staleness, says):
+    user = f"cli-{uuid.uuid4().hex[:6]}"
+    res = cli("subscribe", "--user", user, "--staleness", staleness, RULE)
+    assert res.exit_code == 1 and says in " ".join(res.output.split())
+    assert _listed(cli, user) == []
+
+
+def test_staleness_is_explained_in_help(cli):
+    res = cli("subscriptions", "update", "--help")
+    text = " ".join(res.output.replace("│", " ").split())
+    assert res.exit_code == 0 and "--staleness" in text
+    assert "30s, 2m, 1h" in text and "'none'" in text and "overloaded" in text
