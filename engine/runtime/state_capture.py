@@ -90,13 +90,88 @@ from engine.runtime.state_format import (
     allowed,
 )
 
-__all__ = ["CaptureMismatch", "Captured", "capture"]
+__all__ = ["CaptureCache", "CaptureMismatch", "Captured", "capture", "immutable"]
 
 _NO_STATE: dict[str, Any] = {}
 _UNSEEN: Any = object()
 _NONE = type(None)
 #: tags of nodes that hold no value of the state's but buffer numbers, dtypes and shapes
 _LEAVES = frozenset("ABYOPN")
+
+
+#: classes whose instances, and everything reachable from them, are never changed once made:
+#: their nodes are kept by a :class:`CaptureCache` and reused (a compiled rule: the compiler
+#: makes a new ``Plan`` for every rule text, nothing changes one afterwards); :func:`immutable`
+_IMMUTABLE: set[str] = {"subscriptions.compiler:Plan"}
+
+
+def immutable(cls: type) -> type:
+    """Declare that instances of ``cls`` (an allowed class), and everything reachable from them,
+    are never changed once made: a :class:`CaptureCache` reuses their nodes.  Returns ``cls``.
+    A wrong declaration writes a stale subtree: declare only what is never changed in place."""
+    _IMMUTABLE.add(_path_of(cls))
+    return cls
+
+
+class _Entry:
+    """The nodes of one frozen object's subtree as a capture wrote them: its root (held, so its
+    id is not reused), the node, the number of its first node (``count0``) and how many it
+    numbered (``n``), the ids of those objects in number order, the shapes it uses (``sig``:
+    (class, attribute names, shape number) in the order first met), the tuples of its ``u``
+    nodes, where its ``R`` nodes are (``spots``: index -> spots below; for an ``R`` node None
+    when it points into the subtree, else the index in ``outside``; None when it has none), the
+    objects met before it it points to (``outside``, held) and their numbers (``nums``), and where
+    its ``C`` nodes are (``cspots``, for shape numbers that changed).  Never changed once made:
+    captures share the node."""
+
+    __slots__ = ("count0", "cspots", "ids", "n", "node", "nums", "outside", "root", "sig", "spots", "tuples")
+
+    def __init__(
+        self,
+        root: Any,
+        node: list[Any],
+        count0: int,
+        ids: tuple[int, ...],
+        sig: tuple[tuple[type, tuple[str, ...], int], ...],
+        tuples: tuple[tuple[Any, ...], ...],
+        spots: dict[int, Any] | None,
+        cspots: dict[int, Any] | None,
+        outside: tuple[Any, ...],
+        nums: tuple[int, ...],
+    ) -> None:
+        self.root = root
+        self.node = node
+        self.count0 = count0
+        self.n = len(ids)
+        self.ids = ids
+        self.sig = sig
+        self.tuples = tuples
+        self.spots = spots
+        self.cspots = cspots
+        self.outside = outside
+        self.nums = nums
+
+
+class CaptureCache:
+    """The nodes of the immutable objects (:func:`immutable`) met by the last capture, reused by
+    the next (see the module's docstring): keep one per state and pass it to every
+    :func:`capture` of that state (:meth:`engine.core.EngineCore.capture`).  Used by one thread
+    at a time.
+
+    Of the last capture: ``hits``, immutable objects whose nodes were reused (``moved`` of them
+    renumbered, their place in the walk having changed); ``misses``, those walked."""
+
+    __slots__ = ("entries", "hits", "misses", "moved", "sigs")
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.moved = 0
+        self.entries: dict[int, _Entry] = {}
+        #: the entries' sigs, one object per value: a capture checks each once (by its id)
+        self.sigs: dict[Any, Any] = {}
+
+    def clear(self) -> None:
+        self.entries = {}
+        self.sigs = {}
 
 
 class _Later:
@@ -144,7 +219,7 @@ class _Encoder:
     a whole; per class the attribute names of the last layouts met are looked up once per
     instance (one tuple of the ``__dict__``'s keys), never per attribute."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: CaptureCache | None = None) -> None:
         self.memo: dict[int, int] = {}  # id -> node number (all are reachable from the root: ids stay)
         self.count = 0
         self.open: set[int] = set()  # tuples / frozensets being written (a cycle through one is refused)
@@ -164,6 +239,18 @@ class _Encoder:
         self.tuples: list[tuple[Any, ...]] = []
         #: (``O`` node, a copy of the flattened object array): Arrow buffers made by finish
         self.strings: list[tuple[list[Any], np.ndarray]] = []
+        #: the cache: its entries of the last capture (``old``), those of this one (``new``)
+        self.cache = cache
+        self.old: dict[int, _Entry] = {} if cache is None else cache.entries
+        self.new: dict[int, _Entry] = {}
+        #: the number of the first node of the immutable object being recorded (-1: none), and
+        #: the (number, object) of the ``R`` nodes to objects met before it
+        self.floor = -1
+        self.outs: list[tuple[int, Any]] = []
+        self.types: list[type] = []  # by class index
+        #: id of a sig -> None when its shape numbers are those of now, else the changes
+        self.checked: dict[int, dict[int, int] | None] = {}
+        self.hits = self.misses = self.moved = 0
 
     def buf(self, b: Any) -> int:
         self.buffers.append(b)
@@ -208,12 +295,17 @@ class _Encoder:
         if m is not None:
             if i in self.open:
                 raise _Fail(t.__name__, "a cycle through an immutable container")
+            if m < self.floor:
+                self.outs.append((m, x))
             return ["R", m]
         kind = self.kinds.get(t)
-        if kind is not None and kind[0] == "C":
-            memo[i] = self.count
-            self.count += 1
-            return self.instance(x, kind)
+        if kind is not None:
+            if kind[0] == "C":
+                memo[i] = self.count
+                self.count += 1
+                return self.instance(x, kind)
+            if kind[0] == "Z":
+                return self.frozen(x, kind)
         if isinstance(x, np.generic):
             return self.scalar(x)
         memo[i] = self.count
@@ -243,13 +335,120 @@ class _Encoder:
         if kind is None:
             if not allowed(t):
                 raise _Fail(_path_of(t), "not an allowed class (engine.runtime.state_codec.allow)")
-            kind = ["N" if _native(t) else "C", len(self.classes), tuple(_slots(t)), {}, True]
-            self.classes.append(_path_of(t))
-            self.kinds[t] = kind
+            kind = self.kind(t)
+            if kind[0] == "Z":  # numbered by frozen() instead
+                del memo[i]
+                self.count -= 1
+                return self.frozen(x, kind)
         if kind[0] == "N":  # its bytes later if it can give them so (copies of its arrays)
             later = getattr(x, "capture_bytes", None)
             return ["N", kind[1], self.buf(x.to_bytes() if later is None else _Later(later()))]
         return self.instance(x, kind)
+
+    def kind(self, t: type) -> _Kind:
+        """Register class ``t`` (allowed): its kind ("N" native, "Z" frozen, "C" the others)."""
+        path = _path_of(t)
+        tag = "N" if _native(t) else "Z" if path in _IMMUTABLE and self.cache is not None else "C"
+        kind = [tag, len(self.classes), tuple(_slots(t)), {}, True]
+        self.classes.append(path)
+        self.types.append(t)
+        self.kinds[t] = kind
+        return kind
+
+    def frozen(self, x: Any, kind: _Kind) -> list[Any]:
+        """The node of frozen object ``x``, not met yet in this walk: the cached one when it is
+        exactly what the walk would give here (:meth:`replay`), else walked (:meth:`record`)."""
+        e = self.old.get(id(x))
+        if e is not None and e.root is x:
+            node = self.replay(e)
+            if node is not None:
+                return node
+        return self.record(x, kind)
+
+    def replay(self, e: _Entry) -> list[Any] | None:
+        """``e``'s node, numbered from here (its ``R`` nodes and shape numbers renumbered when
+        they changed), or None when the walk would write it otherwise: an object of its subtree
+        met already (an ``R`` node instead), an object it points to not met before it."""
+        memo = self.memo
+        if not memo.keys().isdisjoint(e.ids):
+            return None
+        remap = self.checked.get(id(e.sig), _UNSEEN)
+        if remap is _UNSEEN:
+            remap = self.checked[id(e.sig)] = self.register(e.sig)
+        nums = e.nums
+        if nums:  # the objects met before it must be met before it now, and numbered so
+            get, open_ = memo.get, self.open
+            now = tuple(get(id(o), -1) for o in e.outside)
+            if -1 in now or (open_ and any(id(o) in open_ for o in e.outside)):
+                return None
+            nums = now
+        c0 = self.count
+        memo.update(zip(e.ids, range(c0, c0 + e.n), strict=True))
+        self.count = c0 + e.n
+        if e.tuples:
+            self.tuples += e.tuples
+        if (c0 != e.count0 or nums != e.nums) and e.spots is not None or remap is not None:
+            node, sig = e.node, e.sig
+            if (c0 != e.count0 or nums != e.nums) and e.spots is not None:  # R nodes renumbered
+                node = _moved(node, e.spots, c0 - e.count0, nums)
+            if remap is not None and e.cspots is not None:  # shapes numbered otherwise now
+                node = _reshaped(node, e.cspots, remap)
+                sig = tuple((t, names, remap.get(sh, sh)) for t, names, sh in sig)
+                sig = self.cache.sigs.setdefault(sig, sig)  # type: ignore[union-attr]
+                self.checked[id(sig)] = None
+            e = _Entry(e.root, node, c0, e.ids, sig, e.tuples, e.spots, e.cspots, e.outside, nums)
+            self.moved += 1
+        self.new[id(e.root)] = e
+        self.hits += 1
+        return e.node
+
+    def register(self, sig: tuple[tuple[type, tuple[str, ...], int], ...]) -> dict[int, int] | None:
+        """Register the classes and shapes of ``sig`` not registered yet, in its order (that of a
+        walk of the subtree); None when each has the number ``sig`` gives it, else the numbers
+        that changed (``sig``'s -> now's)."""
+        remap: dict[int, int] = {}
+        for t, names, sh in sig:
+            kind = self.kinds.get(t)
+            if kind is None:
+                kind = self.kind(t)
+            got = kind[3].get(names)
+            if got is None:
+                got = kind[3][names] = len(self.shapes)
+                self.shapes.append([kind[1], list(names)])
+            if got != sh:
+                remap[sh] = got
+        return remap or None
+
+    def record(self, x: Any, kind: _Kind) -> list[Any]:
+        """Walk frozen object ``x`` as any instance, and cache its node when it can be reused: no
+        ``R`` node out of its subtree, no buffer."""
+        memo = self.memo
+        c0 = self.count
+        memo[id(x)] = c0
+        self.count += 1
+        if self.cache is None:
+            return self.instance(x, kind)
+        nb, nt, floor, outs = len(self.buffers), len(self.tuples), self.floor, self.outs
+        self.floor, self.outs = c0, []
+        try:
+            node = self.instance(x, kind)
+        finally:
+            mine, self.floor, self.outs = self.outs, floor, outs
+            outs += [o for o in mine if o[0] < floor]  # those out of the enclosing one too
+        self.misses += 1
+        if len(self.buffers) == nb:
+            n = self.count - c0
+            ids = tuple(itertools.islice(reversed(memo.keys()), n))[::-1]
+            out = {m: o for m, o in mine}  # the objects met before it, by number
+            where = {m: j for j, m in enumerate(out)}
+            shapes: dict[int, None] = {}
+            spots, cspots = _survey(node, shapes, c0, where)
+            sig = tuple((self.types[self.shapes[sh][0]], tuple(self.shapes[sh][1]), sh) for sh in shapes)
+            sig = self.cache.sigs.setdefault(sig, sig)
+            tuples = tuple(self.tuples[nt:])
+            outside, nums = tuple(out.values()), tuple(out)
+            self.new[id(x)] = _Entry(x, node, c0, ids, sig, tuples, spots, cspots, outside, nums)
+        return node
 
     def mapping(self, d: dict[Any, Any]) -> list[Any]:
         fast = self.fast
@@ -323,6 +522,8 @@ class _Encoder:
                     elif i in self.open:
                         out.append(enc(v))
                     else:
+                        if m < self.floor:
+                            self.outs.append((m, v))
                         out.append(["R", m])
                 else:
                     out.append(enc(v))
@@ -381,6 +582,64 @@ def _member(i: int) -> str:
 
 def _element(i: int) -> str:
     return f"<element {i}>"
+
+
+def _survey(
+    node: list[Any], shapes: dict[int, None], c0: int, where: dict[int, int]
+) -> tuple[dict[int, Any] | None, dict[int, Any] | None]:
+    """Where the ``R`` nodes and the ``C`` nodes of ``node`` are: (index -> the same below; for an
+    ``R`` node None when it points to node ``c0`` or later, else ``where`` of its number; None
+    when there is none), (index -> the same below, 1 -> True in a ``C`` node; None when there is
+    none); the shape numbers of the ``C`` nodes are added to ``shapes`` in the order of the walk.
+    ``node`` holds no leaf node (its subtree has no buffer)."""
+    tag = node[0]
+    if tag == "u" or tag == "f" or tag == "s":
+        return None, None
+    spots: dict[int, Any] = {}
+    cspots: dict[int, Any] = {}
+    if tag == "C":
+        cspots[1] = True
+        if node[1] not in shapes:
+            shapes[node[1]] = None
+    for k in range(2 if tag == "C" else 1, len(node)):
+        v = node[k]
+        if type(v) is list:
+            if v[0] == "R":
+                spots[k] = None if v[1] >= c0 else where[v[1]]
+            else:
+                sub, csub = _survey(v, shapes, c0, where)
+                if sub is not None:
+                    spots[k] = sub
+                if csub is not None:
+                    cspots[k] = csub
+    return spots or None, cspots or None
+
+
+def _reshaped(node: list[Any], cspots: dict[int, Any], remap: dict[int, int]) -> list[Any]:
+    """A copy of ``node`` with the shape numbers of the ``C`` nodes at ``cspots`` (:func:`_survey`)
+    mapped by ``remap``; the lists on no path to one are shared, not copied."""
+    out = list(node)
+    for k, sub in cspots.items():
+        if sub is True:
+            out[1] = remap.get(node[1], node[1])
+        else:
+            out[k] = _reshaped(node[k], sub, remap)
+    return out
+
+
+def _moved(node: list[Any], spots: dict[int, Any], delta: int, nums: tuple[int, ...]) -> list[Any]:
+    """A copy of ``node`` with the ``R`` nodes at ``spots`` (:func:`_survey`) renumbered: those
+    into the subtree ``delta`` further, the others to ``nums``; the lists on no path to one are
+    shared, not copied."""
+    out = list(node)
+    for k, sub in spots.items():
+        if sub is None:
+            out[k] = ["R", node[k][1] + delta]
+        elif type(sub) is int:
+            out[k] = ["R", nums[sub]]
+        else:
+            out[k] = _moved(node[k], sub, delta, nums)
+    return out
 
 
 def _document(root: Any, classes: list[str], shapes: list[list[Any]], table: list[list[int]]) -> bytes:
@@ -538,7 +797,7 @@ class Captured:
         return [_HEADER.pack(MAGIC, FORMAT_VERSION, crc, doc_len, size), *pieces]
 
 
-def capture(root: Any) -> Captured:
+def capture(root: Any, cache: CaptureCache | None = None) -> Captured:
     """The first phase of writing a snapshot of ``root`` (see the module's docstring), in the
     thread that owns the state, which must not change until it returns; its
     :meth:`~Captured.finish` gives the bytes.  :class:`StateNotEncodable` when ``root`` holds
@@ -546,7 +805,7 @@ def capture(root: Any) -> Captured:
     collecting = gc.isenabled()
     gc.disable()  # the walk makes ~10**5 lists and holds them all: no collection can free any
     try:
-        e = _Encoder()
+        e = _Encoder(cache)
         node = e.enc(root)
     except _Fail as f:
         raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None
@@ -555,4 +814,7 @@ def capture(root: Any) -> Captured:
     finally:
         if collecting:
             gc.enable()
+    if cache is not None:  # the frozen objects of this state: the others are gone from it
+        cache.entries = e.new
+        cache.hits, cache.misses, cache.moved = e.hits, e.misses, e.moved
     return Captured(e, node)
