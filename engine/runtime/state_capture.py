@@ -174,6 +174,38 @@ class CaptureCache:
         self.sigs = {}
 
 
+class _Moved:
+    """A reused node whose numbers changed (:meth:`_Encoder.replay`): its ``R`` nodes (``delta``
+    further into its subtree, ``nums`` out of it) and shape numbers (``remap``).  Stands for the
+    node in the captured tree; :meth:`node` makes it (:meth:`Captured.finish`)."""
+
+    __slots__ = ("delta", "entry", "nums", "remap")
+
+    def __init__(
+        self, entry: _Entry, delta: int, nums: tuple[int, ...], remap: dict[int, int] | None
+    ) -> None:
+        self.entry = entry
+        self.delta = delta
+        self.nums = nums
+        self.remap = remap
+
+    def node(self) -> list[Any]:
+        e = self.entry
+        node = e.node
+        if (self.delta or self.nums != e.nums) and e.spots is not None:
+            node = _moved(node, e.spots, self.delta, self.nums)
+        if self.remap is not None and e.cspots is not None:
+            node = _reshaped(node, e.cspots, self.remap)
+        return node
+
+
+def _made(x: Any) -> Any:
+    """The JSON writers' fallback: a :class:`_Moved`'s node."""
+    if type(x) is _Moved:
+        return x.node()
+    raise TypeError(f"{type(x).__name__} in the captured nodes")
+
+
 class _Later:
     """A buffer made by :meth:`Captured.finish`: an algorithm structure's ``to_bytes`` as of the
     capture (its ``capture_bytes()``, which holds copies of what it needs)."""
@@ -263,6 +295,7 @@ class _Encoder:
         out: list[Any] = [tag]
         enc = self.enc
         tuples = self.tuples
+        memo = self.memo
         try:
             for x in xs:
                 tx = type(x)
@@ -272,7 +305,13 @@ class _Encoder:
                     out.append(["u", *x])
                     tuples.append(x)
                 else:
-                    out.append(enc(x))
+                    m = memo.get(id(x))
+                    if m is None or tx is tuple or tx is frozenset:  # (a cycle: enc refuses it)
+                        out.append(enc(x))
+                    else:  # met before: enc's R node, inlined
+                        if m < self.floor:
+                            self.outs.append((m, x))
+                        out.append(["R", m])
         except _Fail as f:
             f.parts.append(where(len(out) - 1))
             raise
@@ -387,19 +426,11 @@ class _Encoder:
         self.count = c0 + e.n
         if e.tuples:
             self.tuples += e.tuples
-        if (c0 != e.count0 or nums != e.nums) and e.spots is not None or remap is not None:
-            node, sig = e.node, e.sig
-            if (c0 != e.count0 or nums != e.nums) and e.spots is not None:  # R nodes renumbered
-                node = _moved(node, e.spots, c0 - e.count0, nums)
-            if remap is not None and e.cspots is not None:  # shapes numbered otherwise now
-                node = _reshaped(node, e.cspots, remap)
-                sig = tuple((t, names, remap.get(sh, sh)) for t, names, sh in sig)
-                sig = self.cache.sigs.setdefault(sig, sig)  # type: ignore[union-attr]
-                self.checked[id(sig)] = None
-            e = _Entry(e.root, node, c0, e.ids, sig, e.tuples, e.spots, e.cspots, e.outside, nums)
-            self.moved += 1
         self.new[id(e.root)] = e
         self.hits += 1
+        if (c0 != e.count0 or nums != e.nums) and e.spots is not None or remap is not None:
+            self.moved += 1  # renumbered by finish (a copy of the paths to the numbers)
+            return _Moved(e, c0 - e.count0, nums, remap)
         return e.node
 
     def register(self, sig: tuple[tuple[type, tuple[str, ...], int], ...]) -> dict[int, int] | None:
@@ -457,6 +488,7 @@ class _Encoder:
         out: list[Any] = ["D"]
         enc = self.enc
         tuples = self.tuples
+        memo = self.memo
         k: Any = None
         try:
             for k, v in d.items():
@@ -469,7 +501,13 @@ class _Encoder:
                     out.append(["u", *v])
                     tuples.append(v)
                 else:
-                    out.append(enc(v))
+                    m = memo.get(id(v))
+                    if m is None or tv is tuple or tv is frozenset:  # (a cycle: enc refuses it)
+                        out.append(enc(v))
+                    else:  # met before: enc's R node, inlined
+                        if m < self.floor:
+                            self.outs.append((m, v))
+                        out.append(["R", m])
         except _Fail as f:
             f.parts.append(f"<key {k!r}>" if len(out) % 2 else f"[{k!r}]")
             raise
@@ -511,22 +549,27 @@ class _Encoder:
                     out.append(["u", *v])
                     tuples.append(v)
                     continue
-                k = kinds.get(tv)
-                if k is not None and k[0] == "C":  # an instance: enc's path, inlined
-                    i = id(v)
-                    m = memo.get(i)
-                    if m is None:
-                        memo[i] = self.count
-                        self.count += 1
-                        out.append(self.instance(v, k))
-                    elif i in self.open:
+                i = id(v)  # enc's paths, inlined
+                m = memo.get(i)
+                if m is not None:
+                    if tv is tuple or tv is frozenset:  # (a cycle: enc refuses it)
                         out.append(enc(v))
                     else:
                         if m < self.floor:
                             self.outs.append((m, v))
                         out.append(["R", m])
-                else:
-                    out.append(enc(v))
+                    continue
+                k = kinds.get(tv)
+                if k is not None:
+                    if k[0] == "C":
+                        memo[i] = self.count
+                        self.count += 1
+                        out.append(self.instance(v, k))
+                        continue
+                    if k[0] == "Z":
+                        out.append(self.frozen(v, k))
+                        continue
+                out.append(enc(v))
         except _Fail as f:
             f.parts.append(f".{names[len(out) - 2]}")
             raise
@@ -603,6 +646,8 @@ def _survey(
             shapes[node[1]] = None
     for k in range(2 if tag == "C" else 1, len(node)):
         v = node[k]
+        if type(v) is _Moved:  # one reused inside this one (whose node is its own list)
+            v = node[k] = v.node()
         if type(v) is list:
             if v[0] == "R":
                 spots[k] = None if v[1] >= c0 else where[v[1]]
@@ -647,9 +692,9 @@ def _document(root: Any, classes: list[str], shapes: list[list[Any]], table: lis
     three times ``json.dumps``), or ``json.dumps`` for what it refuses (a lone surrogate)."""
     doc = {"root": root, "classes": classes, "shapes": shapes, "buffers": table}
     try:
-        return pydantic_core.to_json(doc)
+        return pydantic_core.to_json(doc, fallback=_made)
     except pydantic_core.PydanticSerializationError:
-        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+        return json.dumps(doc, allow_nan=False, separators=(",", ":"), default=_made).encode()
 
 
 def _long_digits(text: bytes) -> bool:
@@ -683,6 +728,9 @@ def _strictly(root: Any, tuples: list[tuple[Any, ...]]) -> Any:
     def node(n: Any) -> Any:
         nonlocal count
         t = type(n)
+        if t is _Moved:
+            n = n.node()
+            t = list
         if t is int:
             return n if -_I64 <= n < _I64 else ["I", hex(n)]
         if t is not list:
