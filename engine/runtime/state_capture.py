@@ -114,17 +114,32 @@ def immutable(cls: type) -> type:
 
 
 class _Entry:
-    """The nodes of one frozen object's subtree as a capture wrote them: its root (held, so its
-    id is not reused), the node, the number of its first node (``count0``) and how many it
-    numbered (``n``), the ids of those objects in number order, the shapes it uses (``sig``:
-    (class, attribute names, shape number) in the order first met), the tuples of its ``u``
-    nodes, where its ``R`` nodes are (``spots``: index -> spots below; for an ``R`` node None
-    when it points into the subtree, else the index in ``outside``; None when it has none), the
-    objects met before it it points to (``outside``, held) and their numbers (``nums``), and where
-    its ``C`` nodes are (``cspots``, for shape numbers that changed).  Never changed once made:
-    captures share the node."""
+    """The nodes of one immutable object's subtree as a capture wrote them: its root (held, so
+    its id is not reused), the node, the number of its first node (``count0``) and how many it
+    numbered (``n``), the ids of those objects in number order, the tuples of its ``u`` nodes,
+    the objects met before it that it points to (``outside``, held) and their numbers
+    (``nums``).  Then, made by :meth:`prepare` (by :meth:`Captured.finish`, in the writer
+    thread, or by the next capture if it comes first): the shapes it uses (``sig``: (class,
+    attribute names, shape number) in the order first met), where its ``R`` nodes are
+    (``spots``: index -> spots below; for an ``R`` node None when it points into the subtree,
+    else the index in ``outside``; None when it has none) and its ``C`` nodes (``cspots``, for
+    shape numbers that changed).  Never changed but by :meth:`prepare`: captures share the
+    node."""
 
-    __slots__ = ("count0", "cspots", "ids", "n", "node", "nums", "outside", "root", "sig", "spots", "tuples")
+    __slots__ = (
+        "count0",
+        "cspots",
+        "ids",
+        "n",
+        "node",
+        "nums",
+        "outside",
+        "root",
+        "sig",
+        "source",
+        "spots",
+        "tuples",
+    )
 
     def __init__(
         self,
@@ -132,24 +147,37 @@ class _Entry:
         node: list[Any],
         count0: int,
         ids: tuple[int, ...],
-        sig: tuple[tuple[type, tuple[str, ...], int], ...],
         tuples: tuple[tuple[Any, ...], ...],
-        spots: dict[int, Any] | None,
-        cspots: dict[int, Any] | None,
         outside: tuple[Any, ...],
         nums: tuple[int, ...],
+        source: tuple[list[list[Any]], list[type], dict[Any, Any]],
     ) -> None:
         self.root = root
         self.node = node
         self.count0 = count0
         self.n = len(ids)
         self.ids = ids
-        self.sig = sig
         self.tuples = tuples
-        self.spots = spots
-        self.cspots = cspots
         self.outside = outside
         self.nums = nums
+        #: the recording capture's shapes and classes, and the cache's sigs (None: prepared)
+        self.source: tuple[list[list[Any]], list[type], dict[Any, Any]] | None = source
+        self.sig: tuple[tuple[type, tuple[str, ...], int], ...] = ()
+        self.spots: dict[int, Any] | None = None
+        self.cspots: dict[int, Any] | None = None
+
+    def prepare(self) -> None:
+        """Survey the node (:func:`_survey`) once: ``sig``, ``spots``, ``cspots``."""
+        source = self.source
+        if source is None:
+            return
+        shapes, types, sigs = source
+        seen: dict[int, None] = {}
+        where = {m: j for j, m in enumerate(self.nums)}
+        self.spots, self.cspots = _survey(self.node, seen, self.count0, where)
+        sig = tuple((types[shapes[sh][0]], tuple(shapes[sh][1]), sh) for sh in seen)
+        self.sig = sigs.setdefault(sig, sig)
+        self.source = None
 
 
 class CaptureCache:
@@ -283,6 +311,7 @@ class _Encoder:
         #: id of a sig -> None when its shape numbers are those of now, else the changes
         self.checked: dict[int, dict[int, int] | None] = {}
         self.hits = self.misses = self.moved = 0
+        self.recorded: list[_Entry] = []  # the entries made by this capture
 
     def buf(self, b: Any) -> int:
         self.buffers.append(b)
@@ -411,6 +440,8 @@ class _Encoder:
         memo = self.memo
         if not memo.keys().isdisjoint(e.ids):
             return None
+        if e.source is not None:  # recorded by the last capture, not finished yet
+            e.prepare()
         remap = self.checked.get(id(e.sig), _UNSEEN)
         if remap is _UNSEEN:
             remap = self.checked[id(e.sig)] = self.register(e.sig)
@@ -471,14 +502,10 @@ class _Encoder:
             n = self.count - c0
             ids = tuple(itertools.islice(reversed(memo.keys()), n))[::-1]
             out = {m: o for m, o in mine}  # the objects met before it, by number
-            where = {m: j for j, m in enumerate(out)}
-            shapes: dict[int, None] = {}
-            spots, cspots = _survey(node, shapes, c0, where)
-            sig = tuple((self.types[self.shapes[sh][0]], tuple(self.shapes[sh][1]), sh) for sh in shapes)
-            sig = self.cache.sigs.setdefault(sig, sig)
-            tuples = tuple(self.tuples[nt:])
-            outside, nums = tuple(out.values()), tuple(out)
-            self.new[id(x)] = _Entry(x, node, c0, ids, sig, tuples, spots, cspots, outside, nums)
+            source = (self.shapes, self.types, self.cache.sigs)
+            e = _Entry(x, node, c0, ids, tuple(self.tuples[nt:]), tuple(out.values()), tuple(out), source)
+            self.new[id(x)] = e
+            self.recorded.append(e)
         return node
 
     def mapping(self, d: dict[Any, Any]) -> list[Any]:
@@ -791,9 +818,10 @@ class Captured:
     callables (holding copies of their arrays): about the state's size while it waits.  Nothing of it is exposed for change; :meth:`finish` may be
     called more than once (one thread at a time), each giving the same bytes."""
 
-    __slots__ = ("_buffers", "_classes", "_root", "_shapes", "_strings", "_tuples")
+    __slots__ = ("_buffers", "_classes", "_recorded", "_root", "_shapes", "_strings", "_tuples")
 
     def __init__(self, e: _Encoder, root: Any) -> None:
+        self._recorded = e.recorded
         self._root = root
         self._classes = e.classes
         self._shapes = e.shapes
@@ -834,6 +862,9 @@ class Captured:
             table.append([size, n])
             data_pieces.append(b)
             size += n
+        for e in self._recorded:  # the cache's new entries surveyed here, not in the capture
+            e.prepare()
+        self._recorded = []
         doc = _document(self._root, self._classes, self._shapes, table)
         if _long_digits(doc):  # an int of thousands of digits, maybe: big ints as "I" nodes
             doc = _document(_strictly(self._root, self._tuples), self._classes, self._shapes, table)
