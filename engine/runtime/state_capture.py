@@ -15,8 +15,9 @@ state as it is now, and what can work on a private copy:
   and copies the arrays its ``to_bytes`` would write, and gives a callable that writes them
   later (``engine.algorithms._pool.Packing``; a class without it: its ``to_bytes`` now) --,
   Arrow tables' IPC stream and NumPy scalars.  What it returns shares nothing mutable with the
-  state: the nodes are lists of its own holding atoms (immutable), the buffers are copies,
-  ``bytes``, or the structures' callables holding copies.
+  state: the nodes are lists holding atoms (immutable) -- its own, or a :class:`CaptureCache`'s,
+  which nothing changes --, the buffers are copies, ``bytes``, or the structures' callables
+  holding copies.
 * :meth:`Captured.finish` (any thread, later; the state may have changed since): the object
   arrays' Arrow buffers, the structures' bytes (``np.savez`` of the copies), the buffers'
   offsets, the JSON document, the CRC-32 and the header.  It returns the file's pieces in order,
@@ -28,6 +29,9 @@ state as it is now, and what can work on a private copy:
 ``b"".join(capture(root).finish())`` is :func:`engine.runtime.state_codec.dumps`: the same bytes
 the one-phase writer of before gave (tests/engine/runtime/test_state_capture.py), whatever the
 state does between the two phases.
+
+The capture reuses the nodes of the compiled rules of the previous capture when given a
+:class:`~engine.runtime.capture_cache.CaptureCache` (the same bytes; see that module).
 
 Ints too long for JSON (the strict retry).  The document writes ints as JSON numbers, of any size;
 ``json.loads`` refuses a number of more than ``sys.get_int_max_str_digits()`` digits, so when the
@@ -71,6 +75,14 @@ import pyarrow as pa
 import pydantic_core
 
 from engine.errors import EngineError
+from engine.runtime.capture_cache import (
+    _IMMUTABLE,
+    CaptureCache,
+    _Entry,
+    _made,
+    _Moved,
+    immutable,
+)
 from engine.runtime.state_format import (
     _ALIGN,
     _DTYPE,
@@ -97,141 +109,6 @@ _UNSEEN: Any = object()
 _NONE = type(None)
 #: tags of nodes that hold no value of the state's but buffer numbers, dtypes and shapes
 _LEAVES = frozenset("ABYOPN")
-
-
-#: classes whose instances, and everything reachable from them, are never changed once made:
-#: their nodes are kept by a :class:`CaptureCache` and reused (a compiled rule: the compiler
-#: makes a new ``Plan`` for every rule text, nothing changes one afterwards); :func:`immutable`
-_IMMUTABLE: set[str] = {"subscriptions.compiler:Plan"}
-
-
-def immutable(cls: type) -> type:
-    """Declare that instances of ``cls`` (an allowed class), and everything reachable from them,
-    are never changed once made: a :class:`CaptureCache` reuses their nodes.  Returns ``cls``.
-    A wrong declaration writes a stale subtree: declare only what is never changed in place."""
-    _IMMUTABLE.add(_path_of(cls))
-    return cls
-
-
-class _Entry:
-    """The nodes of one immutable object's subtree as a capture wrote them: its root (held, so
-    its id is not reused), the node, the number of its first node (``count0``) and how many it
-    numbered (``n``), the ids of those objects in number order, the tuples of its ``u`` nodes,
-    the objects met before it that it points to (``outside``, held) and their numbers
-    (``nums``).  Then, made by :meth:`prepare` (by :meth:`Captured.finish`, in the writer
-    thread, or by the next capture if it comes first): the shapes it uses (``sig``: (class,
-    attribute names, shape number) in the order first met), where its ``R`` nodes are
-    (``spots``: index -> spots below; for an ``R`` node None when it points into the subtree,
-    else the index in ``outside``; None when it has none) and its ``C`` nodes (``cspots``, for
-    shape numbers that changed).  Never changed but by :meth:`prepare`: captures share the
-    node."""
-
-    __slots__ = (
-        "count0",
-        "cspots",
-        "ids",
-        "n",
-        "node",
-        "nums",
-        "outside",
-        "root",
-        "sig",
-        "source",
-        "spots",
-        "tuples",
-    )
-
-    def __init__(
-        self,
-        root: Any,
-        node: list[Any],
-        count0: int,
-        ids: tuple[int, ...],
-        tuples: tuple[tuple[Any, ...], ...],
-        outside: tuple[Any, ...],
-        nums: tuple[int, ...],
-        source: tuple[list[list[Any]], list[type], dict[Any, Any]],
-    ) -> None:
-        self.root = root
-        self.node = node
-        self.count0 = count0
-        self.n = len(ids)
-        self.ids = ids
-        self.tuples = tuples
-        self.outside = outside
-        self.nums = nums
-        #: the recording capture's shapes and classes, and the cache's sigs (None: prepared)
-        self.source: tuple[list[list[Any]], list[type], dict[Any, Any]] | None = source
-        self.sig: tuple[tuple[type, tuple[str, ...], int], ...] = ()
-        self.spots: dict[int, Any] | None = None
-        self.cspots: dict[int, Any] | None = None
-
-    def prepare(self) -> None:
-        """Survey the node (:func:`_survey`) once: ``sig``, ``spots``, ``cspots``."""
-        source = self.source
-        if source is None:
-            return
-        shapes, types, sigs = source
-        seen: dict[int, None] = {}
-        where = {m: j for j, m in enumerate(self.nums)}
-        self.spots, self.cspots = _survey(self.node, seen, self.count0, where)
-        sig = tuple((types[shapes[sh][0]], tuple(shapes[sh][1]), sh) for sh in seen)
-        self.sig = sigs.setdefault(sig, sig)
-        self.source = None
-
-
-class CaptureCache:
-    """The nodes of the immutable objects (:func:`immutable`) met by the last capture, reused by
-    the next (see the module's docstring): keep one per state and pass it to every
-    :func:`capture` of that state (:meth:`engine.core.EngineCore.capture`).  Used by one thread
-    at a time.
-
-    Of the last capture: ``hits``, immutable objects whose nodes were reused (``moved`` of them
-    renumbered, their place in the walk having changed); ``misses``, those walked."""
-
-    __slots__ = ("entries", "hits", "misses", "moved", "sigs")
-
-    def __init__(self) -> None:
-        self.hits = self.misses = self.moved = 0
-        self.entries: dict[int, _Entry] = {}
-        #: the entries' sigs, one object per value: a capture checks each once (by its id)
-        self.sigs: dict[Any, Any] = {}
-
-    def clear(self) -> None:
-        self.entries = {}
-        self.sigs = {}
-
-
-class _Moved:
-    """A reused node whose numbers changed (:meth:`_Encoder.replay`): its ``R`` nodes (``delta``
-    further into its subtree, ``nums`` out of it) and shape numbers (``remap``).  Stands for the
-    node in the captured tree; :meth:`node` makes it (:meth:`Captured.finish`)."""
-
-    __slots__ = ("delta", "entry", "nums", "remap")
-
-    def __init__(
-        self, entry: _Entry, delta: int, nums: tuple[int, ...], remap: dict[int, int] | None
-    ) -> None:
-        self.entry = entry
-        self.delta = delta
-        self.nums = nums
-        self.remap = remap
-
-    def node(self) -> list[Any]:
-        e = self.entry
-        node = e.node
-        if (self.delta or self.nums != e.nums) and e.spots is not None:
-            node = _moved(node, e.spots, self.delta, self.nums)
-        if self.remap is not None and e.cspots is not None:
-            node = _reshaped(node, e.cspots, self.remap)
-        return node
-
-
-def _made(x: Any) -> Any:
-    """The JSON writers' fallback: a :class:`_Moved`'s node."""
-    if type(x) is _Moved:
-        return x.node()
-    raise TypeError(f"{type(x).__name__} in the captured nodes")
 
 
 class _Later:
@@ -423,7 +300,7 @@ class _Encoder:
         self.kinds[t] = kind
         return kind
 
-    def frozen(self, x: Any, kind: _Kind) -> list[Any]:
+    def frozen(self, x: Any, kind: _Kind) -> list[Any] | _Moved:
         """The node of frozen object ``x``, not met yet in this walk: the cached one when it is
         exactly what the walk would give here (:meth:`replay`), else walked (:meth:`record`)."""
         e = self.old.get(id(x))
@@ -433,7 +310,7 @@ class _Encoder:
                 return node
         return self.record(x, kind)
 
-    def replay(self, e: _Entry) -> list[Any] | None:
+    def replay(self, e: _Entry) -> list[Any] | _Moved | None:
         """``e``'s node, numbered from here (its ``R`` nodes and shape numbers renumbered when
         they changed), or None when the walk would write it otherwise: an object of its subtree
         met already (an ``R`` node instead), an object it points to not met before it."""
@@ -652,66 +529,6 @@ def _member(i: int) -> str:
 
 def _element(i: int) -> str:
     return f"<element {i}>"
-
-
-def _survey(
-    node: list[Any], shapes: dict[int, None], c0: int, where: dict[int, int]
-) -> tuple[dict[int, Any] | None, dict[int, Any] | None]:
-    """Where the ``R`` nodes and the ``C`` nodes of ``node`` are: (index -> the same below; for an
-    ``R`` node None when it points to node ``c0`` or later, else ``where`` of its number; None
-    when there is none), (index -> the same below, 1 -> True in a ``C`` node; None when there is
-    none); the shape numbers of the ``C`` nodes are added to ``shapes`` in the order of the walk.
-    ``node`` holds no leaf node (its subtree has no buffer)."""
-    tag = node[0]
-    if tag == "u" or tag == "f" or tag == "s":
-        return None, None
-    spots: dict[int, Any] = {}
-    cspots: dict[int, Any] = {}
-    if tag == "C":
-        cspots[1] = True
-        if node[1] not in shapes:
-            shapes[node[1]] = None
-    for k in range(2 if tag == "C" else 1, len(node)):
-        v = node[k]
-        if type(v) is _Moved:  # one reused inside this one (whose node is its own list)
-            v = node[k] = v.node()
-        if type(v) is list:
-            if v[0] == "R":
-                spots[k] = None if v[1] >= c0 else where[v[1]]
-            else:
-                sub, csub = _survey(v, shapes, c0, where)
-                if sub is not None:
-                    spots[k] = sub
-                if csub is not None:
-                    cspots[k] = csub
-    return spots or None, cspots or None
-
-
-def _reshaped(node: list[Any], cspots: dict[int, Any], remap: dict[int, int]) -> list[Any]:
-    """A copy of ``node`` with the shape numbers of the ``C`` nodes at ``cspots`` (:func:`_survey`)
-    mapped by ``remap``; the lists on no path to one are shared, not copied."""
-    out = list(node)
-    for k, sub in cspots.items():
-        if sub is True:
-            out[1] = remap.get(node[1], node[1])
-        else:
-            out[k] = _reshaped(node[k], sub, remap)
-    return out
-
-
-def _moved(node: list[Any], spots: dict[int, Any], delta: int, nums: tuple[int, ...]) -> list[Any]:
-    """A copy of ``node`` with the ``R`` nodes at ``spots`` (:func:`_survey`) renumbered: those
-    into the subtree ``delta`` further, the others to ``nums``; the lists on no path to one are
-    shared, not copied."""
-    out = list(node)
-    for k, sub in spots.items():
-        if sub is None:
-            out[k] = ["R", node[k][1] + delta]
-        elif type(sub) is int:
-            out[k] = ["R", nums[sub]]
-        else:
-            out[k] = _moved(node[k], sub, delta, nums)
-    return out
 
 
 def _document(root: Any, classes: list[str], shapes: list[list[Any]], table: list[list[int]]) -> bytes:
