@@ -120,7 +120,9 @@ def two_phases(core: Any, repeat: int) -> None:
         del pieces
         shares = [gil_share(lambda: atomic_write(path, cap.finish())) for _ in range(repeat)]
         text = "SELECT src_ip FROM packets GROUP BY src_ip HAVING SUM(length) OVER LAST 30 SECONDS > 12345"
-        core.process(core.last_batch + 1, {}, [SubscriptionChange("bench-extra", "upsert", "bench-extra", text)])
+        core.process(
+            core.last_batch + 1, {}, [SubscriptionChange("bench-extra", "upsert", "bench-extra", text)]
+        )
         aw, ac, after = best(core.capture, 1, time.thread_time)
         assert sum(memoryview(p).nbytes for p in after.finish()) == len(core.to_bytes())
     print(
