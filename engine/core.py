@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,7 +46,7 @@ from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
 from engine.runtime import state_codec
-from engine.runtime.state_capture import Captured, capture
+from engine.runtime.state_capture import CaptureCache, Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
 
 if TYPE_CHECKING:
@@ -179,6 +180,10 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
 #: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
 #: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
 _NOT_STATE = frozenset({"_compile"})
+#: per core, the nodes of its compiled rules of its last capture, reused by the next
+#: (:class:`~engine.runtime.state_capture.CaptureCache`); kept out of the core's attributes, which
+#: are its state
+_CAPTURE_CACHES: weakref.WeakKeyDictionary[Any, CaptureCache] = weakref.WeakKeyDictionary()
 
 
 class EngineCore:
@@ -711,8 +716,13 @@ class EngineCore:
         """The first phase of :meth:`to_bytes` (:mod:`engine.runtime.state_capture`), between two
         batches: ``b"".join(self.capture().finish())`` is ``self.to_bytes()`` of now, wherever
         and whenever ``finish`` runs and however the state changes meanwhile.  Compacts the
-        algorithm structures, as :meth:`to_bytes` does (no chart read meanwhile)."""
-        return capture(self._state())
+        algorithm structures, as :meth:`to_bytes` does (no chart read meanwhile).  The nodes of
+        the compiled rules of this core's previous capture are reused (:class:`CaptureCache`:
+        the same bytes, cheaper)."""
+        cache = _CAPTURE_CACHES.get(self)
+        if cache is None:
+            cache = _CAPTURE_CACHES[self] = CaptureCache()
+        return capture(self._state(), cache)
 
     def _state(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k not in _NOT_STATE}

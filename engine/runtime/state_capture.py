@@ -15,8 +15,9 @@ state as it is now, and what can work on a private copy:
   and copies the arrays its ``to_bytes`` would write, and gives a callable that writes them
   later (``engine.algorithms._pool.Packing``; a class without it: its ``to_bytes`` now) --,
   Arrow tables' IPC stream and NumPy scalars.  What it returns shares nothing mutable with the
-  state: the nodes are lists of its own holding atoms (immutable), the buffers are copies,
-  ``bytes``, or the structures' callables holding copies.
+  state: the nodes are lists holding atoms (immutable) -- its own, or a :class:`CaptureCache`'s,
+  which nothing changes --, the buffers are copies, ``bytes``, or the structures' callables
+  holding copies.
 * :meth:`Captured.finish` (any thread, later; the state may have changed since): the object
   arrays' Arrow buffers, the structures' bytes (``np.savez`` of the copies), the buffers'
   offsets, the JSON document, the CRC-32 and the header.  It returns the file's pieces in order,
@@ -28,6 +29,9 @@ state as it is now, and what can work on a private copy:
 ``b"".join(capture(root).finish())`` is :func:`engine.runtime.state_codec.dumps`: the same bytes
 the one-phase writer of before gave (tests/engine/runtime/test_state_capture.py), whatever the
 state does between the two phases.
+
+The capture reuses the nodes of the compiled rules of the previous capture when given a
+:class:`~engine.runtime.capture_cache.CaptureCache` (the same bytes; see that module).
 
 Ints too long for JSON (the strict retry).  The document writes ints as JSON numbers, of any size;
 ``json.loads`` refuses a number of more than ``sys.get_int_max_str_digits()`` digits, so when the
@@ -71,6 +75,14 @@ import pyarrow as pa
 import pydantic_core
 
 from engine.errors import EngineError
+from engine.runtime.capture_cache import (
+    _IMMUTABLE,
+    CaptureCache,
+    _Entry,
+    _made,
+    _Moved,
+    immutable,
+)
 from engine.runtime.state_format import (
     _ALIGN,
     _DTYPE,
@@ -90,7 +102,7 @@ from engine.runtime.state_format import (
     allowed,
 )
 
-__all__ = ["CaptureMismatch", "Captured", "capture"]
+__all__ = ["CaptureCache", "CaptureMismatch", "Captured", "capture", "immutable"]
 
 _NO_STATE: dict[str, Any] = {}
 _UNSEEN: Any = object()
@@ -144,7 +156,7 @@ class _Encoder:
     a whole; per class the attribute names of the last layouts met are looked up once per
     instance (one tuple of the ``__dict__``'s keys), never per attribute."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: CaptureCache | None = None) -> None:
         self.memo: dict[int, int] = {}  # id -> node number (all are reachable from the root: ids stay)
         self.count = 0
         self.open: set[int] = set()  # tuples / frozensets being written (a cycle through one is refused)
@@ -164,6 +176,19 @@ class _Encoder:
         self.tuples: list[tuple[Any, ...]] = []
         #: (``O`` node, a copy of the flattened object array): Arrow buffers made by finish
         self.strings: list[tuple[list[Any], np.ndarray]] = []
+        #: the cache: its entries of the last capture (``old``), those of this one (``new``)
+        self.cache = cache
+        self.old: dict[int, _Entry] = {} if cache is None else cache.entries
+        self.new: dict[int, _Entry] = {}
+        #: the number of the first node of the immutable object being recorded (-1: none), and
+        #: the (number, object) of the ``R`` nodes to objects met before it
+        self.floor = -1
+        self.outs: list[tuple[int, Any]] = []
+        self.types: list[type] = []  # by class index
+        #: id of a sig -> None when its shape numbers are those of now, else the changes
+        self.checked: dict[int, dict[int, int] | None] = {}
+        self.hits = self.misses = self.moved = 0
+        self.recorded: list[_Entry] = []  # the entries made by this capture
 
     def buf(self, b: Any) -> int:
         self.buffers.append(b)
@@ -176,6 +201,7 @@ class _Encoder:
         out: list[Any] = [tag]
         enc = self.enc
         tuples = self.tuples
+        memo = self.memo
         try:
             for x in xs:
                 tx = type(x)
@@ -185,7 +211,13 @@ class _Encoder:
                     out.append(["u", *x])
                     tuples.append(x)
                 else:
-                    out.append(enc(x))
+                    m = memo.get(id(x))
+                    if m is None or tx is tuple or tx is frozenset:  # (a cycle: enc refuses it)
+                        out.append(enc(x))
+                    else:  # met before: enc's R node, inlined
+                        if m < self.floor:
+                            self.outs.append((m, x))
+                        out.append(["R", m])
         except _Fail as f:
             f.parts.append(where(len(out) - 1))
             raise
@@ -208,12 +240,17 @@ class _Encoder:
         if m is not None:
             if i in self.open:
                 raise _Fail(t.__name__, "a cycle through an immutable container")
+            if m < self.floor:
+                self.outs.append((m, x))
             return ["R", m]
         kind = self.kinds.get(t)
-        if kind is not None and kind[0] == "C":
-            memo[i] = self.count
-            self.count += 1
-            return self.instance(x, kind)
+        if kind is not None:
+            if kind[0] == "C":
+                memo[i] = self.count
+                self.count += 1
+                return self.instance(x, kind)
+            if kind[0] == "Z":
+                return self.frozen(x, kind)
         if isinstance(x, np.generic):
             return self.scalar(x)
         memo[i] = self.count
@@ -243,13 +280,110 @@ class _Encoder:
         if kind is None:
             if not allowed(t):
                 raise _Fail(_path_of(t), "not an allowed class (engine.runtime.state_codec.allow)")
-            kind = ["N" if _native(t) else "C", len(self.classes), tuple(_slots(t)), {}, True]
-            self.classes.append(_path_of(t))
-            self.kinds[t] = kind
+            kind = self.kind(t)
+            if kind[0] == "Z":  # numbered by frozen() instead
+                del memo[i]
+                self.count -= 1
+                return self.frozen(x, kind)
         if kind[0] == "N":  # its bytes later if it can give them so (copies of its arrays)
             later = getattr(x, "capture_bytes", None)
             return ["N", kind[1], self.buf(x.to_bytes() if later is None else _Later(later()))]
         return self.instance(x, kind)
+
+    def kind(self, t: type) -> _Kind:
+        """Register class ``t`` (allowed): its kind ("N" native, "Z" frozen, "C" the others)."""
+        path = _path_of(t)
+        tag = "N" if _native(t) else "Z" if path in _IMMUTABLE and self.cache is not None else "C"
+        kind = [tag, len(self.classes), tuple(_slots(t)), {}, True]
+        self.classes.append(path)
+        self.types.append(t)
+        self.kinds[t] = kind
+        return kind
+
+    def frozen(self, x: Any, kind: _Kind) -> list[Any] | _Moved:
+        """The node of frozen object ``x``, not met yet in this walk: the cached one when it is
+        exactly what the walk would give here (:meth:`replay`), else walked (:meth:`record`)."""
+        e = self.old.get(id(x))
+        if e is not None and e.root is x:
+            node = self.replay(e)
+            if node is not None:
+                return node
+        return self.record(x, kind)
+
+    def replay(self, e: _Entry) -> list[Any] | _Moved | None:
+        """``e``'s node, numbered from here (its ``R`` nodes and shape numbers renumbered when
+        they changed), or None when the walk would write it otherwise: an object of its subtree
+        met already (an ``R`` node instead), an object it points to not met before it."""
+        memo = self.memo
+        if not memo.keys().isdisjoint(e.ids):
+            return None
+        if e.source is not None:  # recorded by the last capture, not finished yet
+            e.prepare()
+        remap = self.checked.get(id(e.sig), _UNSEEN)
+        if remap is _UNSEEN:
+            remap = self.checked[id(e.sig)] = self.register(e.sig)
+        nums = e.nums
+        if nums:  # the objects met before it must be met before it now, and numbered so
+            get, open_ = memo.get, self.open
+            now = tuple(get(id(o), -1) for o in e.outside)
+            if -1 in now or (open_ and any(id(o) in open_ for o in e.outside)):
+                return None
+            nums = now
+        c0 = self.count
+        memo.update(zip(e.ids, range(c0, c0 + e.n), strict=True))
+        self.count = c0 + e.n
+        if e.tuples:
+            self.tuples += e.tuples
+        self.new[id(e.root)] = e
+        self.hits += 1
+        if (c0 != e.count0 or nums != e.nums) and e.spots is not None or remap is not None:
+            self.moved += 1  # renumbered by finish (a copy of the paths to the numbers)
+            return _Moved(e, c0 - e.count0, nums, remap)
+        return e.node
+
+    def register(self, sig: tuple[tuple[type, tuple[str, ...], int], ...]) -> dict[int, int] | None:
+        """Register the classes and shapes of ``sig`` not registered yet, in its order (that of a
+        walk of the subtree); None when each has the number ``sig`` gives it, else the numbers
+        that changed (``sig``'s -> now's)."""
+        remap: dict[int, int] = {}
+        for t, names, sh in sig:
+            kind = self.kinds.get(t)
+            if kind is None:
+                kind = self.kind(t)
+            got = kind[3].get(names)
+            if got is None:
+                got = kind[3][names] = len(self.shapes)
+                self.shapes.append([kind[1], list(names)])
+            if got != sh:
+                remap[sh] = got
+        return remap or None
+
+    def record(self, x: Any, kind: _Kind) -> list[Any]:
+        """Walk frozen object ``x`` as any instance, and cache its node when it can be reused: no
+        ``R`` node out of its subtree, no buffer."""
+        memo = self.memo
+        c0 = self.count
+        memo[id(x)] = c0
+        self.count += 1
+        if self.cache is None:
+            return self.instance(x, kind)
+        nb, nt, floor, outs = len(self.buffers), len(self.tuples), self.floor, self.outs
+        self.floor, self.outs = c0, []
+        try:
+            node = self.instance(x, kind)
+        finally:
+            mine, self.floor, self.outs = self.outs, floor, outs
+            outs += [o for o in mine if o[0] < floor]  # those out of the enclosing one too
+        self.misses += 1
+        if len(self.buffers) == nb:
+            n = self.count - c0
+            ids = tuple(itertools.islice(reversed(memo.keys()), n))[::-1]
+            out = {m: o for m, o in mine}  # the objects met before it, by number
+            source = (self.shapes, self.types, self.cache.sigs)
+            e = _Entry(x, node, c0, ids, tuple(self.tuples[nt:]), tuple(out.values()), tuple(out), source)
+            self.new[id(x)] = e
+            self.recorded.append(e)
+        return node
 
     def mapping(self, d: dict[Any, Any]) -> list[Any]:
         fast = self.fast
@@ -258,6 +392,7 @@ class _Encoder:
         out: list[Any] = ["D"]
         enc = self.enc
         tuples = self.tuples
+        memo = self.memo
         k: Any = None
         try:
             for k, v in d.items():
@@ -270,7 +405,13 @@ class _Encoder:
                     out.append(["u", *v])
                     tuples.append(v)
                 else:
-                    out.append(enc(v))
+                    m = memo.get(id(v))
+                    if m is None or tv is tuple or tv is frozenset:  # (a cycle: enc refuses it)
+                        out.append(enc(v))
+                    else:  # met before: enc's R node, inlined
+                        if m < self.floor:
+                            self.outs.append((m, v))
+                        out.append(["R", m])
         except _Fail as f:
             f.parts.append(f"<key {k!r}>" if len(out) % 2 else f"[{k!r}]")
             raise
@@ -312,20 +453,27 @@ class _Encoder:
                     out.append(["u", *v])
                     tuples.append(v)
                     continue
+                i = id(v)  # enc's paths, inlined
+                m = memo.get(i)
+                if m is not None:
+                    if tv is tuple or tv is frozenset:  # (a cycle: enc refuses it)
+                        out.append(enc(v))
+                    else:
+                        if m < self.floor:
+                            self.outs.append((m, v))
+                        out.append(["R", m])
+                    continue
                 k = kinds.get(tv)
-                if k is not None and k[0] == "C":  # an instance: enc's path, inlined
-                    i = id(v)
-                    m = memo.get(i)
-                    if m is None:
+                if k is not None:
+                    if k[0] == "C":
                         memo[i] = self.count
                         self.count += 1
                         out.append(self.instance(v, k))
-                    elif i in self.open:
-                        out.append(enc(v))
-                    else:
-                        out.append(["R", m])
-                else:
-                    out.append(enc(v))
+                        continue
+                    if k[0] == "Z":
+                        out.append(self.frozen(v, k))
+                        continue
+                out.append(enc(v))
         except _Fail as f:
             f.parts.append(f".{names[len(out) - 2]}")
             raise
@@ -388,9 +536,9 @@ def _document(root: Any, classes: list[str], shapes: list[list[Any]], table: lis
     three times ``json.dumps``), or ``json.dumps`` for what it refuses (a lone surrogate)."""
     doc = {"root": root, "classes": classes, "shapes": shapes, "buffers": table}
     try:
-        return pydantic_core.to_json(doc)
+        return pydantic_core.to_json(doc, fallback=_made)
     except pydantic_core.PydanticSerializationError:
-        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+        return json.dumps(doc, allow_nan=False, separators=(",", ":"), default=_made).encode()
 
 
 def _long_digits(text: bytes) -> bool:
@@ -424,6 +572,9 @@ def _strictly(root: Any, tuples: list[tuple[Any, ...]]) -> Any:
     def node(n: Any) -> Any:
         nonlocal count
         t = type(n)
+        if t is _Moved:
+            n = n.node()
+            t = list
         if t is int:
             return n if -_I64 <= n < _I64 else ["I", hex(n)]
         if t is not list:
@@ -484,9 +635,10 @@ class Captured:
     callables (holding copies of their arrays): about the state's size while it waits.  Nothing of it is exposed for change; :meth:`finish` may be
     called more than once (one thread at a time), each giving the same bytes."""
 
-    __slots__ = ("_buffers", "_classes", "_root", "_shapes", "_strings", "_tuples")
+    __slots__ = ("_buffers", "_classes", "_recorded", "_root", "_shapes", "_strings", "_tuples")
 
     def __init__(self, e: _Encoder, root: Any) -> None:
+        self._recorded = e.recorded
         self._root = root
         self._classes = e.classes
         self._shapes = e.shapes
@@ -527,6 +679,9 @@ class Captured:
             table.append([size, n])
             data_pieces.append(b)
             size += n
+        for e in self._recorded:  # the cache's new entries surveyed here, not in the capture
+            e.prepare()
+        self._recorded = []
         doc = _document(self._root, self._classes, self._shapes, table)
         if _long_digits(doc):  # an int of thousands of digits, maybe: big ints as "I" nodes
             doc = _document(_strictly(self._root, self._tuples), self._classes, self._shapes, table)
@@ -538,7 +693,7 @@ class Captured:
         return [_HEADER.pack(MAGIC, FORMAT_VERSION, crc, doc_len, size), *pieces]
 
 
-def capture(root: Any) -> Captured:
+def capture(root: Any, cache: CaptureCache | None = None) -> Captured:
     """The first phase of writing a snapshot of ``root`` (see the module's docstring), in the
     thread that owns the state, which must not change until it returns; its
     :meth:`~Captured.finish` gives the bytes.  :class:`StateNotEncodable` when ``root`` holds
@@ -546,7 +701,7 @@ def capture(root: Any) -> Captured:
     collecting = gc.isenabled()
     gc.disable()  # the walk makes ~10**5 lists and holds them all: no collection can free any
     try:
-        e = _Encoder()
+        e = _Encoder(cache)
         node = e.enc(root)
     except _Fail as f:
         raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None
@@ -555,4 +710,7 @@ def capture(root: Any) -> Captured:
     finally:
         if collecting:
             gc.enable()
+    if cache is not None:  # the frozen objects of this state: the others are gone from it
+        cache.entries = e.new
+        cache.hits, cache.misses, cache.moved = e.hits, e.misses, e.moved
     return Captured(e, node)
