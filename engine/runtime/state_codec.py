@@ -50,7 +50,9 @@ standing for itself, or a list whose first element is a tag:
 Every node other than atoms, ``I``, ``f``, ``s`` and ``u`` is numbered in the order it is first
 met (depth first, before its children), so shared objects -- the same structure in a rule and in
 its key state, the same array twice -- are written once and restored as one object.  A shape of
-a dataclass must name all its fields (else the class changed since: the file is refused).
+a dataclass must name all its fields but those with a default (a field added since the file was
+written -- ``RuleInfo.staleness_budget_ms``, migration 0009 -- gets its default); else the class
+changed since and the file is refused.
 
 Allowed classes (:func:`allowed`, :mod:`engine.runtime.state_format`): classes defined in a module under ``engine.`` (plain classes:
 metaclass ``type``, no ``__new__`` or ``__del__`` of their own, not exceptions), the rule
@@ -119,20 +121,28 @@ class _Decoder:
         self.classes = [(cls, _native(cls)) for cls in map(_resolve, classes)]
         #: per shape of the document: (class, attribute names, those that are slots)
         self.shapes: list[tuple[type, tuple[str, ...], frozenset[str]]] = []
+        #: per shape: the dataclass fields the file lacks that have a default (added since)
+        self.added: list[tuple[dataclasses.Field[Any], ...]] = []
         for ci, names in shapes:
             cls, native = self.classes[_index(ci, len(self.classes))]
             if native or type(names) is not list or len(set(names)) != len(names):
                 raise SnapshotUnreadable(f"bad attributes of {_path_of(cls)}")
             if not all(type(k) is str and k.isidentifier() and not k.startswith("__") for k in names):
                 raise SnapshotUnreadable(f"bad attributes of {_path_of(cls)}")
+            added: tuple[dataclasses.Field[Any], ...] = ()
             if dataclasses.is_dataclass(cls):
-                missing = sorted({f.name for f in dataclasses.fields(cls)} - set(names))
+                absent = [f for f in dataclasses.fields(cls) if f.name not in names]
+                missing = sorted(f.name for f in absent if not _has_default(f))
                 if missing:
                     raise SnapshotUnreadable(f"{_path_of(cls)} lacks the fields {missing} (another layout)")
+                added = tuple(absent)  # fields added since, with defaults: they get them
             slots = frozenset(_slots(cls)).intersection(names)
             if not slots.issuperset(names) and not hasattr(cls, "__dict__"):
                 raise SnapshotUnreadable(f"{_path_of(cls)} has no attributes {names}")
+            if added and not hasattr(cls, "__dict__"):
+                raise SnapshotUnreadable(f"{_path_of(cls)} lacks the fields {[f.name for f in added]}")
             self.shapes.append((cls, tuple(names), slots))
+            self.added.append(added)
 
     def buf(self, i: Any) -> memoryview:
         off, n = self.table[_index(i, len(self.table))]
@@ -237,6 +247,8 @@ class _Decoder:
             state = {k: dec(v) for k, v in zip(names, itertools.islice(n, 2, None), strict=True)}
         for k in slots:
             object.__setattr__(obj, k, state.pop(k))
+        for f in self.added[n[1]]:
+            state[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
         if state:
             obj.__dict__.update(state)
         return obj
@@ -320,3 +332,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     finally:
         if collecting:
             gc.enable()
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    """Whether a dataclass field has a default (a value or a factory)."""
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING

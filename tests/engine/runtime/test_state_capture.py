@@ -33,10 +33,12 @@ ROOT = Path(__file__).resolve().parents[3]
 #: 1fe6f4d, ``PYTHONHASHSEED=0``, the ``np.savez`` zip entries' time fixed): the two-phase
 #: writer must give the same bytes.  NumPy 2.4.6, pyarrow 26.0.1, pydantic-core 2.50.4 -- an
 #: upgrade that changes a library's own bytes (``savez``'s zip, a float's JSON text) changes these
-#: too: check that the change is the library's, then record them again with ``_digests``.
+#: too: check that the change is the library's, then record them again with ``_digests``.  The
+#: two core states recorded again when the state's layout changed: 0cedeee (``RuleInfo`` gained
+#: ``staleness_budget_ms``; "values" and "strict", which hold no engine class, kept theirs).
 GOLDEN = {
-    "core-raw": "88cac3366b04b1e5244c768109308bf8b60e89e6d61102b17d73742ac5fea9c8",
-    "core-panes": "d0c4b942f4e9c49580510997bfbcb9531dd150c77011d30d48ce7a6a6b8c0375",
+    "core-raw": "1dbe7115fd014216cdd7626b6d352545b37b407202f37e57e48038ad52f68e17",
+    "core-panes": "aa165dc60512dbfe029678426b960814a66fff4ed1d9832fca8ac64684277a52",
     "values": "d2a3595d236e9632395bd38fa97db2dc2ef902441a73389d6f833a0e5cd35042",
     "strict": "7d8fccb4c0025d73e214cad70aaeed32f50b9c30b27ab1ecd00e22e5750338b7",
 }

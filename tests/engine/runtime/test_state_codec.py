@@ -461,6 +461,17 @@ def test_malformed_instances_are_refused(node: Any, shapes: tuple[Any, ...]) -> 
     assert loads(good).text == "c"
 
 
+def test_a_field_added_since_with_a_default_gets_it() -> None:
+    """RULE_INFO is RuleInfo's layout before migration 0009 added ``staleness_budget_ms``
+    (default None): such a file still loads, the field at its default; a field without a
+    default stays required (the cases above)."""
+    old = loads(_doc_with(["C", 0, "a", "b", "c", "d", 3], ("engine.messages:RuleInfo",), (RULE_INFO,)))
+    assert (old.subscription_id, old.version, old.staleness_budget_ms) == ("a", 3, None)
+    now = [0, [*RULE_INFO[1], "staleness_budget_ms"]]
+    new = loads(_doc_with(["C", 0, "a", "b", "c", "d", 3, 30_000], ("engine.messages:RuleInfo",), (now,)))
+    assert new.staleness_budget_ms == 30_000
+
+
 @pytest.mark.parametrize(
     "node",
     [
