@@ -19,7 +19,8 @@ docs/engine.md "Time and exactness"):
    Before the lookup at ``tau`` every pending event with ``ts <= tau`` is applied, in
    ``ts`` order with ties in arrival order; events with ``ts > now`` stay pending.
 4. **Lookups** of every active rule; a change of a rule's result set is an alert
-   (``ENTER`` / ``EXIT``) with the stable id ``subscription|key|kind|as_of``.
+   (``ENTER`` / ``EXIT``) with the stable id ``subscription|key|kind|as_of``.  Overloaded, the
+   lookups of subscriptions with a staleness budget are spaced on a grid (:mod:`engine.overload`).
 
 The state (evaluator, rule table, current results, pending events, time) round-trips
 through :meth:`EngineCore.to_bytes` / :meth:`EngineCore.from_bytes`; replaying the
@@ -44,6 +45,7 @@ from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
+from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
 from engine.runtime import state_codec
 from engine.runtime.state_capture import Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
@@ -75,9 +77,10 @@ class RuleEvaluator(Protocol):
     def remove_rule(self, name: str) -> None: ...
     def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None: ...
 
-    def step(self, now: int) -> Changes:
-        """Look every rule up at ``now``; the changes of each rule's result since its previous
-        lookup (a rule added since then: from an empty result)."""
+    def step(self, now: int, skip: frozenset[str] = ...) -> Changes:
+        """Look every rule up at ``now`` but those of ``skip`` (given only when not empty: the
+        overload policy's, whose change state stays as it was); the changes of each rule's result
+        since its previous lookup (a rule added since then: from an empty result)."""
         ...
 
     def evaluate_now(self, name: str, now: int) -> set[str]:
@@ -178,7 +181,7 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
 #: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
 #: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
 #: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
-_NOT_STATE = frozenset({"_compile"})
+_NOT_STATE = frozenset({"_compile", "_grid"})  # _grid: made by each batch (_use_strides)
 
 
 class EngineCore:
@@ -239,6 +242,13 @@ class EngineCore:
         self.history_index = HistoryIndex()
         #: executors mode: the smallest valid event time seen before the first lookup
         self.first_ts: int | None = None
+        #: the overload policy (:mod:`engine.overload`): the controller's state, the staleness
+        #: budgets of the active subscriptions that have one, the subscriptions not looked up yet
+        #: (their first lookup is never skipped) and this batch's strided ones by stride
+        self.overload = Overload()
+        self._budgets: dict[str, int] = {}
+        self._new: set[str] = set()
+        self._grid: dict[int, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ time
     @property
@@ -299,6 +309,7 @@ class EngineCore:
         if sid in self.rules:
             self.evaluator.remove_rule(sid)
             del self.rules[sid]
+            self._budgets.pop(sid, None)
             before = self.current.pop(sid, set())
             if not dropped:
                 out.removed.append(sid)
@@ -319,7 +330,10 @@ class EngineCore:
         if sid in out.removed and not dropped:  # a changed rule: diffed with its old result
             out.removed.remove(sid)
             del out.removed_keys[sid]
-        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version)
+        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version, ch.staleness_budget_ms)
+        self._new.add(sid)
+        if ch.staleness_budget_ms is not None:
+            self._budgets[sid] = int(ch.staleness_budget_ms)
         # a new version's result is diffed with the old one's: ENTER for the keys it adds, EXIT
         # for those it drops (so the alert log, current results and the compacted results topic
         # stay consistent); the keys of both are not alerted again
@@ -354,13 +368,17 @@ class EngineCore:
         records: dict[str, pa.Table | Predecoded],
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
+        strides: dict[str, int] | None = None,
     ) -> BatchOutput:
         """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode), or
         the records already through :func:`engine.decode.predecode` (the reading thread's part);
-        ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`)."""
+        ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`);
+        ``strides``: the overload policy's for this batch, those it committed when it is replayed
+        (None: the controller's, :meth:`_use_strides`)."""
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
+        self._use_strides(strides, out)
         delivered: set[tuple[str, int]] = set()
         for stream, tbl in records.items():
             pre = (
@@ -432,6 +450,7 @@ class EngineCore:
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
         history: EventSource | None = None,
+        strides: dict[str, int] | None = None,
     ) -> BatchOutput:
         """:meth:`process` of a batch the executors decoded and pre-aggregated (``eb``, made with
         ``params`` = :meth:`batch_params` at its start): the same output and state.
@@ -457,6 +476,7 @@ class EngineCore:
         needs_before = key_specs(self.evaluator)[1] if changes else None  # read raw before the changes
         for ch in changes or []:
             self._apply_change(ch, out, None if read is None else read.columns)
+        self._use_strides(strides, out)
         specs_now, raw_now = key_specs(self.evaluator)
         # the streams whose pending events this process holds raw, every one of them: kept raw
         # since (a ROWS window reads them, or fed raw after a spec change) and this batch's too
@@ -633,7 +653,9 @@ class EngineCore:
         ev = self.evaluator
         # the evaluator's own changes (cheap with thousands of rules), checked against ours;
         # read block-wise (rule names, key values, kind) without building a row per change
-        changes = ev.step(tau)
+        skip = skipped(self._grid, tau, self.L, self._new) if self._grid else frozenset()
+        changes = ev.step(tau, skip) if skip else ev.step(tau)
+        self._new.clear()
         by_rule: dict[str, list[tuple[str, str]]] = {}
         for names, keys, kind in changes.parts:
             enter = kind == "ENTER"
@@ -665,6 +687,17 @@ class EngineCore:
         self._attach_values(out, first, tau)
         if self.alert_cap:
             cap_alerts(out, start, self.alert_cap)
+
+    def _use_strides(self, strides: dict[str, int] | None, out: BatchOutput) -> None:
+        """This batch's strides (``strides`` when given, a replay's: the ones it committed), in
+        ``out`` with the budgets: :func:`engine.overload.batch_strides`."""
+        out.strides, out.degraded = batch_strides(self.overload.level, self._budgets, self.L, strides)
+        self._grid = by_stride(out.strides)
+
+    def observe_load(self, load: float | None, marks: Marks) -> None:
+        """Feed the overload controller a batch's utilisation (evaluation time / trigger interval,
+        :func:`engine.overload.decide`); the next batch's strides follow its level."""
+        self.overload = decide(self.overload, load, len(ladder(self._budgets, self.L)), marks)
 
     def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
         """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from
