@@ -247,7 +247,7 @@ def test_overload_degrades_budgeted_subscriptions_within_budget_and_keeps_the_ot
     # asserted: the engine's capacity, the evaluation's CPU time -- what bounds its lag under a
     # feed faster than it (a run with no policy has the same CPU: this fails without it).  The
     # wall-clock figures above are reported, not asserted: the machine is shared, and in one run
-    # of five another process's load gave the policy's run the later alerts (max 23.4 s against
-    # 18.8 s, its evaluation 20.6 s of wall time against 18.1 s); the others had 13.1-16.1 s
-    # against 17.8-22.7 s
+    # of four another process's load gave the policy's run the later alerts (max 23.4 s against
+    # 18.8 s, its evaluation 20.6 s of wall time against 18.1 s); the others had 13.1-16.9 s
+    # against 18.2-22.7 s (docs/measurements/engine.md, "Overload by policy")
     assert policed.cpu_s < 0.85 * plain.cpu_s, (policed.cpu_s, plain.cpu_s)
