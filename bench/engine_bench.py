@@ -588,8 +588,9 @@ def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -
 
     import pyarrow as pa
 
-    from engine.core import EngineCore, make_evaluator, rule_compiler
+    from engine.core import EngineCore
     from engine.messages import SubscriptionChange
+    from engine.rule_evaluator import make_evaluator, rule_compiler
     from engine.runtime.gc_tuning import tune_gc
     from tidewatch.wire.avro import encode_batch
 

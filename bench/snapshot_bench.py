@@ -146,8 +146,9 @@ def build_core(a: argparse.Namespace) -> Any:
     """The engine core of the benchmark's arguments (see the module's docstring)."""
     import pyarrow as pa
 
-    from engine.core import EngineCore, make_evaluator, rule_compiler
+    from engine.core import EngineCore
     from engine.messages import SubscriptionChange
+    from engine.rule_evaluator import make_evaluator, rule_compiler
     from tidewatch.settings import get_settings
     from tidewatch.wire.avro import encode_batch
 
@@ -200,7 +201,8 @@ def main() -> None:
     ap.add_argument("--no-pickle", action="store_true", help="only the codec: no pickle, no restore")
     a = ap.parse_args()
 
-    from engine.core import EngineCore, rule_compiler
+    from engine.core import EngineCore
+    from engine.rule_evaluator import rule_compiler
     from tidewatch.settings import get_settings
 
     core = build_core(a)

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.cap import republished_results
-from engine.core import EngineCore, make_evaluator, rule_compiler
+from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
@@ -47,6 +47,8 @@ from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
+from engine.overload import Marks
+from engine.rule_evaluator import make_evaluator, rule_compiler
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.retry import retry_transient
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
@@ -208,6 +210,9 @@ class EngineApp:
         self._events: Any = records_source(self._read_ranges, self.topics, settings.max_future_ms)
         #: executors mode, pipelined: the next batch's parameters (:meth:`on_batch_executors`)
         self._next_params: BatchParams | None = None
+        #: the overload policy: its marks and the trigger interval a batch's load is measured
+        #: against (:meth:`_evaluate`, :mod:`engine.overload`; :meth:`start` sets the one in use)
+        self.marks, self.trigger_s = Marks.of(settings), float(settings.trigger_seconds)
 
     # ------------------------------------------------------------------ recovery
     def _snapshot_path(self, batch_id: int) -> Path:
@@ -257,7 +262,8 @@ class EngineApp:
                     )
                 blog = self._read_log(b)
                 tbl = read_ranges(self.bootstrap, blog.ranges, settings=self.settings)
-                self._process(b, self._replay_batch(tbl, b))
+                # the strides the batch committed, never a new decision (engine.overload)
+                self._process(b, self._replay_batch(tbl, b), self.store.strides_of_batch(b))
         # pipelined mode: Spark may have committed batches whose output was not committed yet;
         # they are finished here from their offset logs (Spark will not deliver them again)
         logged = (
@@ -419,17 +425,22 @@ class EngineApp:
         params = self.core.batch_params(self.topics)
         return _Preaggregated(params, merge_output(preaggregate(tbl, params), params, batch=batch_id))
 
-    def _process(self, batch_id: int, batch: pa.Table | dict[str, Any] | _Preaggregated) -> Any:
+    def _process(
+        self,
+        batch_id: int,
+        batch: pa.Table | dict[str, Any] | _Preaggregated,
+        strides: dict[str, int] | None = None,
+    ) -> Any:
         waiting = self._waiting_of.pop(batch_id, None)
         if isinstance(batch, _Preaggregated):
             changes = subscription_changes(batch.eb.records)
             out = self.core.process_preaggregated(
-                batch_id, batch.eb, batch.params, changes, waiting, history=self._events
+                batch_id, batch.eb, batch.params, changes, waiting, history=self._events, strides=strides
             )
         else:
             parts = dict(batch) if isinstance(batch, dict) else self._prepare(batch)
             changes = subscription_changes(parts.pop("subscriptions"))
-            out = self.core.process(batch_id, parts, changes, waiting)
+            out = self.core.process(batch_id, parts, changes, waiting, strides)
         lost = self._lost.pop(batch_id, None)
         if lost is not None:
             out.dead.extend(lost)
@@ -576,6 +587,9 @@ class EngineApp:
             out = self._process(batch_id, tbl)
         n_events = sum(out.events.values())
         core_s = time.perf_counter() - t0
+        # the overload policy's load: the evaluation's share of the trigger interval (none when
+        # batches run back to back, trigger 0); it decides the next batch's strides
+        self.core.observe_load(core_s / self.trigger_s if self.trigger_s > 0 else None, self.marks)
         metrics = {
             "events_per_s": n_events / core_s if core_s > 0 else None,
             "batch_ms": core_s * 1000,
@@ -742,6 +756,7 @@ class EngineApp:
         self.charts.start(lambda: self.core)  # answers the key page's chart requests
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        self.trigger_s = float(trig)
         reader = (
             spark.readStream.format("kafka")
             .options(**self.kafka_options())  # bootstrap, read_committed, SASL/SCRAM/TLS

@@ -19,7 +19,8 @@ docs/engine.md "Time and exactness"):
    Before the lookup at ``tau`` every pending event with ``ts <= tau`` is applied, in
    ``ts`` order with ties in arrival order; events with ``ts > now`` stay pending.
 4. **Lookups** of every active rule; a change of a rule's result set is an alert
-   (``ENTER`` / ``EXIT``) with the stable id ``subscription|key|kind|as_of``.
+   (``ENTER`` / ``EXIT``) with the stable id ``subscription|key|kind|as_of``.  Overloaded, the
+   lookups of subscriptions with a staleness budget are spaced on a grid (:mod:`engine.overload`).
 
 The state (evaluator, rule table, current results, pending events, time) round-trips
 through :meth:`EngineCore.to_bytes` / :meth:`EngineCore.from_bytes`; replaying the
@@ -28,12 +29,11 @@ same batches after a restore gives the same state and the same alerts.
 
 from __future__ import annotations
 
-import json
 import logging
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,18 +45,16 @@ from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
+from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
+from engine.rule_evaluator import RuleEvaluator
 from engine.runtime import state_codec
 from engine.runtime.state_capture import CaptureCache, Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
 
 if TYPE_CHECKING:
-    from engine.evaluation.rules import Changes
-    from tidewatch.settings import Settings
+    pass
 
 log = logging.getLogger("tidewatch.engine")
-
-#: what :meth:`RuleEvaluator.values` gives per key: aggregate text -> value (None for NULL)
-Values = dict[str, float | int | str | None]
 
 #: executors mode: ``source(stream, index, lo, hi)`` -- the events of ``stream`` the batches of
 #: ``index`` took with ``lo < ts <= hi`` (None: unbounded), in arrival order, read again from
@@ -64,74 +62,6 @@ Values = dict[str, float | int | str | None]
 EventSource = Callable[[str, HistoryIndex, "int | None", "int | None"], Decoded]
 
 _NO_TS = -(2**62)  #: the lower bound of the first lookup's span (before every event time)
-
-
-class RuleEvaluator(Protocol):
-    """What the engine needs from an evaluator: :class:`engine.evaluation.evaluator.Evaluator`
-    (tests give stand-ins).  The state it holds is snapshotted with the engine's
-    (:meth:`EngineCore.to_bytes`), so it must be made of what :mod:`engine.runtime.state_codec`
-    writes (classes of ``engine.``, or registered with its ``allow``)."""
-
-    def add_rule(self, name: str, plan: Any, history: Any = None) -> None: ...
-    def remove_rule(self, name: str) -> None: ...
-    def apply(self, stream: str, batch: dict[str, np.ndarray]) -> None: ...
-
-    def step(self, now: int) -> Changes:
-        """Look every rule up at ``now``; the changes of each rule's result since its previous
-        lookup (a rule added since then: from an empty result)."""
-        ...
-
-    def evaluate_now(self, name: str, now: int) -> set[str]:
-        """PSoup: the result of rule ``name`` at ``now`` from the state held, without touching
-        the change state :meth:`step` reports against."""
-        ...
-
-    def current_ids(self, name: str) -> list[str]:
-        """The result of rule ``name`` at its last :meth:`step`, as key values."""
-        ...
-
-    def values(self, name: str, keys: Iterable[str], now: int) -> dict[str, Values]:
-        """The aggregates rule ``name`` compares, per key at ``now`` (what made an alert fire)."""
-        ...
-
-    def values_many(self, wanted: dict[str, list[str]], now: int) -> dict[str, dict[str, Values]]:
-        """:meth:`values` of many rules at once: ``{rule: {key: values}}``."""
-        ...
-
-    @property
-    def nbytes(self) -> int:
-        """Approximate bytes held."""
-        ...
-
-
-def make_evaluator(settings: Settings) -> RuleEvaluator:
-    """The shared-strategy evaluator configured by ``settings``, fed one row per (key, pane)
-    (``pane_ms``, Golab et al.'s basic windows): the engine looks up at pane boundaries only,
-    so pane rows give the same answers as raw events."""
-    from engine.evaluation.evaluator import Evaluator
-
-    return Evaluator(
-        strategy="shared",
-        ci_p=settings.ci_p,
-        history_ms=settings.engine_history_ms,
-        pane_ms=settings.pane_ms,
-    )
-
-
-def rule_compiler(settings: Settings) -> Callable[[str, Any], tuple[Any, str]]:
-    """The engine's ``compile_rule``: (plan, stream) of a rule, from its JSON plan when given,
-    else compiled from its text (with the rule language limits of ``settings``)."""
-
-    def compile_rule(text: str, plan_json: Any) -> tuple[Any, str]:
-        from subscriptions import compiler
-
-        if plan_json is not None:
-            plan = compiler.Plan.from_json(plan_json if isinstance(plan_json, str) else json.dumps(plan_json))
-        else:
-            plan = compiler.compile_rule(text, settings)
-        return plan, str(plan.stream)
-
-    return compile_rule
 
 
 def _concat(a: Decoded, b: Decoded) -> Decoded:
@@ -179,7 +109,7 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
 #: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
 #: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
 #: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
-_NOT_STATE = frozenset({"_compile"})
+_NOT_STATE = frozenset({"_compile", "_grid"})  # _grid: made by each batch (_use_strides)
 #: per core, the nodes of its compiled rules of its last capture, reused by the next
 #: (:class:`~engine.runtime.state_capture.CaptureCache`); kept out of the core's attributes, which
 #: are its state
@@ -244,6 +174,13 @@ class EngineCore:
         self.history_index = HistoryIndex()
         #: executors mode: the smallest valid event time seen before the first lookup
         self.first_ts: int | None = None
+        #: the overload policy (:mod:`engine.overload`): the controller's state, the staleness
+        #: budgets of the active subscriptions that have one, the subscriptions not looked up yet
+        #: (their first lookup is never skipped) and this batch's strided ones by stride
+        self.overload = Overload()
+        self._budgets: dict[str, int] = {}
+        self._new: set[str] = set()
+        self._grid: dict[int, frozenset[str]] = {}
 
     # ------------------------------------------------------------------ time
     @property
@@ -304,6 +241,7 @@ class EngineCore:
         if sid in self.rules:
             self.evaluator.remove_rule(sid)
             del self.rules[sid]
+            self._budgets.pop(sid, None)
             before = self.current.pop(sid, set())
             if not dropped:
                 out.removed.append(sid)
@@ -324,7 +262,10 @@ class EngineCore:
         if sid in out.removed and not dropped:  # a changed rule: diffed with its old result
             out.removed.remove(sid)
             del out.removed_keys[sid]
-        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version)
+        self.rules[sid] = RuleInfo(sid, ch.name, ch.text, stream, ch.version, ch.staleness_budget_ms)
+        self._new.add(sid)
+        if ch.staleness_budget_ms is not None:
+            self._budgets[sid] = int(ch.staleness_budget_ms)
         # a new version's result is diffed with the old one's: ENTER for the keys it adds, EXIT
         # for those it drops (so the alert log, current results and the compacted results topic
         # stay consistent); the keys of both are not alerted again
@@ -359,13 +300,17 @@ class EngineCore:
         records: dict[str, pa.Table | Predecoded],
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
+        strides: dict[str, int] | None = None,
     ) -> BatchOutput:
         """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode), or
         the records already through :func:`engine.decode.predecode` (the reading thread's part);
-        ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`)."""
+        ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`);
+        ``strides``: the overload policy's for this batch, those it committed when it is replayed
+        (None: the controller's, :meth:`_use_strides`)."""
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
+        self._use_strides(strides, out)
         delivered: set[tuple[str, int]] = set()
         for stream, tbl in records.items():
             pre = (
@@ -437,6 +382,7 @@ class EngineCore:
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
         history: EventSource | None = None,
+        strides: dict[str, int] | None = None,
     ) -> BatchOutput:
         """:meth:`process` of a batch the executors decoded and pre-aggregated (``eb``, made with
         ``params`` = :meth:`batch_params` at its start): the same output and state.
@@ -462,6 +408,7 @@ class EngineCore:
         needs_before = key_specs(self.evaluator)[1] if changes else None  # read raw before the changes
         for ch in changes or []:
             self._apply_change(ch, out, None if read is None else read.columns)
+        self._use_strides(strides, out)
         specs_now, raw_now = key_specs(self.evaluator)
         # the streams whose pending events this process holds raw, every one of them: kept raw
         # since (a ROWS window reads them, or fed raw after a spec change) and this batch's too
@@ -638,7 +585,9 @@ class EngineCore:
         ev = self.evaluator
         # the evaluator's own changes (cheap with thousands of rules), checked against ours;
         # read block-wise (rule names, key values, kind) without building a row per change
-        changes = ev.step(tau)
+        skip = skipped(self._grid, tau, self.L, self._new) if self._grid else frozenset()
+        changes = ev.step(tau, skip) if skip else ev.step(tau)
+        self._new.clear()
         by_rule: dict[str, list[tuple[str, str]]] = {}
         for names, keys, kind in changes.parts:
             enter = kind == "ENTER"
@@ -670,6 +619,17 @@ class EngineCore:
         self._attach_values(out, first, tau)
         if self.alert_cap:
             cap_alerts(out, start, self.alert_cap)
+
+    def _use_strides(self, strides: dict[str, int] | None, out: BatchOutput) -> None:
+        """This batch's strides (``strides`` when given, a replay's: the ones it committed), in
+        ``out`` with the budgets: :func:`engine.overload.batch_strides`."""
+        out.strides, out.degraded = batch_strides(self.overload.level, self._budgets, self.L, strides)
+        self._grid = by_stride(out.strides)
+
+    def observe_load(self, load: float | None, marks: Marks) -> None:
+        """Feed the overload controller a batch's utilisation (evaluation time / trigger interval,
+        :func:`engine.overload.decide`); the next batch's strides follow its level."""
+        self.overload = decide(self.overload, load, len(ladder(self._budgets, self.L)), marks)
 
     def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
         """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from

@@ -136,6 +136,12 @@ class BatchOutput:
     #: the alert cap's bookkeeping: (subscription, lookup time) -> [alerts kept, index in
     #: ``alerts`` of its CAPPED record or -1] (:func:`engine.cap.cap_alerts`)
     cap_state: dict[tuple[str, int], list[int]] = field(default_factory=dict, repr=False)
+    #: the overload policy (:mod:`engine.overload`): ``{subscription: stride}`` (> 1 only) this
+    #: batch's lookups used (``engine_batches.strides``: a replay uses them again) ...
+    strides: dict[str, int] = field(default_factory=dict)
+    #: ... and per strided subscription ``{"every_ms": stride * L, "budget_ms": its budget}``
+    #: (``engine_metrics.degraded``: Health's "degraded" list)
+    degraded: dict[str, dict[str, int]] = field(default_factory=dict)
     _changes: list[Alert] | None = field(default=None, repr=False, compare=False)
 
     def result_changes(self) -> list[Alert]:

@@ -298,6 +298,22 @@ class Settings(BaseSettings):
         "alerts topic, the rest withheld and said by one CAPPED record (current_results and the results "
         "topic stay exact); 0: no cap (docs/engine.md, 'Alert cap')",
     )
+    engine_overload_high: float = Field(
+        0.9,
+        gt=0,
+        description="overload policy: a batch whose evaluation took more than this fraction of the trigger "
+        "interval raises the degradation one step (the lookups of subscriptions with a staleness budget "
+        "spaced, loosest budget first; docs/engine.md, 'Overload')",
+    )
+    engine_overload_low: float = Field(
+        0.5,
+        ge=0,
+        description="overload policy: engine_overload_patience batches in a row below this fraction of the "
+        "trigger interval lower the degradation one step (below engine_overload_high: hysteresis)",
+    )
+    engine_overload_patience: int = Field(
+        3, ge=1, description="overload policy: batches in a row below engine_overload_low before a step down"
+    )
 
     # --- reliability and security (helper REL; docs/RELIABILITY.md) ---------------
     max_rule_window_days: float = Field(
@@ -391,6 +407,16 @@ class Settings(BaseSettings):
     def _security_lower_case(cls, value: object) -> object:
         """``SCRAM_SSL`` reads like Kafka's own names; accept it in any case."""
         return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _overload_marks_apart(self) -> Settings:
+        """The overload policy's low mark below its high mark (else it steps up and down at once)."""
+        if self.engine_overload_low >= self.engine_overload_high:
+            raise ValueError(
+                f"engine_overload_low ({self.engine_overload_low}) must be below engine_overload_high "
+                f"({self.engine_overload_high})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_demo_passwords_in_production(self) -> Settings:

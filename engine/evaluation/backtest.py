@@ -355,9 +355,16 @@ def iter_changes(
     every: int,
     evaluator: Evaluator | Any,
     progress: Callable[[int, int], None] | None = None,
+    skip: Callable[[int], frozenset[str]] | None = None,
 ) -> Iterator[Changes]:
     """Each lookup's :class:`Changes` (alerts as columns), in lookup order, from ``evaluator``
-    (an :class:`Evaluator` or a :class:`engine.evaluation.scan.ScanEvaluator`)."""
+    (an :class:`Evaluator` or a :class:`engine.evaluation.scan.ScanEvaluator`).
+
+    ``skip``: the lookup schedule, ``tau -> the rules not looked up at tau``
+    (:meth:`Evaluator.step`'s ``skip``; the engine's overload policy, :mod:`engine.overload`,
+    e.g. :func:`engine.overload.schedule` of the strides an engine recorded): each rule is then
+    looked up at its own times only, its changes diffed against its own previous lookup.
+    None: every rule at every lookup time."""
     ev = evaluator
     ev.add_rules((name, plan) for name, _text, plan in rules)
     taus = lookup_times(files, every)
@@ -371,7 +378,8 @@ def iter_changes(
                 fact = {k: (c[a:b], u) for k, (c, u) in f.codes.items()}
                 ev.apply(f.stream, {k: v[a:b] for k, v in f.cols.items()}, fact)
                 starts[f.stream] = b
-        yield ev.step(int(tau))
+        off = skip(int(tau)) if skip is not None else frozenset()
+        yield ev.step(int(tau), off) if off else ev.step(int(tau))
         if progress is not None and (j % 64 == 0 or j == total - 1):
             progress(j + 1, total)
 
@@ -395,14 +403,16 @@ def iter_alerts(
     evaluator: Evaluator | None = None,
     *,
     ci_p: int | None = None,
+    skip: Callable[[int], frozenset[str]] | None = None,
 ) -> Iterator[tuple[int, str, str, str]]:
     """(as_of, rule, key, kind) alerts in RULES.md order, from ``evaluator`` (default: a new
-    one of ``strategy`` with the CI-COUNT / CI-SUM parameter ``ci_p``, then required)."""
+    one of ``strategy`` with the CI-COUNT / CI-SUM parameter ``ci_p``, then required);
+    ``skip``: the lookup schedule (:func:`iter_changes`)."""
     if evaluator is None:
         if ci_p is None:
             raise TypeError("iter_alerts needs an evaluator or ci_p")
         evaluator = make_evaluator(strategy, ci_p)
-    for changes in iter_changes(rules, files, every, evaluator, progress):
+    for changes in iter_changes(rules, files, every, evaluator, progress, skip):
         yield from changes.rows()
 
 

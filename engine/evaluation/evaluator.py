@@ -598,16 +598,31 @@ class Evaluator:
             self._last_expire = now
 
     # ------------------------------------------------------------ lookups
-    def step(self, now: int) -> Changes:
+    def step(self, now: int, skip: frozenset[str] = frozenset()) -> Changes:
         """Look every rule up at ``now`` (all events with ts <= now applied) and return the
-        changes of each rule's result since its previous lookup."""
+        changes of each rule's result since its previous lookup.
+
+        ``skip``: rules not looked up at ``now`` (the engine's overload policy,
+        :mod:`engine.overload`): no change of theirs is reported and their change state is
+        untouched, so their next lookup reports the changes since their last one.  A group all
+        of whose members are skipped is not looked up at all; in a group partly skipped, the
+        skipped members' pairs are carried over (:meth:`Group.carry`).  Expiry is unchanged."""
         self.stats["lookups"] += 1
         ctx = Lookup(self, now)
         changes = Changes(now)
-        for g in self.groups.values():
-            self._lookup_group(g, now, changes)
+        held: dict[tuple[Any, ...], set[int]] = {}  # group -> uids of its skipped members
+        for name in skip:
+            r = self.rules.get(name)
+            if r is not None and r.group is not None:
+                held.setdefault(r.group, set()).add(r.uid)
+        for gkey, g in self.groups.items():
+            uids = held.get(gkey)
+            if uids is None:
+                self._lookup_group(g, now, changes)
+            elif len(uids) < len(g.members):
+                self._lookup_group(g, now, changes, np.array(sorted(uids), np.int64))
         for rule in self.rules.values():
-            if rule.group is not None:
+            if rule.group is not None or rule.name in skip:
                 continue
             cur = ctx.evaluate(rule)
             enter = sorted_diff(cur, rule.prev)
@@ -621,8 +636,9 @@ class Evaluator:
         self._maybe_expire(now)
         return changes
 
-    def _lookup_group(self, g: Group, now: int, changes: Changes) -> None:
-        """One index lookup at the group's loosest range, one exact pass, per-rule ranges by bisection."""
+    def _lookup_group(self, g: Group, now: int, changes: Changes, held: np.ndarray | None = None) -> None:
+        """One index lookup at the group's loosest range, one exact pass, per-rule ranges by
+        bisection; the members of uids ``held`` (sorted) keep their previous pairs."""
         if g.arrays is None:
             g.prepare()
         assert g.arrays is not None
@@ -637,17 +653,19 @@ class Evaluator:
         else:
             vals = np.zeros(0, np.float64)
             cand = EMPTY
-        if not g.extras:
+        if not g.extras and held is None:
             pairs, enter, exit_ = group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, g.prev_pairs)
         else:
             # members "driver AND more atoms": their pairs that fail an extra atom are dropped
             pairs = group_pass(cand, vals, los, his, lo_strict, hi_strict, uids, EMPTY)[0]
-            if pairs.shape[0]:
+            if g.extras and pairs.shape[0]:
                 ctx = Lookup(self, now)
                 uid_of, key_of = pairs >> SHIFT, pairs & np.int64(0xFFFFFFFF)
                 drop = [d for t in g.extra_tables or [] if (d := t.check(ctx, uid_of, key_of)) is not None]
                 if drop:
                     pairs = np.delete(pairs, np.concatenate(drop))
+            if held is not None:
+                pairs = g.carry(pairs, held)
             pairs, enter, exit_ = pair_diff(np.ascontiguousarray(pairs), g.prev_pairs)
         g.prev_pairs = pairs
         for arr, kind in ((enter, "ENTER"), (exit_, "EXIT")):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.evaluation.batches import compare
+from engine.evaluation.batches import SHIFT, compare
 from engine.evaluation.state import KeyState, Structure
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Atom, Plan
@@ -214,6 +214,13 @@ class Group:
         self._uid_sorted = uids[order]
         self._name_sorted = np.array(names, dtype=object)[order]
         self.extra_tables = _extra_tables(self.extras, self.uids)
+
+    def carry(self, pairs: np.ndarray, held: np.ndarray) -> np.ndarray:
+        """``pairs`` (sorted) with the pairs of the members of uids ``held`` replaced by their
+        pairs in :attr:`prev_pairs` (those members were not looked up), sorted."""
+        keep = pairs[~np.isin(pairs >> SHIFT, held)]
+        old = self.prev_pairs[np.isin(self.prev_pairs >> SHIFT, held)]
+        return np.sort(np.concatenate([keep, old]))
 
     def name_of(self, uids: np.ndarray) -> np.ndarray:
         """Rule names (object array) of an array of rule uids of this group."""

@@ -134,6 +134,7 @@ class Store:
                     alerts=len(out.alerts),
                     removed=out.removed_keys,
                     withheld=withheld_keys(out),
+                    strides=out.strides,
                 )
                 .on_conflict_do_nothing(index_elements=[EngineBatch.engine_id, EngineBatch.batch_id])
                 .returning(EngineBatch.batch_id)
@@ -188,6 +189,18 @@ class Store:
                 )
             ).scalar()
         return {str(sid): [str(k) for k in keys] for sid, keys in (got or {}).items()}
+
+    def strides_of_batch(self, batch_id: int) -> dict[str, int]:
+        """``{subscription_id: stride}`` the overload policy used in this engine's committed batch
+        ``batch_id`` (``engine_batches.strides``): a replay of the batch uses them again
+        (:mod:`engine.overload`)."""
+        with self.engine.connect() as conn:
+            got = conn.execute(
+                select(EngineBatch.strides).where(
+                    EngineBatch.engine_id == self.engine_id, EngineBatch.batch_id == batch_id
+                )
+            ).scalar()
+        return {str(sid): int(k) for sid, k in (got or {}).items()}
 
     def withheld_of_batch(self, batch_id: int) -> dict[str, list[str]]:
         """``{subscription UUID text: [key, ...]}`` of this engine's committed batch ``batch_id``: the
@@ -263,9 +276,10 @@ def batch_metrics(out: BatchOutput) -> dict[str, Any]:
     """The ``engine_metrics`` figures read off a batch's output: ``top_alerts`` (the alerts of its
     top subscriptions, :meth:`AlertColumns.top_subscriptions
     <engine.sinks.alert_columns.AlertColumns.top_subscriptions>`, from the batch's columns --
-    built once for both sinks) and ``lookups`` (lookup times evaluated)."""
+    built once for both sinks), ``lookups`` (lookup times evaluated) and ``degraded`` (the
+    subscriptions whose lookups the overload policy spaced: ``{sid: {"every_ms", "budget_ms"}}``)."""
     top = AlertColumns.of(out.alerts).top_subscriptions() if out.alerts else {}
-    return {"top_alerts": top, "lookups": len(out.lookups)}
+    return {"top_alerts": top, "lookups": len(out.lookups), "degraded": out.degraded}
 
 
 # --------------------------------------------------------------------------- writing a batch

@@ -16,7 +16,7 @@ G = 1000
 
 @allow  # a test's evaluator: allowed in snapshots besides the engine's own classes
 class BruteCount:
-    """Evaluator stand-in (``engine.core.RuleEvaluator``): rule 'COUNT(*) OVER LAST T > k', kept
+    """Evaluator stand-in (``engine.rule_evaluator.RuleEvaluator``): rule 'COUNT(*) OVER LAST T > k', kept
     as raw events (brute force)."""
 
     def __init__(self) -> None:

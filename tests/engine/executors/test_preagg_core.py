@@ -11,13 +11,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from engine.core import EngineCore, rule_compiler
+from engine.core import EngineCore
 from engine.decode import STREAMS
 from engine.evaluation.evaluator import Evaluator
 from engine.executors.history import records_source
 from engine.executors.merge import merge_output
 from engine.executors.preagg import preaggregate
 from engine.messages import SubscriptionChange
+from engine.rule_evaluator import rule_compiler
 from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows
 from tidewatch.settings import get_settings
 from tidewatch.wire.avro import encode_batch
