@@ -33,7 +33,7 @@ import logging
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,9 +50,6 @@ from engine.rule_evaluator import RuleEvaluator
 from engine.runtime import state_codec
 from engine.runtime.state_capture import CaptureCache, Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("tidewatch.engine")
 

@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Producer
 from sqlalchemy import create_engine, text
 
+from bench.overload_bench import budget_of, rule_text  # the bench's workload: half with budgets, 4 s or 2 s
 from tests.engine.support import Scenario, make_scenario, produce
 from tests.engine.test_engine_integration import engine_settings, fresh_database, topics_of, wait_for
 from tidewatch.settings import Settings
@@ -33,19 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 P = 250  #: the pane width and lookup period (ms)
 N_RULES = 240
-
-
-def rule_text(i: int) -> str:
-    w = 2 + i % 5
-    return (
-        f"SELECT symbol FROM trades GROUP BY symbol HAVING MAX(price) OVER LAST {w} SECONDS "
-        f"- MIN(price) OVER LAST {w} SECONDS > {2 + i % 8}"
-    )
-
-
-def budget_of(i: int) -> int | None:
-    """Half the subscriptions have a budget: 4 s (stride up to 16) or 2 s (up to 8)."""
-    return {1: 4_000, 3: 2_000}.get(i % 4)
 
 
 @dataclass
