@@ -478,7 +478,7 @@ def run(a: argparse.Namespace) -> int:
         t_v = time.perf_counter()
         got = Store(create_engine(stack.db_url)).alert_log()
         skip = dead_lettered(bootstrap, settings.topic_dead_letter, topic) if dead else set()
-        every = int(settings.engine_lookup_every_ms or settings.pane_ms)
+        every = settings.lookup_period_ms
         expect: list[tuple[str, str, str, int]] = []
         n_read = n_used = 0
         if until is not None:

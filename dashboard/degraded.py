@@ -17,7 +17,6 @@ user's subscription" and its short id.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -26,10 +25,11 @@ from typing import Any
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
+from dashboard.owners import own_names
 from dashboard.storm import short_id
 from dashboard.timefmt import utc_text
 from subscriptions.budget import budget_text
-from tidewatch.db.models import EngineMetric, Subscription
+from tidewatch.db.models import EngineMetric
 
 __all__ = ["LOOKBACK_S", "Degraded", "Degradation", "read", "runs"]
 
@@ -135,25 +135,7 @@ def read(s: Session, username: str | None, lookback_s: float = LOOKBACK_S) -> De
     if still_open and not s.scalar(select(exists().where(EngineMetric.ts < cutoff))):
         # the runs reach the first batch there is: their start is exact
         items = [replace(d, since_earlier=False) for d in items]
-    names = _own_names(s, username, [d.subscription_id for d in items])
+    names = own_names(s, username, [d.subscription_id for d in items])
     items = [replace(d, name=names.get(d.subscription_id)) for d in items]
     items.sort(key=lambda d: (d.name is None, -d.load, d.subscription_id))
     return Degradation(newest, tuple(items))
-
-
-def _own_names(s: Session, username: str | None, ids: list[str]) -> dict[str, str]:
-    """``{id: name}`` of those of ``ids`` that ``username`` owns."""
-    uuids = []
-    for i in ids:
-        try:
-            uuids.append(uuid.UUID(i))
-        except ValueError:
-            continue
-    if username is None or not uuids:
-        return {}
-    rows = s.execute(
-        select(Subscription.id, Subscription.name).where(
-            Subscription.owner == username, Subscription.id.in_(uuids)
-        )
-    )
-    return {str(r[0]): str(r[1]) for r in rows}

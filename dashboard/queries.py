@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dashboard import degraded, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
+from dashboard.owners import own_names
 from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
 from tidewatch.settings import Settings
@@ -446,7 +447,8 @@ def health(
             floor_per_s=st.storm_min_alerts_per_s,
         )
         if found is not None and found.subscription_id is not None and username is not None:
-            found = replace(found, subscription_name=_own_name(s, username, found.subscription_id))
+            sid = found.subscription_id
+            found = replace(found, subscription_name=own_names(s, username, [sid]).get(sid))
         spaced = degraded.read(s, username)
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
@@ -501,13 +503,3 @@ def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(dt > 0, a / dt, np.nan)
     return [None if np.isnan(x) else float(x) for x in rate.tolist()]
-
-
-def _own_name(s: Session, username: str, subscription_id: str) -> str | None:
-    """The name of subscription ``subscription_id`` if ``username`` owns it, else None."""
-    try:
-        sid = uuid.UUID(subscription_id)
-    except ValueError:
-        return None
-    name = s.scalar(select(Subscription.name).where(Subscription.id == sid, Subscription.owner == username))
-    return None if name is None else str(name)

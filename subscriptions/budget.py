@@ -42,8 +42,8 @@ _NONE = {"", "none", "off", "no"}
 
 
 def lookup_period_ms(settings: Settings) -> int:
-    """The engine's lookup period: ``engine_lookup_every_ms``, default ``pane_ms``."""
-    return int(settings.engine_lookup_every_ms or settings.pane_ms)
+    """The engine's lookup period (:attr:`Settings.lookup_period_ms`)."""
+    return settings.lookup_period_ms
 
 
 def parse_budget(text: str | None) -> int | None:

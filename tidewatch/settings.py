@@ -449,6 +449,11 @@ class Settings(BaseSettings):
         return {"trades": self.topic_trades, "packets": self.topic_packets}[stream]
 
     @property
+    def lookup_period_ms(self) -> int:
+        """The engine's lookup period: ``engine_lookup_every_ms``, default ``pane_ms``."""
+        return int(self.engine_lookup_every_ms or self.pane_ms)
+
+    @property
     def sqlalchemy_url(self) -> str:
         if self.database_url:
             return self.database_url
