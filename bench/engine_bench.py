@@ -412,6 +412,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
         engine_lookup_every_ms=a.lookup_every_ms, **MODES[a.modes.split(",")[0]],
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
+        engine_snapshot_fork=not a.snapshot_in_thread,
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
@@ -530,9 +531,16 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     if a.snapshot_every:
         snaps = app.snapshots.written
         phases = {b: (c, f) for b, c, f in app.snapshots.timings}
-        how = "captured in the evaluation thread, finished and written by a background thread"
+        if a.snapshot_in_thread:
+            how, first, then = (
+                "captured in the evaluation thread, finished and written by a thread",
+                "capture",
+                "finish",
+            )
+        else:
+            how, first, then = "written by a forked child", "fork", "child"
         each = ", ".join(
-            f"{n / 1e6:.0f} MB in {sec:.1f} s (capture {phases[b][0]:.2f} s, finish {phases[b][1]:.2f} s)"
+            f"{n / 1e6:.0f} MB in {sec:.1f} s ({first} {phases[b][0]:.2f} s, {then} {phases[b][1]:.2f} s)"
             for b, _, n, sec in snaps
         )
         print(
@@ -738,6 +746,12 @@ def main() -> None:
         default=0,
         help="live mode: snapshot the state every N batches, as the engine does (its default is "
         "snapshot_every_batches = 50); 0: no snapshots",
+    )
+    ap.add_argument(
+        "--snapshot-in-thread",
+        action="store_true",
+        help="live mode: snapshots captured in the evaluation thread and written by a thread "
+        "(engine_snapshot_fork = false) instead of by a forked child (the default)",
     )
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")

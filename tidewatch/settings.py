@@ -120,6 +120,11 @@ class Settings(BaseSettings):
     max_future_ms: int = 60_000
     checkpoint_dir: Path | None = None
     snapshot_every_batches: int = 50
+    engine_snapshot_fork: bool = Field(
+        True,
+        description="write the state snapshot from a forked child process (a copy-on-write image of the "
+        "state; the batches go on meanwhile); False: capture in the evaluation thread, write from a thread",
+    )
     engine_history_ms: int | None = Field(
         None,
         description="raw history the engine keeps so a new rule sees old data (PSoup), at least the longest "

@@ -1,36 +1,60 @@
 """Writing the engine's state snapshot without stopping the batches for its serialization or the disk.
 
 A snapshot is the whole driver state at the end of one batch, in the format of
-:mod:`engine.runtime.state_codec`.  The next batch may change the state, so only what must see
-the state as it is now runs in the calling (evaluation) thread: the capture
-(:meth:`engine.core.EngineCore.capture`, :func:`engine.runtime.state_capture.capture`) -- the
-walk of the object graph, copies of the arrays (a ``memcpy``), of the object arrays and of the
-algorithm structures' arrays.  The rest -- the object arrays' Arrow buffers, the structures'
-``np.savez``, the JSON document, the CRC-32 (:meth:`~engine.runtime.state_capture.Captured.finish`)
--- and writing the file -- a temporary file written piece by piece, ``fsync``, rename -- are done
-by one background thread while the batches go on.  That thread competes with the evaluation
-thread for the GIL while it converts and serializes (the CRC, the write and ``fsync`` release
-it); figures in docs/measurements/engine.md, "Snapshots off the evaluation thread".  Nothing is
-forked: a fork of the driver (py4j, librdkafka and Arrow threads) could inherit a lock held by
-another thread and hang, and would share the driver's sockets and pipes.
+:mod:`engine.runtime.state_codec`.  The next batch may change the state, so whatever reads the
+state must see it as it is now.  Two ways, by ``fork``:
+
+* **A forked child (``fork=True``, the engine's default, ``Settings.engine_snapshot_fork``).**
+  The evaluation thread forks (``multiprocessing``'s ``fork`` context, 15--30 ms for a driver of
+  3 GB); the child holds the copy-on-write image of the state as it is now, and does the whole
+  serialization there -- capture, finish, write, ``fsync``, rename -- on the other core, while
+  the parent's batches go on without sharing its GIL.  The parent pays for the pages it changes
+  while the child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
+  and the file: not the parent's sockets, clients or other threads' locks (it ends by
+  ``os._exit`` through ``multiprocessing``, closing its copies of the descriptors only; no socket
+  can be shut down in it: :func:`_no_shutdown_in_child`).  It dies with the parent (Linux's
+  parent-death signal), so a killed driver leaves no writer holding its pipes -- Spark's JVM
+  ends when the driver's end of its pipe closes.  A lock another thread held at the fork stays
+  held in the child, so a child that could block on one -- none of the code it runs takes such a
+  lock, but a library might -- is killed after ``fork_timeout_s`` and counted as a failed
+  snapshot, and later snapshots are written from a thread; the parent never waits for it.  A
+  temporary file a killed child leaves is named by its pid; :func:`remove_stale_temporaries`
+  deletes it once that process is gone.
+* **In this process (``fork=False``).**  Only what must see the state as it is now runs in the
+  calling (evaluation) thread: the capture (:meth:`engine.core.EngineCore.capture`,
+  :func:`engine.runtime.state_capture.capture`) -- the walk of the object graph, copies of the
+  arrays (a ``memcpy``), of the object arrays and of the algorithm structures' arrays.  The rest
+  -- the object arrays' Arrow buffers, the structures' ``np.savez``, the JSON document, the
+  CRC-32 (:meth:`~engine.runtime.state_capture.Captured.finish`) -- and writing the file -- a
+  temporary file written piece by piece, ``fsync``, rename -- are done by one background thread
+  while the batches go on.  That thread competes with the evaluation thread for the GIL while it
+  converts and serializes (the CRC, the write and ``fsync`` release it); figures in
+  docs/measurements/engine.md, "Snapshots off the evaluation thread" and "Snapshots by a forked
+  child".
 
 At most one snapshot is in flight (finished and written): a snapshot that falls due while the
 previous one is still in flight is skipped (logged) -- before its capture, so it costs the
 evaluation thread nothing -- and the next one due is taken instead.  A snapshot that fails --
 the state cannot be captured or finished, the disk refuses the write -- is logged and skipped:
 a snapshot only shortens a restart's replay, the state is never lost for want of one.  While a
-snapshot is in flight the driver holds the state and the capture (copies of the arrays, the
-nodes), then the file's pieces.  ``SnapshotWriter(background=False)`` finishes and writes in the
-calling thread too (tests, benchmarks).
+snapshot is in flight in this process the driver holds the state and the capture (copies of the
+arrays, the nodes), then the file's pieces.  ``SnapshotWriter(background=False)`` finishes and
+writes in the calling thread too (tests, benchmarks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import multiprocessing
 import os
+import signal
+import socket
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,21 +113,27 @@ def _alive(pid: int) -> bool:
 
 
 class SnapshotWriter:
-    """Captures snapshots in the calling thread, finishes and writes them in a background thread
-    (see the module's docstring).
+    """Captures snapshots in the calling thread, finishes and writes them in a background thread,
+    or does it all in a forked child (see the module's docstring).
 
-    ``background``: False finishes and writes in the calling thread too.  ``keep``: snapshots kept."""
+    ``background``: False finishes and writes in the calling thread too (``fork`` is then
+    ignored).  ``keep``: snapshots kept.  ``fork``: serialize in a forked child;
+    ``fork_timeout_s``: the child is killed (a failed snapshot) past this."""
 
-    def __init__(self, background: bool = True, keep: int = 3) -> None:
+    def __init__(
+        self, background: bool = True, keep: int = 3, fork: bool = False, fork_timeout_s: float = 600.0
+    ) -> None:
         self.background = bool(background)
         self.keep = keep
+        self.fork = bool(fork) and self.background
+        self.fork_timeout_s = float(fork_timeout_s)
         self._thread: threading.Thread | None = None
         self._batch = -1  # the batch of the snapshot in flight
         #: (batch id, path, bytes, seconds from the capture to the rename) of the snapshots
         #: written; the newest last
         self.written: list[tuple[int, Path, int, float]] = []
-        #: (batch id, seconds of the capture in the calling thread, seconds to finish) of the
-        #: snapshots written; the newest last
+        #: (batch id, seconds of the capture -- or of the fork -- in the calling thread, seconds
+        #: to finish -- in a child: to capture and finish) of the snapshots written; the newest last
         self.timings: list[tuple[int, float, float]] = []
         self.skipped = 0
         self.failed = 0
@@ -127,6 +157,8 @@ class SnapshotWriter:
                 self._batch,
             )
             return False
+        if self.fork:
+            return self._fork(batch_id, path, capture)
         t0 = time.perf_counter()
         try:
             captured = capture()
@@ -185,21 +217,122 @@ class SnapshotWriter:
                 exc,
             )
             return
+        self._done(batch_id, path, size, t0, captured_s, finished_s)
+
+    def _done(
+        self, batch_id: int, path: Path, size: int, t0: float, captured_s: float, finished_s: float
+    ) -> None:
+        """Note snapshot ``batch_id`` written, keep the newest ``keep``, log it."""
         seconds = time.perf_counter() - t0
         self.written.append((batch_id, path, size, seconds))
         self.timings.append((batch_id, captured_s, finished_s))
         for old in sorted(path.parent.glob("*.bin"))[: -self.keep]:
             old.unlink(missing_ok=True)
+        if self.fork:
+            how = "forked in %.2f s by the evaluation thread, captured, finished and written in %.2f s by a child process"
+        else:
+            how = "captured in %.2f s in the evaluation thread, finished in %.2f s and written" + (
+                " by the writer thread while the batches went on" if self.background else ""
+            )
         log.info(
-            "state snapshot of batch %d written (%d bytes in %.1f s: captured in %.2f s in the "
-            "evaluation thread, finished in %.2f s and written%s)",
+            "state snapshot of batch %d written (%d bytes in %.1f s: " + how + ")",
             batch_id,
             size,
             seconds,
             captured_s,
             finished_s,
-            " by the writer thread while the batches went on" if self.background else "",
         )
+
+    def _fork(self, batch_id: int, path: Path, capture: Callable[[], Finishable | bytes]) -> bool:
+        """Snapshot ``batch_id`` from a forked child.  The fork is made by the thread that then
+        waits for the child (the child's parent-death signal is tied to that thread, which lives
+        as long as the child); the calling thread waits for the fork only."""
+        forked = threading.Event()
+        failed: list[BaseException] = []
+        self._batch = batch_id
+        t0 = time.perf_counter()
+        self._thread = threading.Thread(
+            target=self._run_child,
+            args=(batch_id, path, capture, forked, failed, t0),
+            name=f"tidewatch-snapshot-{batch_id}",
+        )
+        self._thread.start()
+        forked.wait()
+        if failed:
+            self._thread.join()
+            self._thread = None
+            self.failed += 1
+            log.warning(
+                "state snapshot of batch %d failed: could not fork the process that writes it (%s); "
+                "the next one due is taken, a restart replays more batches until then",
+                batch_id,
+                failed[0],
+            )
+            return False
+        return True
+
+    def _run_child(
+        self,
+        batch_id: int,
+        path: Path,
+        capture: Callable[[], Finishable | bytes],
+        forked: threading.Event,
+        failed: list[BaseException],
+        t0: float,
+    ) -> None:
+        """Fork the child writing snapshot ``batch_id``, then wait for it (killed past
+        ``fork_timeout_s``; writing from a thread from then on: a child that hangs once would
+        hang again)."""
+        ctx = multiprocessing.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        try:
+            child = ctx.Process(
+                target=_serialize_in_child,
+                args=(path, capture, send, os.getpid()),
+                name=f"tidewatch-snapshot-{batch_id}",
+                daemon=True,
+            )
+            with _no_shutdown_in_child():
+                child.start()
+        except Exception as exc:
+            failed.append(exc)
+            receive.close()
+            return
+        finally:
+            send.close()  # the child's copy is the one that writes
+            forked.set()
+        forked_s = time.perf_counter() - t0
+        child.join(self.fork_timeout_s)
+        try:
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+                path.with_name(f"{path.name}.{child.pid}.tmp").unlink(missing_ok=True)
+                self.failed += 1
+                self.fork = False
+                log.warning(
+                    "state snapshot of batch %d failed: its process did not finish in %.0f s and was "
+                    "killed; the next one due is taken, written from a thread of this process from "
+                    "now on (a restart replays more batches until then)",
+                    batch_id,
+                    self.fork_timeout_s,
+                )
+                return
+            gone = ("error", f"its process ended with exit code {child.exitcode}")
+            report: tuple[Any, ...] = receive.recv() if receive.poll() else gone
+        finally:
+            receive.close()
+        if report[0] != "ok":
+            self.failed += 1
+            log.warning(
+                "state snapshot of batch %d failed: %s; the next one due is taken, a restart "
+                "replays more batches until then",
+                batch_id,
+                report[1],
+            )
+            return
+        _, size, busy_s = report
+        self._done(batch_id, path, size, t0, forked_s, busy_s)
 
     def poll(self) -> None:
         """Note that the write in flight has finished (nothing to do when none is)."""
@@ -214,3 +347,66 @@ class SnapshotWriter:
         if t is not None:
             t.join()
         self.poll()
+
+
+def _serialize_in_child(
+    path: Path, capture: Callable[[], Finishable | bytes], send: Any, parent: int
+) -> None:
+    """In the forked child: capture and finish the state (the child's image of the parent's at
+    the fork), write it to ``path`` atomically, and send ``("ok", bytes, seconds)`` -- or
+    ``("error", why)`` -- to the parent.  Dies with the parent: SIGKILL when the thread that
+    forked it ends (Linux's parent-death signal), or at once if the parent ``parent`` is already
+    gone."""
+    t0 = time.perf_counter()
+    _die_with_parent(parent)
+    try:
+        captured = capture()
+        pieces = [captured] if isinstance(captured, bytes) else captured.finish()
+    except Exception as exc:
+        send.send(("error", f"the state could not be captured or finished ({type(exc).__name__}: {exc})"))
+        return
+    try:
+        atomic_write(path, pieces)
+    except Exception as exc:
+        send.send(("error", f"could not write {path} ({exc})"))
+        return
+    send.send(("ok", sum(memoryview(p).nbytes for p in pieces), time.perf_counter() - t0))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when the thread that forked it ends (``prctl``'s
+    ``PR_SET_PDEATHSIG``), and end now if ``parent`` already has (no orphan writer holding the
+    driver's pipes); elsewhere, nothing."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+#: ``prctl``'s option (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
+
+
+@contextlib.contextmanager
+def _no_shutdown_in_child() -> Iterator[None]:
+    """Around a fork: ``socket.shutdown`` does nothing in the child and stays itself in this
+    process.  At the fork CPython clears, in the child, the thread states of the threads the child
+    lacks; what they alone held is freed, and finalizers run -- py4j's ended a thread's
+    connection to Spark's JVM with a ``shutdown``, which on a socket the child shares with the
+    parent ends it for the parent ("Connection reset by peer" in the engine at every snapshot,
+    Nov 24; tests/engine/runtime/test_snapshot_fork.py).  ``close`` is harmless (the parent keeps
+    its descriptor).  The method is replaced only while the fork is made, by one that calls the
+    original in this process; the child keeps it."""
+    original = socket.socket.shutdown
+    parent = os.getpid()
+
+    def shutdown(self: socket.socket, how: int) -> None:
+        if os.getpid() != parent:
+            return  # the child: the socket is the parent's too
+        original(self, how)
+
+    socket.socket.shutdown = shutdown  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        socket.socket.shutdown = original  # type: ignore[method-assign]
