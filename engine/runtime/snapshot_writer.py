@@ -7,8 +7,9 @@ state must see it as it is now.  Two ways, by ``fork``:
 * **A forked child (``fork=True``, the engine's default, ``Settings.engine_snapshot_fork``).**
   The evaluation thread forks (``multiprocessing``'s ``fork`` context, 15--30 ms for a driver of
   3 GB); the child holds the copy-on-write image of the state as it is now, and does the whole
-  serialization there -- capture, finish, write, ``fsync``, rename -- on the other core, while
-  the parent's batches go on without sharing its GIL.  The parent pays for the pages it changes
+  serialization there -- capture, finish, write, ``fsync``, rename -- at a lower priority
+  (``nice`` 10: the batches and Spark's tasks come first), while the parent's batches go on
+  without sharing its GIL.  The parent pays for the pages it changes
   while the child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
   and the file: not the parent's sockets, clients or other threads' locks (it ends by
   ``os._exit`` through ``multiprocessing``, closing its copies of the descriptors only; no socket
@@ -354,11 +355,12 @@ def _serialize_in_child(
 ) -> None:
     """In the forked child: capture and finish the state (the child's image of the parent's at
     the fork), write it to ``path`` atomically, and send ``("ok", bytes, seconds)`` -- or
-    ``("error", why)`` -- to the parent.  Dies with the parent: SIGKILL when the thread that
+    ``("error", why)`` -- to the parent.  Runs at a lower priority (``nice`` 10).  Dies with the parent: SIGKILL when the thread that
     forked it ends (Linux's parent-death signal), or at once if the parent ``parent`` is already
     gone."""
     t0 = time.perf_counter()
     _die_with_parent(parent)
+    os.nice(_CHILD_NICENESS)  # background work: the batches and Spark's tasks come first
     try:
         captured = capture()
         pieces = [captured] if isinstance(captured, bytes) else captured.finish()
@@ -382,6 +384,9 @@ def _die_with_parent(parent: int) -> None:
     if os.getppid() != parent:
         os._exit(1)
 
+
+#: how much lower the child's scheduling priority is than the driver's
+_CHILD_NICENESS = 10
 
 #: ``prctl``'s option (linux/prctl.h)
 _PR_SET_PDEATHSIG = 1

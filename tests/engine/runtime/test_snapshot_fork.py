@@ -44,11 +44,9 @@ def test_the_state_at_the_fork_is_written_whatever_the_parent_does_next(
 
 
 def test_the_caller_waits_for_the_fork_only(tmp_path: Path) -> None:
-    pids: list[int] = []
-
     def slow() -> bytes:
         time.sleep(1.0)
-        return str(os.getpid()).encode()
+        return f"{os.getpid()} {os.nice(0)}".encode()
 
     w = SnapshotWriter(fork=True)
     path = tmp_path / "000000000001.bin"
@@ -58,8 +56,9 @@ def test_the_caller_waits_for_the_fork_only(tmp_path: Path) -> None:
     assert w.busy and not path.exists()
     assert not w.write(2, tmp_path / "000000000002.bin", slow) and w.skipped == 1  # one in flight
     w.wait()
-    pids.append(int(path.read_bytes()))
-    assert pids[0] != os.getpid()  # serialized by another process
+    pid, niceness = map(int, path.read_bytes().split())
+    assert pid != os.getpid()  # serialized by another process, at a lower priority
+    assert niceness == min(19, os.nice(0) + 10)
     ((_, forked_s, busy_s),) = w.timings
     assert forked_s < 0.6 and busy_s >= 1.0
 
