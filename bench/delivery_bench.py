@@ -1,24 +1,27 @@
-"""The engine's alert delivery, old and new side by side in one process: µs per alert.
+"""The engine's alert delivery, sequential and overlapped side by side in one process: µs per alert.
 
 One batch's output goes to PostgreSQL (:meth:`engine.sinks.store.Store.commit`: alert log, current
-results, batch id, metrics in one transaction) and then to Kafka
-(:meth:`engine.sinks.publish.Publisher.publish`: Avro alerts, results, progress marker in one
-transaction), as ``EngineApp._deliver`` does.  Each side is timed on the same synthetic batches:
+results, batch id, metrics in one transaction) and to Kafka (Avro alerts, results, progress marker in
+one transaction).  Each side is timed on the same synthetic batches:
 
-* **old** (Nov 23 -- Nov 25): ``COPY`` into a staging table, then ``INSERT … SELECT … ON CONFLICT``
-  into ``alerts`` -- :func:`engine.sinks.store.write_copy` -- and the batch encoded by one Numba
-  kernel from fields read alert by alert (``engine/sinks/alert_wire.py`` as of commit
-  :data:`OLD_COMMIT`, read with ``git show``), produced by one interleaved loop with a delivery
-  report per record -- :func:`produce_interleaved`;
-* **new**: the batch's columns built once (:class:`engine.sinks.alert_columns.AlertColumns`),
-  one ``COPY`` straight into ``alerts``, the net result changes read back from the rows logged --
-  :func:`engine.sinks.store.write_direct` -- and the same kernel fed by the columns, produced by
-  two tight loops, delivery reports for failures only -- :func:`engine.sinks.publish.produce_alerts`.
+* **old** (Nov 25 -- Nov 27): PostgreSQL's commit, THEN the whole Kafka transaction
+  (:meth:`engine.sinks.publish.Publisher.publish`), as ``EngineApp._deliver`` did;
+* **new**: the overlapped delivery, :meth:`engine.sinks.deliver.Delivery.deliver`: the Kafka
+  transaction opened and its records produced on a thread while PostgreSQL commits, the Kafka
+  commit after PostgreSQL's.
 
-Each side writes to a database of its own (the same alerts, so the tables grow alike); the two
-sides alternate, and the median of ``--repeat`` batches per size is printed.  Real services:
-an embedded PostgreSQL and Kafka broker started here (:mod:`tidewatch.stack.embedded`, free ports,
-temporary run dir, stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
+Both use the same sinks otherwise (the columns built once, one ``COPY`` into ``alerts``, the Avro
+kernel, two produce loops).  Columns printed: "PostgreSQL" = from the start until PostgreSQL
+committed (for new: the Kafka records produced meanwhile), "Kafka" = from there until Kafka
+committed, "total" = both.  The comparison before (``write_copy`` and the per-alert encoder
+against the columns) is this file as of commit 34073b8.
+
+Each side writes to a database of its own (the same alerts, so the tables grow alike) with its own
+transactional id; each delivers its own copy of the batch's alert list (the columns cached for one
+list are not the other's); the two sides alternate, and the median of ``--repeat`` batches per size
+is printed.  Real services: an embedded PostgreSQL and Kafka broker started here
+(:mod:`tidewatch.stack.embedded`, free ports, temporary run dir, stopped by PID at the end), or
+``--database-url`` / ``--bootstrap``.
 
     flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
 
@@ -30,19 +33,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import random
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,8 +61,6 @@ LABELS = [
     "AVG(price) OVER LAST 30 SECONDS",
     "MAX(price) OVER LAST 15 SECONDS - MIN(price) OVER LAST 15 SECONDS",
 ]
-#: the commit whose ``engine/sinks/alert_wire.py`` is the old side's encoder
-OLD_COMMIT = "511f00470252de55e89bc1221fe043a19c2c5745"
 METRICS = {"events_per_s": 1.0, "batch_ms": 1.0, "lag_ms": 1.0, "alerts": 0, "dead_letters": 0}
 
 
@@ -134,87 +133,39 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def old_encoder(root: Path) -> Callable[..., Any]:
-    """``encode_alerts`` of ``engine/sinks/alert_wire.py`` as of :data:`OLD_COMMIT` (the old side's)."""
-    src = subprocess.run(
-        ["git", "show", f"{OLD_COMMIT}:engine/sinks/alert_wire.py"],
-        cwd=Path(__file__).resolve().parent.parent, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    path = root / "old_alert_wire.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("old_alert_wire", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    fn: Callable[..., Any] = mod.encode_alerts
-    return fn
-
-
-def produce_interleaved(encode: Callable[..., Any]) -> Callable[..., None]:
-    """The old side's alert loop (``engine.sinks.publish.produce_alerts`` of Nov 23 -- Nov 25):
-    each alert's records in turn, a keyword call per record."""
-
-    def produce_alerts(p: Any, s: Any, alerts: Any, batch_id: int, now: int) -> None:
-        recs = encode(alerts, batch_id, now)
-        produce = p.produce
-        ta, tr = s.topic_alerts, s.topic_results
-        for i, (ak, av, rk, rv, present) in enumerate(
-            zip(
-                recs.alert_keys,
-                recs.alert_values,
-                recs.result_keys,
-                recs.result_values,
-                recs.present,
-                strict=True,
-            )
-        ):
-            produce(ta, value=av, key=ak)
-            produce(tr, value=rv, key=rk)
-            if not present:
-                produce(tr, value=None, key=rk)
-            if i % 1000 == 999:
-                p.poll(0)  # serve delivery reports
-        p.poll(0)
-
-    return produce_alerts
-
-
 class Side:
-    """One delivery path: its Store (own database) and its Publisher (own transactional id)."""
+    """One delivery path: its Store (own database), its Publisher (own transactional id) and,
+    for new, the overlapped delivery over them."""
 
-    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings, tmp: Path) -> None:
-        from engine.sinks import publish, store
+    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
+        from engine.sinks.deliver import Delivery
         from engine.sinks.publish import Publisher
         from engine.sinks.store import Store
         from tidewatch.db.session import make_db_engine
 
-        class OldPublisher(Publisher):  # a delivery report per record, as before
-            producer_config = {"linger.ms": 5, "compression.type": "lz4"}  # noqa: RUF012
-
         self.name = name
-        old = name == "old"
         self.store = Store(make_db_engine(fresh_database(pg_url)))
-        self.publisher = (OldPublisher if old else Publisher)(
-            bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}"
-        )
-        self.write: Callable[..., None] = store.write_copy if old else store.write_direct
-        self.publisher.produce_alerts = (
-            produce_interleaved(old_encoder(tmp)) if old else publish.produce_alerts
-        )
+        self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
+        self.delivery = None if name == "old" else Delivery(self.store, self.publisher, 60.0)
         self.next_batch = 0
 
     def deliver(self, out: BatchOutput) -> tuple[float, float]:
-        """Seconds of the PostgreSQL commit and of the Kafka transaction of ``out``."""
-        out = BatchOutput(batch_id=self.next_batch, alerts=out.alerts, events=out.events)
+        """Seconds until PostgreSQL committed ``out`` and from then until Kafka did."""
+        out = BatchOutput(batch_id=self.next_batch, alerts=list(out.alerts), events=out.events)
         self.next_batch += 1
+        if self.delivery is not None:
+            d = self.delivery.deliver(out, watermark=None, metrics=METRICS)
+            assert d.committed
+            return d.pg_s, d.kafka_s
         t0 = time.perf_counter()
-        assert self.store.commit(out, watermark=None, metrics=METRICS, write=self.write)
+        assert self.store.commit(out, watermark=None, metrics=METRICS)
         t1 = time.perf_counter()
         self.publisher.publish(out.batch_id, out.alerts)
         return t1 - t0, time.perf_counter() - t1
 
     def close(self) -> None:
+        if self.delivery is not None:
+            self.delivery.close()
         self.publisher.close()
         self.store.engine.dispose()
 
@@ -248,15 +199,16 @@ def main() -> None:
             update={f"topic_{t}": f"dbench-{t.replace('_', '-')}-{run}" for t in topics}
         )
         ensure_topics(bootstrap, settings)
-        tmp = Path(tempfile.mkdtemp(prefix="tw-delivery-old-"))
-        sides = [Side(n, pg_url, bootstrap, settings, tmp) for n in ("old", "new")]
+        sides = [Side(n, pg_url, bootstrap, settings) for n in ("old", "new")]
         try:
             warm = make_batch(0, 200, a.subscriptions, a.keys, seed=1)
-            for side in sides:  # connections, staging table, the encoder's kernel, the producer
+            for side in sides:  # connections, the encoder's kernel, the producer, the thread
                 side.deliver(warm)
             k = 0  # batches made: each gets its own as_of range (no alert id repeats)
             for n in sizes:
-                per: dict[str, dict[str, list[float]]] = {s.name: {"pg": [], "kafka": []} for s in sides}
+                per: dict[str, dict[str, list[float]]] = {
+                    s.name: {"pg": [], "kafka": [], "total": []} for s in sides
+                }
                 for r in range(a.repeat):
                     k += 1
                     out = make_batch(k, n, a.subscriptions, a.keys, seed=k)
@@ -265,14 +217,14 @@ def main() -> None:
                         pg_s, kafka_s = side.deliver(out)
                         per[side.name]["pg"].append(pg_s / n * 1e6)
                         per[side.name]["kafka"].append(kafka_s / n * 1e6)
+                        per[side.name]["total"].append((pg_s + kafka_s) / n * 1e6)
                 fig = {
                     name: {part: statistics.median(v) for part, v in parts.items()}
                     for name, parts in per.items()
                 }
-                for f in fig.values():
-                    f["total"] = f["pg"] + f["kafka"]
                 res["sizes"][n] = {"median_us_per_alert": fig, "runs_us_per_alert": per}
-                print(f"batch of {n:,} alerts (median of {a.repeat}), µs per alert:")
+                print(f"batch of {n:,} alerts (median of {a.repeat}), µs per alert "
+                      "(old: sequential, new: overlapped):")  # fmt: skip
                 print(f"  {'':8s}{'PostgreSQL':>12s}{'Kafka':>10s}{'total':>10s}")
                 for name in ("old", "new"):
                     f = fig[name]
@@ -288,7 +240,6 @@ def main() -> None:
                 side.close()
             del sides, side  # the producers' threads end before the broker does
             gc.collect()
-            shutil.rmtree(tmp, ignore_errors=True)
     load1 = os.getloadavg()
     res["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     res["loadavg_start_end"] = [load0, load1]

@@ -11,7 +11,8 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
 * Output, idempotent per batch id: the alert log, current results, batch id and metrics in
   ONE PostgreSQL transaction (:mod:`engine.sinks.store`; a committed batch id is skipped), then
   alerts / results / dead letters in ONE Kafka transaction with a progress marker
-  (:mod:`engine.sinks.publish`).
+  (:mod:`engine.sinks.publish`), its records produced while PostgreSQL commits, committed after
+  it (:mod:`engine.sinks.deliver`).
 * Restart: the per-batch Kafka offset ranges are logged in ``<checkpoint>/tidewatch/batches``
   before the commit, and the whole driver state is snapshotted every
   ``snapshot_every_batches`` batches (in the versioned format of
@@ -50,9 +51,9 @@ from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_
 from engine.overload import Marks
 from engine.rule_evaluator import make_evaluator, rule_compiler
 from engine.runtime.gc_tuning import freeze_state, tune_gc
-from engine.runtime.retry import retry_transient
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
+from engine.sinks.deliver import Delivery
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
 from engine.sources.offsets import (
@@ -181,6 +182,7 @@ class EngineApp:
         self.charts = ChartAnswers(self.store.engine, settings, engine_id)  # the key page's charts
         ensure_topics(self.bootstrap, settings)
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
+        self.delivery = Delivery(self.store, self.publisher, settings.engine_db_retry_s)
         self.core = self._core_factory()
         self.batches_done = 0
         self.read_s = 0.0  # seconds the last batch took to reach the driver (Spark read + toArrow)
@@ -609,19 +611,11 @@ class EngineApp:
         )
 
     def _deliver(self, e: _Evaluated) -> None:
-        """The batch's output: PostgreSQL (one transaction, idempotent by batch id), then Kafka."""
+        """The batch's output: PostgreSQL (one transaction, idempotent by batch id), Kafka's records
+        produced meanwhile, Kafka's transaction committed after PostgreSQL's (:mod:`engine.sinks.deliver`)."""
         out, batch_id = e.out, e.batch_id
         t_pg = time.perf_counter()
-        committed = retry_transient(
-            lambda: self.store.commit(out, watermark=e.watermark, metrics=e.metrics),
-            f"batch {batch_id}",
-            deadline_s=self.settings.engine_db_retry_s,
-        )
-        if not committed:
-            log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
-        t_kafka = time.perf_counter()
-        results = out.result_changes() if out.withheld else None  # capped: not its alerts
-        self.publisher.publish(batch_id, out.alerts, out.dead, out.removed_keys, results)
+        d = self.delivery.deliver(out, watermark=e.watermark, metrics=e.metrics)
         t_done = time.perf_counter()
         self.batches_done += 1
         n_events = sum(out.events.values())
@@ -639,12 +633,11 @@ class EngineApp:
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "done in %.0f ms (read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f, "
-            "Kafka %.0f)",
+            "done in %.0f ms (read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f "
+            "(Kafka records produced meanwhile), Kafka commit %.0f)",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), e.rules, total_s * 1000,
-            e.read_s * 1000, e.core_s * 1000, (t_pg - e.t0 - e.core_s) * 1000, (t_kafka - t_pg) * 1000,
-            (t_done - t_kafka) * 1000,
+            e.read_s * 1000, e.core_s * 1000, (t_pg - e.t0 - e.core_s) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
         )  # fmt: skip
 
     def snapshot(self) -> Path:
@@ -789,5 +782,6 @@ class EngineApp:
         if self._worker is not None:
             self._worker.shutdown()
             self._out_worker.shutdown()
+        self.delivery.close()
         self.publisher.close()
         self.store.engine.dispose()

@@ -7,8 +7,9 @@ labels, their values).  Reading the fields out of the :class:`~engine.messages.A
 the one per-alert Python left (a comprehension per field); everything derived from them -- the
 stable alert ids, the subscriptions' UUID text, the values' JSON text, the ENTER flags -- is
 computed column-wise (Arrow compute, NumPy).  :func:`AlertColumns.of` keeps the columns of the
-last list it was given, so the PostgreSQL commit and the Kafka transaction of a batch (handed
-the same ``BatchOutput.alerts`` list, :meth:`engine.app.EngineApp._deliver`) build them once.
+last list it was given, so the PostgreSQL commit and the Kafka transaction of a batch build them
+once (:meth:`engine.sinks.deliver.Delivery.deliver` builds them before the two start, and hands the
+columns themselves to the Kafka side).
 
 The values' JSON text is the text ``json.dumps(alert.values)`` gives (tests/engine/sinks/
 test_alert_columns.py): each distinct label encoded once by :func:`engine.sinks.store`'s JSON

@@ -1,10 +1,10 @@
 """Kafka side of the engine: alerts, current results and dead letters in one Kafka transaction.
 
-After a batch is committed in PostgreSQL (:mod:`engine.sinks.store`), its Avro alerts (topic
-``alerts``, keyed by subscription id), its result changes (compacted topic ``results``,
-keyed ``subscription|key``: ``present=true`` on ENTER; ``present=false`` then a tombstone
-on EXIT; a tombstone for every key of a subscription deleted or paused) and its dead letters
-are produced in ONE Kafka transaction; the alert and result
+A batch's Avro alerts (topic ``alerts``, keyed by subscription id), its result changes
+(compacted topic ``results``, keyed ``subscription|key``: ``present=true`` on ENTER;
+``present=false`` then a tombstone on EXIT; a tombstone for every key of a subscription deleted
+or paused) and its dead letters are produced in ONE Kafka transaction, committed after the batch
+is committed in PostgreSQL (:mod:`engine.sinks.store`); the alert and result
 records of the whole batch are encoded together (:mod:`engine.sinks.alert_wire`, one Numba kernel,
 from the batch's columns shared with the PostgreSQL commit) and produced by two tight loops over
 the prebuilt bytes (``Producer.produce`` takes one record per call: the floor of the Python API;
@@ -32,6 +32,13 @@ outbox relay).  The stall bound is needed because librdkafka
 (2.16) can block in ``send_offsets_to_transaction`` past its own timeout after a restart of the
 group coordinator (librdkafka issues 5456 and 5511); such a call is left in its thread, on the
 abandoned producer, which the new one has fenced.
+
+A transaction in two steps (the engine's overlapped delivery, :mod:`engine.sinks.deliver`):
+:meth:`Publisher.begin` opens the batch's transaction and produces its records -- invisible to
+``read_committed`` consumers until the commit -- and may run while PostgreSQL commits the batch;
+:meth:`Publisher.commit` then commits it (marker and records together), with the retries above,
+and :meth:`Publisher.abort` aborts it when PostgreSQL did not commit the batch.
+:meth:`Publisher.publish` is the two steps in a row.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -52,7 +60,7 @@ from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
 from tidewatch.kafka.codes import COORDINATOR, error_code
 from tidewatch.kafka.topics import create_topics, topic_specs
-from tidewatch.kafka.txn import DeliveryErrors, bounded, retrying
+from tidewatch.kafka.txn import DeliveryErrors, KafkaStalled, bounded, retrying
 from tidewatch.wire.avro import encode
 
 if TYPE_CHECKING:
@@ -76,6 +84,30 @@ def ensure_topics(bootstrap: str, settings: Settings) -> None:
 Alerts = list[Alert] | list[dict[str, Any]] | AlertColumns
 
 
+@dataclass(frozen=True)
+class KafkaBatch:
+    """One batch's Kafka output, as :meth:`Publisher.publish` takes it (see there)."""
+
+    batch_id: int
+    alerts: Alerts
+    dead: DeadLetters | None = None
+    removed: Mapping[str, Sequence[str]] | None = None
+    results: Alerts | None = None
+
+
+@dataclass
+class OpenTransaction:
+    """A batch's Kafka transaction opened by :meth:`Publisher.begin`: its records produced on
+    ``producer`` (not committed: invisible to ``read_committed`` consumers), or ``error``, the
+    Kafka failure (or stall) that stopped the step, which :meth:`Publisher.commit` retries.  The
+    batch's output is kept for those retries (a new producer, a whole transaction again)."""
+
+    batch: KafkaBatch
+    producer: Producer
+    marker: Consumer
+    error: KafkaException | KafkaStalled | None = None
+
+
 class Publisher:
     """Transactional producer of the engine's Kafka output (see module docstring)."""
 
@@ -93,7 +125,7 @@ class Publisher:
         self.marker_tp = TopicPartition(settings.topic_alerts, 0)
         self.tid = f"tidewatch-engine-{engine_id}"
         self.producer, self.marker = self._clients()
-        #: how a batch's alerts are produced (``bench/delivery_bench.py`` swaps in
+        #: how a batch's alerts are produced (tests/engine/sinks/test_publish_batch.py swaps in
         #: :func:`_produce_alerts_per_record`, the path :func:`produce_alerts` replaced)
         self.produce_alerts: Callable[[Producer, Any, Any, int, int], None] = produce_alerts
         warm_up()  # the alert encoder's kernel, compiled before the first batch
@@ -166,7 +198,29 @@ class Publisher:
         after them).  ``results``: the batch's result changes when they are not its alerts (the
         alert cap withheld some: :meth:`engine.messages.BatchOutput.result_changes`, or the rows
         :func:`engine.cap.republished_results` gives): ``results`` gets their records instead of
-        the alerts' (no record for a CAPPED one)."""
+        the alerts' (no record for a CAPPED one).  :meth:`begin` then :meth:`commit`."""
+        self.commit(self.begin(KafkaBatch(batch_id, alerts, dead, removed, results)))
+
+    def begin(self, batch: KafkaBatch) -> OpenTransaction:
+        """Open ``batch``'s transaction and produce its records (those :meth:`publish` produces,
+        in the same order), without committing it: nothing is visible to ``read_committed``
+        consumers, and the progress marker is not moved.  A Kafka failure or a stall (past
+        ``engine_kafka_stall_s``) is not raised but kept in the returned transaction, for
+        :meth:`commit` to retry; any other error is raised.  Exactly one of :meth:`commit` and
+        :meth:`abort` must follow, before the next :meth:`begin`."""
+        txn = OpenTransaction(batch, self.producer, self.marker)
+        try:
+            self._bounded(lambda: self._produce(txn.producer, batch), f"batch {batch.batch_id}")
+        except (KafkaException, KafkaStalled) as exc:
+            txn.error = exc
+        return txn
+
+    def commit(self, txn: OpenTransaction) -> None:
+        """Commit ``txn`` with its progress marker (``batch_id + 1``), exactly once: when its
+        step failed, or the commit fails or stalls, the whole transaction is retried with a new
+        producer unless the marker shows that it committed, as :meth:`publish` does (module
+        docstring); the last error is raised after ``engine_kafka_retry_s``."""
+        batch_id = txn.batch.batch_id
 
         def attempt(n: int) -> None:
             if n > 1:
@@ -175,36 +229,51 @@ class Publisher:
                 if self._bounded(self.last_published, "the progress marker") >= batch_id:
                     log.info("batch %d: its Kafka transaction did commit before the failure", batch_id)
                     return
-            self._bounded(
-                lambda: self._transaction(batch_id, alerts, dead, removed, results), f"batch {batch_id}"
-            )
+                self._bounded(lambda: self._transaction(txn.batch), f"batch {batch_id}")
+            elif txn.error is not None:
+                raise txn.error
+            else:
+                self._bounded(lambda: self._commit(txn.producer, txn.marker, batch_id), f"batch {batch_id}")
 
         retrying(attempt, self.settings.engine_kafka_retry_s, f"batch {batch_id}", log)
+
+    def abort(self, txn: OpenTransaction) -> None:
+        """Abort ``txn`` (its batch is not to be published: PostgreSQL did not commit it); its
+        records are never visible to ``read_committed`` consumers.  Does not raise: a failure is
+        logged, and the open transaction is then aborted when the producer is next re-created
+        (the next batch's :meth:`begin` fails on it and :meth:`commit` retries with a new one)."""
+        if txn.error is not None:  # the step failed or stalled: nothing to abort safely here; a
+            return  # transaction it left open fails the next begin, whose commit re-creates the producer
+        try:
+            self._bounded(lambda: txn.producer.abort_transaction(60), f"batch {txn.batch.batch_id}: abort")
+        except (KafkaException, KafkaStalled) as exc:
+            log.warning("batch %d: its Kafka transaction could not be aborted (%s)", txn.batch.batch_id, exc)
 
     def _bounded(self, fn: Callable[[], T], what: str) -> T:
         """``fn()`` given up (:class:`~tidewatch.kafka.txn.KafkaStalled`) after ``engine_kafka_stall_s``."""
         return bounded(fn, self.settings.engine_kafka_stall_s, what)
 
-    def _transaction(
-        self,
-        batch_id: int,
-        alerts: Alerts,
-        dead: DeadLetters | None,
-        removed: Mapping[str, Sequence[str]] | None = None,
-        results: Alerts | None = None,
-    ) -> None:
+    def _transaction(self, batch: KafkaBatch) -> None:
+        """The whole transaction on the current producer: records, marker, commit."""
+        p, marker = self.producer, self.marker
+        self._produce(p, batch)
+        self._commit(p, marker, batch.batch_id)
+
+    def _produce(self, p: Producer, batch: KafkaBatch) -> None:
+        """Begin a transaction on ``p`` and produce ``batch``'s records into it: the tombstones
+        of its removed subscriptions, alerts and results, dead letters."""
         s = self.settings
         now = int(time.time() * 1000)
-        p = self.producer
+        alerts, dead, removed, results = batch.alerts, batch.dead, batch.removed, batch.results
         p.begin_transaction()
         try:
             if removed:
                 keys = [f"{sid}|{key}".encode() for sid, ks in removed.items() for key in ks]
                 _produce_all(p, s.topic_results, [None] * len(keys), keys)
             if results is None:
-                self.produce_alerts(p, s, alerts, batch_id, now)
+                self.produce_alerts(p, s, alerts, batch.batch_id, now)
             else:
-                produce_alerts(p, s, alerts, batch_id, now, results)
+                produce_alerts(p, s, alerts, batch.batch_id, now, results)
             if dead is not None and len(dead):
                 for rec in dead.records(now):
                     p.produce(
@@ -212,8 +281,16 @@ class Publisher:
                         key=rec["source_topic"].encode(),
                         value=encode("dead_letter", rec),
                     )
+        except KafkaException as exc:
+            self.deliveries.reraise(p, exc)  # an ACL refused the records: say so, by its code
+            raise
+
+    def _commit(self, p: Producer, marker: Consumer, batch_id: int) -> None:
+        """Move the progress marker to ``batch_id + 1`` in ``p``'s open transaction and commit it."""
+        s = self.settings
+        try:
             p.send_offsets_to_transaction(
-                [TopicPartition(s.topic_alerts, 0, batch_id + 1)], self.marker.consumer_group_metadata(), 60
+                [TopicPartition(s.topic_alerts, 0, batch_id + 1)], marker.consumer_group_metadata(), 60
             )
             p.commit_transaction(120)
         except KafkaException as exc:
@@ -232,7 +309,7 @@ def produce_alerts(
     columns, :func:`engine.sinks.alert_wire.encode_alerts`): every ``alerts`` record in the
     alerts' order, then every ``results`` record, each EXIT's followed by its tombstone.  Each
     topic's records keep the alerts' order (per partition too), as the one interleaved loop
-    before (kept in ``bench/delivery_bench.py``) gave them.  ``results`` (a capped batch: its
+    before (``bench/delivery_bench.py`` as of commit 34073b8) gave them.  ``results`` (a capped batch: its
     result changes, see :meth:`Publisher.publish`): the ``results`` records are theirs, in their
     order, encoded apart."""
     recs = encode_alerts(alerts, batch_id, now)

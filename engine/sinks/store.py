@@ -107,7 +107,7 @@ class Store:
 
         ``write`` writes the alerts and the current-result changes inside the transaction:
         :func:`write_direct` (the default), or the paths it replaced, kept as references of the
-        equivalence test and ``bench/delivery_bench.py``: :func:`write_copy` (staging table) and
+        equivalence test (and of ``bench/delivery_bench.py`` as of commit 34073b8): :func:`write_copy` (staging table) and
         :func:`_write_unnest` (array-bound statements).
 
         The batch's dead letters are written in the same transaction (:func:`write_dead_letters`,

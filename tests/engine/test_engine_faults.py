@@ -269,7 +269,8 @@ def test_a_batch_committed_but_missing_from_kafka_is_republished_with_its_dead_l
     restartable_kafka: Settings, restartable_pg: Settings, tmp_path: Path
 ) -> None:
     """Rules, trades and the scenario's six bad trades in one batch; the engine commits it in
-    PostgreSQL and stops before its Kafka transaction (``Publisher.publish`` raises).  A new
+    PostgreSQL and stops before its Kafka commit (``Publisher.commit`` raises: the batch's records,
+    produced while PostgreSQL committed, are left in a transaction that never commits).  A new
     engine (same id, same checkpoint) recovers: the dead-letter topic then holds the batch's
     dead letters exactly once (reasons, raw bytes, source offsets), the alerts topic its alerts;
     a third start publishes nothing again; the next batch's commit deletes the stored dead
@@ -298,15 +299,16 @@ def test_a_batch_committed_but_missing_from_kafka_is_republished_with_its_dead_l
         raise _Crash
 
     first = start()
-    first.publisher.publish = crash  # type: ignore[method-assign]
+    first.publisher.commit = crash  # type: ignore[method-assign]
     with pytest.raises(_Crash):
         first.accept(tbl, 0, 0.0)
     first.close()
     assert _rows(db, "SELECT engine_id, batch_id FROM engine_batches") == [(run, 0)]
     n_alerts = int(_rows(db, "SELECT count(*) FROM alerts WHERE batch_id = 0")[0][0])
     assert n_alerts > 0 and _rows(db, "SELECT count(*) FROM engine_dead_letters")[0][0] == len(bad)
-    assert read_topic(bootstrap, s.topic_dead_letter, "dead_letter") == []
-    assert read_topic(bootstrap, s.topic_alerts, "alerts") == []
+    # the open transaction holds read_committed readers back: nothing to wait 20 s for
+    assert read_topic(bootstrap, s.topic_dead_letter, "dead_letter", timeout=5) == []
+    assert read_topic(bootstrap, s.topic_alerts, "alerts", timeout=5) == []
 
     for _ in range(2):  # the second start finds the batch published: nothing is produced again
         again = start()

@@ -1,0 +1,100 @@
+"""A batch's output delivered to PostgreSQL and Kafka, the two overlapped, PostgreSQL first.
+
+:meth:`Delivery.deliver` opens the batch's Kafka transaction and produces its records
+(:meth:`engine.sinks.publish.Publisher.begin`) on a thread of its own while the delivery thread
+commits the batch in PostgreSQL (:meth:`engine.sinks.store.Store.commit`, retried while the server
+is unreachable); the producing thread and psycopg2 (which releases the GIL while the server
+works) run at the same time.  The Kafka transaction is committed
+(:meth:`~engine.sinks.publish.Publisher.commit`) only AFTER PostgreSQL committed: a record of the
+open transaction is invisible to ``read_committed`` consumers, so the order exactly-once and
+recovery rely on -- "PostgreSQL commit, then Kafka commit" (:mod:`engine.app`, docs/engine.md,
+"Exactly once and restart") -- is the one of the sequential delivery: a crash before the Kafka
+commit leaves a batch committed in PostgreSQL whose transaction never committed (the restarted
+engine's producer aborts it, and :meth:`engine.app.EngineApp.recover` re-publishes the batch from
+PostgreSQL); a crash before the PostgreSQL commit leaves nothing visible anywhere.  When the
+PostgreSQL commit fails for good, the open transaction is aborted and the error raised.
+
+Both steps read the batch's alert columns (:class:`engine.sinks.alert_columns.AlertColumns`),
+built here once, before the threads start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from engine.messages import BatchOutput
+from engine.runtime.retry import retry_transient
+from engine.sinks.alert_columns import AlertColumns
+from engine.sinks.publish import KafkaBatch, OpenTransaction, Publisher
+from engine.sinks.store import Store
+
+log = logging.getLogger("tidewatch.engine")
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What :meth:`Delivery.deliver` did: ``committed`` False when PostgreSQL had the batch
+    already (nothing written again there; Kafka's transaction is committed all the same, as
+    ever); ``pg_s``: seconds until PostgreSQL committed (the Kafka records produced meanwhile);
+    ``kafka_s``: seconds after it until the Kafka transaction committed."""
+
+    committed: bool
+    pg_s: float
+    kafka_s: float
+
+
+class Delivery:
+    """The overlapped delivery of a store and a publisher (module docstring); owns the thread
+    the Kafka records are produced on (:meth:`close` ends it).  One batch at a time."""
+
+    def __init__(self, store: Store, publisher: Publisher, db_retry_s: float) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.db_retry_s = db_retry_s
+        self._producing = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-produce")
+
+    def deliver(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> Delivered:
+        """Deliver ``out`` exactly once: its Kafka records produced while PostgreSQL commits it,
+        its Kafka transaction committed after PostgreSQL's commit returned (see the module
+        docstring).  Raises PostgreSQL's error (the Kafka transaction aborted) when the commit
+        fails for good, and Kafka's when its transaction could not be committed within
+        ``engine_kafka_retry_s`` (the batch then committed in PostgreSQL only: :meth:`recover
+        <engine.app.EngineApp.recover>` publishes it)."""
+        batch_id = out.batch_id
+        t0 = time.perf_counter()
+        alerts = AlertColumns.of(out.alerts) if out.alerts else out.alerts  # once, for both sinks
+        results = out.result_changes() if out.withheld else None  # capped: not its alerts
+        batch = KafkaBatch(batch_id, alerts, out.dead, out.removed_keys, results)
+        opened = self._producing.submit(self.publisher.begin, batch)
+        try:
+            committed = retry_transient(
+                lambda: self.store.commit(out, watermark=watermark, metrics=metrics),
+                f"batch {batch_id}",
+                deadline_s=self.db_retry_s,
+            )
+        except BaseException:
+            self._abort(opened, batch_id)
+            raise
+        if not committed:
+            log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
+        t1 = time.perf_counter()
+        self.publisher.commit(opened.result())  # only now: PostgreSQL committed the batch
+        return Delivered(committed, t1 - t0, time.perf_counter() - t1)
+
+    def _abort(self, opened: Future[OpenTransaction], batch_id: int) -> None:
+        """Abort the batch's Kafka transaction once its records are produced (PostgreSQL failed)."""
+        try:
+            txn = opened.result()
+        except Exception as exc:  # noqa: BLE001 -- PostgreSQL's error is the one raised
+            log.warning("batch %d: producing its Kafka records failed too (%s)", batch_id, exc)
+            return
+        self.publisher.abort(txn)
+        log.info("batch %d: PostgreSQL did not commit it: its Kafka transaction is aborted", batch_id)
+
+    def close(self) -> None:
+        """End the producing thread (after the step it runs, if any)."""
+        self._producing.shutdown()

@@ -1,0 +1,209 @@
+"""The overlapped delivery (:mod:`engine.sinks.deliver`, issue #22) on real services: the embedded
+PostgreSQL of ``restartable_pg`` (a fresh database per test) and the embedded broker of
+``restartable_kafka``.  The real :class:`~engine.sinks.store.Store` and
+:class:`~engine.sinks.publish.Publisher` steps are wrapped by recorders that note when each one
+starts and ends: the Kafka transaction is committed only after PostgreSQL's commit returned (its
+records produced before, invisible to ``read_committed`` consumers); a PostgreSQL failure aborts
+the transaction; a failed Kafka commit is retried after PostgreSQL committed."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from sqlalchemy import create_engine, text
+
+from engine.dead_letter import DeadLetters
+from engine.messages import Alert, BatchOutput
+from engine.sinks import publish
+from engine.sinks.deliver import Delivery
+from engine.sinks.store import Store
+from tests.engine.support import read_topic
+from tidewatch.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_763_900_000_000
+METRICS = {"events_per_s": 1.0, "batch_ms": 2.0, "lag_ms": 3.0, "alerts": 1, "dead_letters": 0}
+
+
+def _batch(b: int, n: int = 300) -> BatchOutput:
+    """``n`` alerts, distinct ids (a (subscription, key) once per lookup time), in ``as_of`` order."""
+    subs = [str(uuid.UUID(int=i + 1)) for i in range(7)]
+    alerts = [
+        Alert(subs[i % 7], f"r{i % 7}", "trades", f"S{i % 50}", "ENTER" if i % 3 else "EXIT",
+              T0 + 1_000_000 * b + 1000 * (i // 100), {"COUNT(*)": i})
+        for i in range(n)
+    ]  # fmt: skip
+    return BatchOutput(batch_id=b, alerts=alerts, dead=DeadLetters(), events={"trades": 10 * n})
+
+
+class _Sinks:
+    """A store, a publisher and their delivery, each step of the two wrapped: ``events`` gets
+    ``(step, "start" | "end")`` in the order they happened (any thread).  ``pg_commit`` is what
+    the recorded PostgreSQL commit calls (the real one unless a test replaces it)."""
+
+    def __init__(self, settings: Settings, db_url: str, run: str) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.store = Store(create_engine(db_url), f"deliver-{run}")
+        self.publisher = publish.Publisher(settings.kafka_bootstrap or "", settings, f"deliver-{run}")
+        self.delivery = Delivery(self.store, self.publisher, db_retry_s=5.0)
+        self.pg_commit: Callable[..., Any] = self.store.commit
+        self.store.commit = self.recorded("pg.commit", lambda *a, **kw: self.pg_commit(*a, **kw))  # type: ignore[method-assign]
+        for step in ("begin", "commit", "abort"):
+            real = getattr(self.publisher, step)
+            setattr(self.publisher, step, self.recorded(f"kafka.{step}", real))
+
+    def recorded(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            self.note(name, "start")
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.note(name, "end")
+
+        return call
+
+    def note(self, step: str, what: str) -> None:
+        with self.lock:
+            self.events.append((step, what))
+
+    def at(self, step: str, what: str) -> int:
+        return self.events.index((step, what))
+
+    def wait_for(self, step: str, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (step, what) not in self.events:
+            assert time.monotonic() < deadline, f"no {step} {what}"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.delivery.close()
+        self.publisher.close()
+        self.store.engine.dispose()
+
+
+@pytest.fixture()
+def sinks(restartable_kafka: Settings, restartable_pg: Settings) -> Iterator[_Sinks]:
+    from tests.engine.test_engine_integration import fresh_database
+
+    run = uuid.uuid4().hex[:6]
+    s = restartable_kafka.model_copy(
+        update={
+            f"topic_{t}": f"dlv-{t.replace('_', '-')}-{run}"
+            for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
+        }
+        | {"engine_kafka_retry_s": 60.0}
+    )
+    publish.ensure_topics(s.kafka_bootstrap or "", s)
+    got = _Sinks(s, fresh_database(restartable_pg.sqlalchemy_url), run)
+    try:
+        yield got
+    finally:
+        got.close()
+
+
+def _alert_ids(s: _Sinks, timeout: float = 20.0) -> list[str]:
+    st = s.publisher.settings
+    return [a["id"] for a in read_topic(st.kafka_bootstrap or "", st.topic_alerts, "alerts", timeout)]
+
+
+def _pg_batches(s: _Sinks) -> list[int]:
+    with s.store.engine.connect() as conn:
+        return [r[0] for r in conn.execute(text("SELECT batch_id FROM engine_batches ORDER BY 1"))]
+
+
+def test_kafka_commits_only_after_postgres_committed_its_records_produced_meanwhile(sinks: _Sinks) -> None:
+    """PostgreSQL's commit is held until the Kafka records are produced (the overlap made
+    certain): then the open transaction's records are invisible to a ``read_committed`` reader,
+    and the Kafka commit starts only after PostgreSQL's commit returned."""
+    s = sinks
+    real_commit = s.pg_commit
+    invisible: list[list[str]] = []
+
+    def held_commit(*args: Any, **kw: Any) -> Any:
+        s.wait_for("kafka.begin", "end")
+        invisible.append(_alert_ids(s, timeout=3.0))  # the records are in Kafka, uncommitted
+        return real_commit(*args, **kw)
+
+    s.pg_commit = held_commit
+    out = _batch(0)
+    done = s.delivery.deliver(out, watermark=None, metrics=METRICS)
+    assert done.committed
+    assert invisible == [[]]
+    assert s.at("kafka.begin", "end") < s.at("pg.commit", "end") < s.at("kafka.commit", "start")
+    assert "kafka.abort" not in {e for e, _ in s.events}
+    assert _pg_batches(s) == [0] and s.publisher.last_published() == 0
+    assert sorted(_alert_ids(s)) == sorted(a.id for a in out.alerts)
+
+
+def test_every_batch_commits_in_postgres_before_kafka(sinks: _Sinks) -> None:
+    """Batches delivered in a row (no step held): each one's Kafka commit starts after its
+    PostgreSQL commit ended, its records were produced during that commit's run, and each batch
+    is in Kafka once."""
+    s = sinks
+    batches = [_batch(b, 2000) for b in range(4)]
+    for out in batches:
+        s.events.clear()
+        s.delivery.deliver(out, watermark=None, metrics=METRICS)
+        assert s.at("kafka.begin", "start") < s.at("pg.commit", "end") < s.at("kafka.commit", "start")
+        assert s.at("kafka.begin", "end") < s.at("kafka.commit", "start")
+    assert s.publisher.last_published() == 3 and _pg_batches(s) == [0, 1, 2, 3]
+    ids = _alert_ids(s)
+    assert len(ids) == len(set(ids)) == sum(len(b.alerts) for b in batches)
+
+
+class _PgDown(RuntimeError):
+    """A PostgreSQL failure that is not retried (not a connection error)."""
+
+
+def test_a_postgres_failure_aborts_the_kafka_transaction(sinks: _Sinks) -> None:
+    """PostgreSQL fails for good: its error is raised, the Kafka transaction (records produced)
+    is aborted and never committed; the next batch is delivered on the same producer, and only
+    its records are visible."""
+    s = sinks
+    real_commit = s.pg_commit
+
+    def failing(*_: Any, **__: Any) -> Any:
+        s.wait_for("kafka.begin", "end")
+        raise _PgDown("refused")
+
+    s.pg_commit = failing
+    with pytest.raises(_PgDown):
+        s.delivery.deliver(_batch(0), watermark=None, metrics=METRICS)
+    assert ("kafka.abort", "end") in s.events and ("kafka.commit", "start") not in s.events
+    assert _pg_batches(s) == [] and s.publisher.last_published() == -1
+
+    s.pg_commit = real_commit
+    out = _batch(1)
+    s.delivery.deliver(out, watermark=None, metrics=METRICS)
+    assert _pg_batches(s) == [1] and s.publisher.last_published() == 1
+    assert sorted(_alert_ids(s)) == sorted(a.id for a in out.alerts)
+
+
+def test_a_failed_kafka_commit_is_retried_after_postgres_committed(sinks: _Sinks) -> None:
+    """The open transaction's commit fails once (an abortable error): the batch, committed in
+    PostgreSQL, is published by the retry (a new producer, the marker checked), once."""
+    s = sinks
+    real = s.publisher._commit
+    calls: list[int] = []
+
+    def flaky(p: Any, marker: Any, batch_id: int) -> None:
+        calls.append(batch_id)
+        if len(calls) == 1:  # the open transaction is left as it is: the new producer fences it
+            raise KafkaException(KafkaError(KafkaError._STATE, "injected commit failure"))
+        real(p, marker, batch_id)
+
+    s.publisher._commit = flaky  # type: ignore[method-assign]
+    out = _batch(0)
+    s.delivery.deliver(out, watermark=None, metrics=METRICS)
+    assert calls == [0, 0]
+    assert _pg_batches(s) == [0] and s.publisher.last_published() == 0
+    ids = _alert_ids(s)
+    assert sorted(ids) == sorted(a.id for a in out.alerts)
