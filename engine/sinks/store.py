@@ -366,16 +366,18 @@ _COPY_ALERTS = (
     "COPY alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id, engine_id) "
     "FROM STDIN WITH (FORMAT csv)"
 )
-#: before the alerts' ``COPY``: the largest ``seq`` logged (the batch's rows get larger ones); a
-#: savepoint to go back to if an alert id is already logged; the temporary table of the net
-#: changes (per session, emptied by every commit) for batches whose rows cannot be read back
+#: before the alerts' ``COPY``: the temporary table of the net changes (per session, emptied by
+#: every commit) for batches whose rows cannot be read back -- made before the savepoint, so that
+#: going back to it (an alert id already logged) keeps the table, even in a session's first
+#: transaction; a savepoint to go back to; the largest ``seq`` logged (the batch's rows get
+#: larger ones)
 _NET = (
     "SET LOCAL TimeZone = 'UTC'; "  # the COPYs' timestamps are written without an offset: UTC
     "SET LOCAL work_mem = '64MB'; "  # the net changes' sort in memory
-    "SAVEPOINT tw_alerts; "
     "SET LOCAL client_min_messages = warning; "
     "CREATE TEMP TABLE IF NOT EXISTS tw_net (sid uuid, key text, kind text, since timestamptz, "
     "vals jsonb) ON COMMIT DELETE ROWS; "
+    "SAVEPOINT tw_alerts; "
     "SELECT coalesce(max(seq), 0) FROM alerts"
 )
 #: the net change of each (subscription, key) read back from the batch's rows just logged (their

@@ -167,3 +167,24 @@ def test_commit_records_the_top_subscriptions_alerts_and_lookups(restartable_pg:
     odd = str(subscription_uuid("not-a-uuid"))
     top = {odd: 7, SUBS[0]: 5, min(SUBS[1], SUBS[3]): 2}  # SUBS[1] and SUBS[3] tie: the smaller id
     assert [tuple(r) for r in rows] == [(1, top, 3, 17, 2.0), (2, {}, 1, 0, 2.0)]
+
+
+def test_an_id_already_logged_in_a_sessions_first_batch(restartable_pg: Settings) -> None:
+    """The fallback for an alert id already logged, in the first transaction of a database
+    session (a restarted engine re-logging what another engine id logged): the temporary table
+    of the net changes must outlive the savepoint the fallback rolls back to."""
+    from tests.engine.test_engine_integration import fresh_database
+
+    db = fresh_database(restartable_pg.sqlalchemy_url)
+    first, second, third, fourth = _batches()
+    for out in (first, second, third, fourth):
+        eng = create_engine(db)  # a new session for every batch
+        try:
+            assert Store(eng).commit(out, watermark=T0 + out.batch_id, metrics=METRICS, write=write_direct)
+        finally:
+            eng.dispose()
+    eng = create_engine(db)
+    try:
+        assert len(_tables(eng)["alerts"]) == 803
+    finally:
+        eng.dispose()
