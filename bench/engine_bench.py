@@ -413,7 +413,6 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         engine_lookup_every_ms=a.lookup_every_ms, **MODES[a.modes.split(",")[0]],
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
         engine_snapshot_fork=not a.snapshot_in_thread,
-        **({"engine_warm_up_records": a.warm_up_records} if a.warm_up_records else {}),
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
@@ -747,13 +746,6 @@ def main() -> None:
         default=0,
         help="live mode: snapshot the state every N batches, as the engine does (its default is "
         "snapshot_every_batches = 50); 0: no snapshots",
-    )
-    ap.add_argument(
-        "--warm-up-records",
-        type=int,
-        default=0,
-        help="live mode: engine_warm_up_records (records per task slot of the executors' warm-up; 1: "
-        "one record, as before Nov 27 night; default: the setting's)",
     )
     ap.add_argument(
         "--snapshot-in-thread",

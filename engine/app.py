@@ -744,7 +744,7 @@ class EngineApp:
         starting = self._align_checkpoint()
         freeze_state()
         if self.executors:  # the Python workers' start-up paid now, not by the first batch
-            took = warm_up(spark, self.core.batch_params(self.topics), self.settings.engine_warm_up_records)
+            took = warm_up(spark, self.core.batch_params(self.topics))
             log.info("Spark's Python workers started (warm-up) in %.1f s", took)
         self.charts.start(lambda: self.core)  # answers the key page's chart requests
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger

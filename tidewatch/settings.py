@@ -120,12 +120,6 @@ class Settings(BaseSettings):
     max_future_ms: int = 60_000
     checkpoint_dir: Path | None = None
     snapshot_every_batches: int = 50
-    engine_warm_up_records: int = Field(
-        20_000,
-        ge=1,
-        description="records of each stream per Spark task slot that the executors' pre-aggregation runs "
-        "over, three times, before the first micro-batch (Spark's JVM and Python workers warmed up)",
-    )
     engine_snapshot_fork: bool = Field(
         True,
         description="write the state snapshot from a forked child process (a copy-on-write image of the "

@@ -5,11 +5,9 @@ The executors' pre-aggregation (:class:`engine.executors.preagg.Preaggregator`, 
 it: importing NumPy, Arrow and Numba, and loading the engine's Numba kernels (decode, panes) from
 their cache -- about two seconds per worker on this machine.  Paid by the first micro-batch of a
 live feed, that is two seconds of latency for its alerts, and a backlog the next batches drain.
-:func:`warm_up` pays it at engine start instead: batch jobs whose tasks (one per task slot)
-pre-aggregate copies of one valid record of each stream with the engine's parameters, the same
-code path as a micro-batch -- :data:`WARM_UP_ROUNDS` times, over about a micro-batch's volume
-(``Settings.engine_warm_up_records`` per slot), so that the first live batches do not run code the
-JVM has not compiled yet.  Its output is dropped; nothing is read from Kafka or written anywhere.
+:func:`warm_up` pays it at engine start instead: one small batch job whose tasks (one per task
+slot) pre-aggregate one valid record of each stream with the engine's parameters, the same code
+path as a micro-batch.  Its output is dropped; nothing is read from Kafka or written anywhere.
 Workers are reused by Spark (``spark.python.worker.reuse``) until they have been idle for a
 while, so a feed that starts minutes later may pay part of it again.
 """
@@ -40,28 +38,20 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
-def warm_up_records(params: BatchParams, tasks: int, now_ms: int, per_task: int = 1) -> pa.Table:
-    """``per_task`` copies, for each of ``tasks`` partitions, of one record of each event stream
-    of ``params`` (Kafka rows, :data:`KAFKA_COLUMNS`), with event time ``now_ms``."""
+def warm_up_records(params: BatchParams, tasks: int, now_ms: int) -> pa.Table:
+    """``tasks`` copies of one record of each event stream of ``params`` (Kafka rows,
+    :data:`KAFKA_COLUMNS`), with event time ``now_ms``."""
     rows: dict[str, list[Any]] = {c: [] for c in KAFKA_COLUMNS}
     stamp = datetime.fromtimestamp(now_ms / 1000, UTC)
-    n = tasks * per_task
     for stream, topic in params.topics:
         if stream not in SAMPLES:
             continue
         value = encode_batch(
             stream, {f: [v] for f, v in {**SAMPLES[stream], "ts": now_ms}.items()}
         ).messages()[0]
-        columns: tuple[list[Any], ...] = (
-            [topic] * n,
-            [i % tasks for i in range(n)],
-            list(range(n)),
-            [stamp] * n,
-            [b"warm-up"] * n,
-            [value] * n,
-        )
-        for c, v in zip(KAFKA_COLUMNS, columns, strict=True):
-            rows[c].extend(v)
+        for i in range(tasks):
+            for c, v in zip(KAFKA_COLUMNS, (topic, i, i, stamp, b"warm-up", value), strict=True):
+                rows[c].append(v)
     return pa.table(
         rows,
         schema=pa.schema(
@@ -77,17 +67,12 @@ def warm_up_records(params: BatchParams, tasks: int, now_ms: int, per_task: int 
     )
 
 
-#: times the warm-up sends its records through the path
-WARM_UP_ROUNDS = 3
-
-
-def warm_up(spark: Any, params: BatchParams, per_slot: int = 1, rounds: int = WARM_UP_ROUNDS) -> float:
-    """Run the executors' pre-aggregation ``rounds`` times over ``per_slot`` records of each
-    stream in every task slot (see the module docstring); the seconds it took."""
+def warm_up(spark: Any, params: BatchParams) -> float:
+    """Run the executors' pre-aggregation once in every task slot (see the module docstring);
+    the seconds it took."""
     t0 = time.perf_counter()
     slots = max(1, int(spark.sparkContext.defaultParallelism))
-    tbl = warm_up_records(params, slots, int(time.time() * 1000), per_slot)
+    tbl = warm_up_records(params, slots, int(time.time() * 1000))
     df = spark.createDataFrame(tbl.to_pandas()).repartition(slots)
-    for _ in range(max(1, rounds)):
-        spark_preaggregate(df, params).toArrow()
+    spark_preaggregate(df, params).toArrow()
     return time.perf_counter() - t0

@@ -18,12 +18,3 @@ def test_warm_up_records_are_valid_events_of_every_stream() -> None:
     assert eb.events == {"trades": 2, "packets": 2}
     assert eb.panes, "no pane rows: the aggregation kernels did not run"
     assert set(tbl.column("topic").to_pylist()) == set(TOPICS.values())
-
-
-def test_many_copies_per_task_spread_over_the_tasks() -> None:
-    p = params()
-    tbl = warm_up_records(p, 2, BASE + 1_000, per_task=50)
-    eb = merge_output(preaggregate(tbl, p), p)
-    assert not len(eb.dead), eb.dead.reason
-    assert eb.events == {"trades": 100, "packets": 100}
-    assert sorted(set(tbl.column("partition").to_pylist())) == [0, 1]
