@@ -16,21 +16,16 @@ pipe, and a graceful stop can hang on it (Streamlit's SIGTERM handler did: it fa
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from tidewatch.lifetime import die_with_parent
 
 
 def _die_with_parent(parent: int) -> None:
     """SIGKILL to this process when its parent ends; exit now if it has already (it is no longer
-    ``parent``, the parent PID this process started with)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
+    ``parent``, the parent PID this process started with): :func:`tidewatch.lifetime.die_with_parent`."""
+    if not die_with_parent(parent):
         sys.exit("supervisord is gone")
 
 
