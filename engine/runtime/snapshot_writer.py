@@ -6,11 +6,11 @@ state must see it as it is now.  Two ways, by ``fork``:
 
 * **A forked child (``fork=True``, the engine's default, ``Settings.engine_snapshot_fork``).**
   The evaluation thread forks (``multiprocessing``'s ``fork`` context, 20--90 ms for the live
-  10,000-rule driver of 1.2 GB); the child holds the copy-on-write image of the state as it is now, and does the whole
-  serialization there -- capture, finish, write, ``fsync``, rename -- at a lower priority
-  (``nice`` 10: the batches and Spark's tasks come first), while the parent's batches go on
-  without sharing its GIL.  The parent pays for the pages it changes
-  while the child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
+  10,000-rule driver of 1.2 GB); the child holds the copy-on-write image of the state as it is
+  now, and does the whole serialization there -- capture, finish, write, ``fsync``, rename -- at
+  a lower priority (``nice`` 10: the batches and Spark's tasks come first), while the parent's
+  batches go on without sharing its GIL.  The parent pays for the pages it changes while the
+  child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
   and the file: not the parent's sockets, clients or other threads' locks (it ends by
   ``os._exit`` through ``multiprocessing``, closing its copies of the descriptors only; no socket
   can be shut down in it: :func:`_no_shutdown_in_child`).  It dies with the parent (Linux's
@@ -229,7 +229,7 @@ class SnapshotWriter:
         for old in sorted(path.parent.glob("*.bin"))[: -self.keep]:
             old.unlink(missing_ok=True)
         if self.fork:
-            how = "forked in %.2f s by the evaluation thread, captured, finished and written in %.2f s by a child process"
+            how = "forked in %.2f s by the evaluation thread, captured, finished and written in %.2f s by a child"
         else:
             how = "captured in %.2f s in the evaluation thread, finished in %.2f s and written" + (
                 " by the writer thread while the batches went on" if self.background else ""
@@ -354,9 +354,9 @@ def _serialize_in_child(
 ) -> None:
     """In the forked child: capture and finish the state (the child's image of the parent's at
     the fork), write it to ``path`` atomically, and send ``("ok", bytes, seconds)`` -- or
-    ``("error", why)`` -- to the parent.  Runs at a lower priority (``nice`` 10).  Dies with the parent: SIGKILL when the thread that
-    forked it ends (Linux's parent-death signal), or at once if the parent ``parent`` is already
-    gone."""
+    ``("error", why)`` -- to the parent.  Runs at a lower priority (``nice`` 10).  Dies with the
+    parent: SIGKILL when the thread that forked it ends (Linux's parent-death signal), or at once
+    if the parent ``parent`` is already gone."""
     t0 = time.perf_counter()
     if not die_with_parent(parent):  # no orphan writer holding the driver's pipes
         os._exit(1)
