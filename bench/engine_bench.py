@@ -362,6 +362,34 @@ def live_producer(
     Path(stop_file + ".json").write_text(json.dumps({"t_first": t_start, "t_last": t_last, "n": n}))
 
 
+#: the parts of a micro-batch in Spark's progress reports (``durationMs``), in the order they run
+SPARK_PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
+
+
+def _durations(p: Any) -> tuple[int, dict[str, int]]:
+    """(input rows, ``durationMs``) of one ``StreamingQueryProgress`` (an object or, in older
+    PySpark, a dict)."""
+    d = p if isinstance(p, dict) else p.__dict__
+    rows = d.get("numInputRows", d.get("_numInputRows", 0))
+    ms = d.get("durationMs", d.get("_durationMs", {}))
+    return int(rows or 0), {k: int(v) for k, v in (ms or {}).items()}
+
+
+def print_spark_parts(progress: list[tuple[int, dict[str, int]]]) -> None:
+    """Median ms of each part of Spark's micro-batches with input: the first 10 and the rest
+    (where the first seconds' time goes)."""
+    busy = [ms for rows, ms in progress if rows > 0]
+    if not busy:
+        return
+
+    def med(group: list[dict[str, int]]) -> str:
+        return ", ".join(f"{k} {np.median([g.get(k, 0) for g in group]):.0f}" for k in SPARK_PARTS)
+
+    print(f"Spark's micro-batches with input, median ms: first 10: {med(busy[:10])}", flush=True)
+    if len(busy) > 10:
+        print(f"  the other {len(busy) - 10}: {med(busy[10:])}", flush=True)
+
+
 def cpu_by_role(me: Any, producer_pid: int | None) -> dict[str, float]:
     """CPU seconds (user + system) so far of the processes of a live run, by role: this
     driver (with the snapshot writers it forked and reaped), Spark's JVM (a child ``java``), the Kafka broker (another ``java``), PostgreSQL
@@ -432,6 +460,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     p.flush()
     batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
     t_sub = time.perf_counter()
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")  # every batch's progress
     q = app.start(spark, trigger_seconds=a.trigger, max_offsets_per_trigger=a.max_offsets)
     deadline = time.monotonic() + 600
     # active = compiled, indexed and the batch that subscribed them delivered: the core fills
@@ -495,6 +524,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     t_feed0 = t0 + (feed["t_first"] - wall0)
     time.sleep(a.trigger * 2 + a.lateness_ms / 1000 + 5)  # the tail of the feed reaches the engine
     drained = app.totals["events"] - ev0
+    progress = [_durations(p) for p in q.recentProgress]
     q.stop()
     stop.set()
     th.join(5)
@@ -528,6 +558,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
             ),
             flush=True,
         )
+    print_spark_parts(progress)
     if a.snapshot_every:
         snaps = app.snapshots.written
         phases = {b: (c, f) for b, c, f in app.snapshots.timings}
