@@ -91,6 +91,12 @@ def network_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
+#: Spark's checkpoint file manager for the streaming query's logs (see :func:`spark_conf`)
+CHECKPOINT_FILE_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
 def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
     """Every configuration entry :func:`build_spark` sets (pure; handy in tests)."""
     python = python_executable(settings)
@@ -109,6 +115,12 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # Spark's offset and commit logs written through Hadoop's FileSystem API (write to a
+        # temporary file, rename: atomic on a local disk and on HDFS, where the checkpoint lives)
+        # instead of FileContext's: 57 -> 14 ms (walCommit) and 107 -> 27 ms (commitOffsets) per
+        # micro-batch here, both on the path of every batch (docs/measurements/engine.md,
+        # "Snapshots by a forked child again")
+        "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
     }
     conf.update(network_conf(settings))
     conf.update(connector_conf(settings))
