@@ -367,12 +367,8 @@ SPARK_PARTS = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commit
 
 
 def _durations(p: Any) -> tuple[int, dict[str, int]]:
-    """(input rows, ``durationMs``) of one ``StreamingQueryProgress`` (an object or, in older
-    PySpark, a dict)."""
-    d = p if isinstance(p, dict) else p.__dict__
-    rows = d.get("numInputRows", d.get("_numInputRows", 0))
-    ms = d.get("durationMs", d.get("_durationMs", {}))
-    return int(rows or 0), {k: int(v) for k, v in (ms or {}).items()}
+    """(input rows, ``durationMs``) of one ``StreamingQueryProgress`` (a dict of Spark's JSON)."""
+    return int(p.get("numInputRows") or 0), {k: int(v) for k, v in (p.get("durationMs") or {}).items()}
 
 
 def print_spark_parts(progress: list[tuple[int, dict[str, int]]]) -> None:
