@@ -410,6 +410,7 @@ def run(a: argparse.Namespace) -> int:
         procs: dict[str, tuple[int | None, bool]] = {}
         lags: list[tuple[float, float]] = []  # (s since feed start, lag ms)
         mem: list[tuple[float, dict[str, int | None]]] = []
+        held: list[tuple[float, int]] = []  # (s since feed start, rows the state holds, exactly)
         backlog: list[tuple[float, int]] = []
         next_print = t0 + a.sample_s
         me = psutil.Process()
@@ -438,6 +439,7 @@ def run(a: argparse.Namespace) -> int:
                 drv = rss["engine driver (Python)"]
                 rss["driver RSS - state"] = None if drv is None else drv - state
                 mem.append((now - t0, rss))
+                held.append((now - t0, int(app.core.evaluator.rows_held())))
                 done = int(app.totals["events"] - ev0 + app.totals["dead_letters"])
                 end = _topic_end(bootstrap, topic)
                 backlog.append((now - t0, end - done))
@@ -450,7 +452,7 @@ def run(a: argparse.Namespace) -> int:
                     + "  ".join(
                         f"{k.split(' (')[0]} {v / 1e9:.2f} GB" for k, v in rss.items() if v is not None
                     )
-                    + f"  load {load:.1f}",
+                    + f"  rows held {held[-1][1]:,}  load {load:.1f}",
                     flush=True,
                 )
         feed = json.loads(Path(stop_file + ".json").read_text())
@@ -528,6 +530,12 @@ def run(a: argparse.Namespace) -> int:
                 f"{k:28s} {s0 / 1e9:9.2f}G {s1 / 1e9:9.2f}G {smax / 1e9:9.2f}G {(s1 - s0) / 1e6:+9.0f}M "
                 f"{slope:+16.1f}"
             )
+        h2 = [n for t, n in held if t >= dur / 2]
+        if h2:
+            print(
+                f"rows the state holds (history + per-key row buffers, counted exactly), second half: "
+                f"min {min(h2):,} max {max(h2):,} end {h2[-1]:,}"
+            )
         print(
             f"lag (wall clock - largest applied event time), 1 s samples: whole run p50 {_pct(all_lag, 50) / 1000:.2f} s "
             f"p99 {_pct(all_lag, 99) / 1000:.2f} s max {max(all_lag, default=float('nan')) / 1000:.2f} s; "
@@ -551,7 +559,7 @@ def run(a: argparse.Namespace) -> int:
             a.json.write_text(json.dumps({
                 "args": vars(a) | {"json": str(a.json)}, "produced": produced, "applied": applied,
                 "dead_letters": dead, "alerts": len(got), "expected": len(expect), "missing": len(missing),
-                "extra": len(extra), "lags": lags, "mem": mem, "backlog": backlog, "rss": rss_rows,
+                "extra": len(extra), "lags": lags, "mem": mem, "held": held, "backlog": backlog, "rss": rss_rows,
             }, default=str))  # fmt: skip
         ok = not missing and not extra and produced > 0 and applied + dead >= produced
         return 0 if ok else 1

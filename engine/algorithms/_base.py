@@ -56,6 +56,13 @@ class PooledStructure:
         """Number of key ids the structure has room for (ids >= this have no rows)."""
         return self._pool.n_keys
 
+    @property
+    def live_rows(self) -> int:
+        """Rows held (not expired), summed over the keys: what the structure's windows can still
+        read, unlike :attr:`nbytes`, which counts the arrays' allocated room (regions and pools
+        grow by doubling, so it moves in steps of up to 2x while the live rows stay flat)."""
+        return self._pool.live()
+
     def _ensure_keys(self, n: int) -> None:
         if not self._pool.ensure_keys(n):
             return

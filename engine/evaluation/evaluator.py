@@ -786,6 +786,12 @@ class Evaluator:
         """Raw events the retained history holds (of ``stream``; default: every stream)."""
         return self._history.rows(None if stream is None else [stream])
 
+    def rows_held(self) -> int:
+        """Rows held, counted exactly (:attr:`nbytes` is the room allocated, which grows in steps):
+        the history's raw events and the per-key row buffers' live rows (CI indexes hold levels)."""
+        objs = (s.obj for st in self.states.values() for s in st.structs.values())
+        return self._history.rows() + sum(int(getattr(o, "live_rows", 0)) for o in objs)
+
     def structure_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for st in self.states.values():

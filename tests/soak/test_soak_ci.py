@@ -67,10 +67,14 @@ def test_soak_holds_lag_memory_and_loses_no_alert(kafka_bootstrap: str, pg_url: 
 
 def test_soak_with_rows_rules_keeps_state_flat(kafka_bootstrap: str, pg_url: str, tmp_path: Path) -> None:
     """ROWS windows (issue #20): with 100 ``LAST n ROWS`` rules (n 5-40) and nothing else, the
-    engine's state (structures + retained raw history, ``EngineCore.state_nbytes``) stops
-    growing once every key has its n rows and the history its 60 s: over the second half of the
-    soak it stays within 1.5x of its smallest value (before, every row was kept: it grew with the
-    feed, to about 2x); alerts exact."""
+    rows the engine's state holds (the retained raw history and the per-key row buffers,
+    ``Evaluator.rows_held``) stop growing once every key has its n rows and the history its 20 s:
+    over the second half of the soak they stay within 1.5x of their smallest value (before, every
+    row was kept: they grew with the feed, to about 2x); alerts exact.
+
+    Rows, not bytes: the buffers' arrays grow by doubling (a key's region, the pool, the column
+    length), so their allocated size moves in steps of up to 2x while the rows held are flat (a
+    CI run of Nov 28 saw 9.5 -> 14.3 MB with the rows flat)."""
     minutes = float(os.environ.get("TIDEWATCH_SOAK_MINUTES", "1.5"))
     out = tmp_path / "soak.json"
     cmd = [
@@ -88,9 +92,8 @@ def test_soak_with_rows_rules_keeps_state_flat(kafka_bootstrap: str, pg_url: str
     assert res["alerts"] > 0
     assert r.returncode == 0
     dur = minutes * 60
-    state = [(t, m.get("engine state (evaluator)")) for t, m in res["mem"] if dur / 2 <= t <= dur]
-    vals = [v for _t, v in state if v]
-    assert len(vals) >= 2
-    # bounded, not constant: the raw history's ROWS tail is compacted when it doubles (docs/engine.md
-    # "Retention"), a saw-tooth; the old engine kept every row, about twice the state at half-time
-    assert max(vals) < 1.5 * min(vals), f"state grew from {min(vals) / 1e6:.1f} to {max(vals) / 1e6:.1f} MB"
+    held = [n for t, n in res["held"] if dur / 2 <= t <= dur]
+    assert len(held) >= 2
+    # bounded, not constant: the history's ROWS tail is compacted when it doubles (docs/engine.md
+    # "Retention"), a saw-tooth (1.3x here, Nov 28); the old engine kept every row, 2x at the end
+    assert max(held) < 1.5 * min(held), f"rows held grew from {min(held):,} to {max(held):,}"

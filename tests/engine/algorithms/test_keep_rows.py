@@ -32,10 +32,13 @@ def _check(obj, s: Stream, N: int, before: int) -> None:
     m = min(held.shape[0], s.n_keys + 1)
     live = np.zeros(s.n_keys + 1, np.int64)
     live[:m] = held[:m]
+    total = 0
     for k in keys:
         mine = np.flatnonzero(s.keys == k)
         want = max(int((s.ts[mine] > before).sum()), min(mine.shape[0], N))
         assert live[k] == want
+        total += want
+    assert obj.live_rows == total  # the rows held, whatever room the pool has allocated
     for n in sorted({0, N // 2, N}):
         for k in keys:
             idx = np.flatnonzero(s.keys == k)[-n:] if n else np.zeros(0, np.int64)

@@ -291,6 +291,11 @@ def test_state_stays_bounded_with_a_rows_rule(mode: str, pane: int | None) -> No
     rows_struct = ev.rules["rows"].agg_structs[0]
     live = rows_struct.obj._pool.end - rows_struct.obj._pool.head
     assert int(live.max()) <= 50 + 250
+    # rows held, counted: the history's and every row buffer's live rows (CI-SUM holds levels)
+    objs = [s.obj for st in ev.states.values() for s in st.structs.values()]
+    pooled = [o._pool for o in objs if hasattr(o, "_pool")]
+    assert len(pooled) < len(objs)  # the 10-second SUM's CI-SUM is not counted
+    assert ev.rows_held() == ev.history_rows() + sum(int((p.end - p.head).sum()) for p in pooled)
 
 
 # ---------------------------------------------------------------- rules added later (PSoup)
