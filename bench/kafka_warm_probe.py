@@ -37,21 +37,11 @@ from engine.executors.warmup import warm_up
 from engine.messages import SubscriptionChange
 from engine.rule_evaluator import make_evaluator, rule_compiler
 from engine.sinks.publish import ensure_topics
+from engine.sources.retention import log_end_offsets
 from engine.spark_session import build_spark
 from tidewatch.settings import Settings
 
 N = 25_000
-
-
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-warm-probe"})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-    finally:
-        c.close()
 
 
 def _read(spark: Any, bootstrap: str, topic: str, lo: dict[int, int], hi: dict[int, int]) -> Any:
@@ -143,7 +133,8 @@ def main() -> None:
         for bid, _n, ms, d in _stream(spark, a.bootstrap, warm.topic_trades, wp):
             print(f"  warm-up stream batch {bid}: {ms:.0f} ms (addBatch {d.get('addBatch')} ms)", flush=True)
     elif a.warm_rounds:
-        ends = _ends(a.bootstrap, warm.topic_trades)
+        parts = [(warm.topic_trades, p) for p in range(warm.topic_partitions)]
+        ends = {p: e for (_t, p), e in log_end_offsets(a.bootstrap, warm, parts).items()}
         for r in range(a.warm_rounds):
             lo = {p: e * r // a.warm_rounds for p, e in ends.items()}
             hi = {p: e * (r + 1) // a.warm_rounds for p, e in ends.items()}
