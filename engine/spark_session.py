@@ -117,9 +117,8 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Spark's offset and commit logs written through Hadoop's FileSystem API (write to a
         # temporary file, rename: atomic on a local disk and on HDFS, where the checkpoint lives)
-        # instead of FileContext's: 57 -> 14 ms (walCommit) and 107 -> 27 ms (commitOffsets) per
-        # micro-batch here, both on the path of every batch (docs/measurements/engine.md,
-        # "Snapshots by a forked child again")
+        # instead of FileContext's: cheaper on the path of every batch (figures in
+        # docs/measurements/engine.md, "Snapshots by a forked child again")
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
     }
     conf.update(network_conf(settings))
