@@ -34,11 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine.cap import republished_results
 from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
@@ -47,13 +44,13 @@ from engine.executors.history import records_source, spark_history
 from engine.executors.merge import ExecutorBatch, merge_output
 from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
 from engine.executors.warmup import warm_up
-from engine.messages import BatchOutput, SubscriptionChange, parse_subscription_change
+from engine.messages import BatchOutput
 from engine.overload import Marks
 from engine.rule_evaluator import make_evaluator, rule_compiler
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
-from engine.sinks.deliver import Delivery
+from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
 from engine.sources.offsets import (
@@ -67,7 +64,13 @@ from engine.sources.offsets import (
     starting_offsets,
     stream_partitions,
 )
-from engine.sources.readers import RECORD_COLUMNS, offset_ranges, read_ranges
+from engine.sources.readers import (
+    RECORD_COLUMNS,
+    offset_ranges,
+    read_ranges,
+    split_topics,
+    subscription_changes,
+)
 from engine.sources.retention import dead_letters as retention_dead_letters
 from engine.sources.retention import gap_candidates, log_end_offsets, log_start_offsets, lost_ranges
 from tidewatch.kafka.client import spark_options
@@ -76,41 +79,6 @@ if TYPE_CHECKING:
     from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
-
-
-def split_topics(tbl: pa.Table, names: dict[str, str]) -> dict[str, pa.Table]:
-    """Records of each topic (``names``: role -> topic), roles trades, packets, subscriptions."""
-    out = {}
-    for role, topic in names.items():
-        if not tbl.num_rows:
-            out[role] = tbl
-            continue
-        mask = pc.equal(tbl.column("topic"), topic)
-        hits = pc.sum(mask).as_py() or 0
-        # the usual batch is one topic's records: no copy of them, and none for the others
-        out[role] = tbl if hits == tbl.num_rows else tbl.slice(0, 0) if hits == 0 else tbl.filter(mask)
-    return out
-
-
-def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
-    """Parsed subscription changes of a batch, in (partition, offset) order; bad ones logged."""
-    if tbl.num_rows == 0:
-        return []
-    order = np.lexsort(
-        (
-            tbl.column("offset").to_numpy(zero_copy_only=False),
-            tbl.column("partition").to_numpy(zero_copy_only=False),
-        )
-    )
-    keys = tbl.column("key").to_pylist()
-    vals = tbl.column("value").to_pylist()
-    out = []
-    for i in order:
-        try:
-            out.append(parse_subscription_change(keys[i], vals[i]))
-        except (ValueError, KeyError) as exc:
-            log.warning("subscription record %d ignored: %s", int(i), exc)
-    return out
 
 
 def default_core(settings: Settings) -> EngineCore:
@@ -274,19 +242,7 @@ class EngineApp:
             else []
         )
         pending = [b for b in logged if b > last]
-        published = self.publisher.last_published()
-        for b in range(published + 1, last + 1):
-            rows, dead = self.store.alerts_of_batch(b), self.store.dead_letters_of_batch(b)
-            removed, withheld = self.store.removed_of_batch(b), self.store.withheld_of_batch(b)
-            log.info(
-                "batch %d was committed but not published to Kafka: publishing its %d alerts, %d dead "
-                "letters, the tombstones of %d removed subscriptions and the results of %d withheld "
-                "keys", b, len(rows), len(dead), len(removed), sum(map(len, withheld.values())),
-            )  # fmt: skip
-            # only the last committed batch can be here, before any new commit: current_results
-            # holds the state after it, which the results of the keys it withheld are read from
-            results = republished_results(rows, withheld, self.store.current_of(withheld))
-            self.publisher.publish(b, rows, dead, removed, results)
+        republish_committed(self.store, self.publisher, last)
         for b in pending:
             ranges = self._read_log(b).ranges
             log.info("batch %d was read but its output not committed: finishing it from its offset log", b)

@@ -138,6 +138,15 @@ def register(app: typer.Typer) -> None:
         run_seconds: Annotated[
             float | None, typer.Option(help="stop after this many seconds (default: until Ctrl-C)")
         ] = None,
+        shards: Annotated[
+            int | None,
+            typer.Option(
+                help="sharded evaluation: the indexes held in Spark's executors, N shards by key "
+                "(0: on the driver; fixed for a checkpoint; default: settings)",
+                min=0,
+                max=64,
+            ),
+        ] = None,
     ) -> None:
         """Run the engine until interrupted (SIGINT / SIGTERM stop it cleanly, exit 0).
 
@@ -160,6 +169,7 @@ def register(app: typer.Typer) -> None:
                 "checkpoint_dir": checkpoint,
                 "kafka_bootstrap": bootstrap,
                 "database_url": database_url,
+                "engine_shards": shards,
             }.items()
             if v is not None
         }
@@ -254,6 +264,7 @@ def run_engine(
 
     from engine import liveness
     from engine.app import EngineApp
+    from engine.shards.engine import ShardedEngine
     from engine.spark_session import build_spark
 
     stop = threading.Event()
@@ -278,7 +289,11 @@ def run_engine(
         # PySpark's SparkContext takes SIGINT (it cancels every job, then raises
         # KeyboardInterrupt in the main thread): Ctrl-C is a stop between batches here too
         _install()
-        app = EngineApp(settings, engine_id=engine_id)
+        app = (
+            ShardedEngine(settings, engine_id=engine_id)
+            if settings.engine_shards
+            else EngineApp(settings, engine_id=engine_id)
+        )
         gate = StopGate(app.on_batch, next_s=max(3.0, 2 * settings.trigger_seconds))
         query = app.start(spark, max_offsets_per_trigger=max_offsets_per_trigger, wrap=lambda _fn: gate)
         while not stop.is_set() and query.isActive and (t_end is None or time.monotonic() < t_end):

@@ -58,6 +58,9 @@ log = logging.getLogger("tidewatch.engine")
 #: Kafka (:func:`engine.executors.history.spark_history` live, or in this process on a replay)
 EventSource = Callable[[str, HistoryIndex, "int | None", "int | None"], Decoded]
 
+#: (stream, Kafka partition) -> (smallest, largest) valid event time of a batch's records there
+Span = dict[tuple[str, int], tuple[int, int]]
+
 _NO_TS = -(2**62)  #: the lower bound of the first lookup's span (before every event time)
 
 
@@ -199,6 +202,17 @@ class EngineCore:
             old = self.part_max.get(k)
             self.part_max[k] = int(top) if old is None else max(old, int(top))
 
+    def _note_span(self, span: Span, delivered: set[tuple[str, int]]) -> None:
+        """:meth:`_note_partitions` from a batch's per-partition event-time span (``process``)."""
+        for k, (lo, top) in span.items():
+            if self.applied_until is None:  # before the first lookup: where the lookups start
+                self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+            elif top <= self.applied_until:
+                continue  # every event of it is late: not delivered
+            delivered.add(k)
+            old = self.part_max.get(k)
+            self.part_max[k] = top if old is None else max(old, top)
+
     def _advance_watermark(
         self, delivered: set[tuple[str, int]], waiting: Iterable[tuple[str, int]] | None = None
     ) -> None:
@@ -298,12 +312,20 @@ class EngineCore:
         changes: list[SubscriptionChange] | None = None,
         waiting: Iterable[tuple[str, int]] | None = None,
         strides: dict[str, int] | None = None,
+        span: Span | None = None,
     ) -> BatchOutput:
         """Run one micro-batch: ``records`` maps stream name -> Kafka records (see decode), or
         the records already through :func:`engine.decode.predecode` (the reading thread's part);
         ``waiting``: partitions with records not yet readable (see :meth:`_advance_watermark`);
         ``strides``: the overload policy's for this batch, those it committed when it is replayed
-        (None: the controller's, :meth:`_use_strides`)."""
+        (None: the controller's, :meth:`_use_strides`).
+
+        ``span``: a shard of the engine (:mod:`engine.shards`) is given the records of its keys
+        only; the clock must still be the whole batch's, so ``span`` gives the largest and
+        smallest valid event time of every (stream, partition) over all the batch's records
+        (``late`` ones included: a partition counts as delivered when its largest is past the
+        last lookup, which is exactly when it has an event that is not late, and then that
+        largest is the one :meth:`_note_partitions` would find)."""
         out = BatchOutput(batch_id)
         for ch in changes or []:
             self._apply_change(ch, out)
@@ -318,8 +340,11 @@ class EngineCore:
             d = finish(pre, late_until=self.applied_until, dead=out.dead, watermark=self.watermark)
             out.events[stream] = len(d)
             if len(d):
-                self._note_partitions(stream, d, delivered)
+                if span is None:
+                    self._note_partitions(stream, d, delivered)
                 self.pending[stream] = _concat(self.pending[stream], d)
+        if span is not None:
+            self._note_span(span, delivered)
         self._advance_watermark(delivered, waiting)
         self._lookups(out, self._run_lookups)
         self.last_batch = batch_id

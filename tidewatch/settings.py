@@ -286,6 +286,15 @@ class Settings(BaseSettings):
         "engine/executors; pipelined: batch N+1's tasks run while batch N is evaluated; docs/engine.md "
         "'Executor pre-aggregation')",
     )
+    engine_shards: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="sharded evaluation (docs/engine.md 'Sharded evaluation'): the collective indexes held "
+        "in Spark's executors, N shards by hash(key) mod N, each a stateful Spark task over its keys "
+        "(transformWithStateInPandas, RocksDB state); 0: the driver holds them (the default). Fixed "
+        "for a checkpoint: another N needs a new checkpoint and engine id",
+    )
     engine_gc_threshold: int = Field(
         100_000,
         description="allocations between collections of Python's youngest GC generation in the engine and "
@@ -420,6 +429,16 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"engine_overload_low ({self.engine_overload_low}) must be below engine_overload_high "
                 f"({self.engine_overload_high})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shards_without_cap(self) -> Settings:
+        """Sharded evaluation has no cluster-wide count of a lookup's alerts: no alert cap with it."""
+        if self.engine_shards and self.engine_alert_cap_per_lookup:
+            raise ValueError(
+                "engine_shards and engine_alert_cap_per_lookup cannot both be set: each shard sees its "
+                "own keys' alerts only, so a per-lookup cap cannot be applied exactly; set one to 0"
             )
         return self
 

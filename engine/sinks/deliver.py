@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from engine.cap import republished_results
 from engine.messages import BatchOutput
 from engine.runtime.retry import retry_transient
 from engine.sinks.alert_columns import AlertColumns
@@ -98,3 +99,21 @@ class Delivery:
     def close(self) -> None:
         """End the producing thread (after the step it runs, if any)."""
         self._producing.shutdown()
+
+
+def republish_committed(store: Store, publisher: Publisher, last: int) -> None:
+    """Publish to Kafka the batches up to ``last`` committed in PostgreSQL whose Kafka transaction
+    never committed (a crash between the two commits), from what PostgreSQL holds of them."""
+    published = publisher.last_published()
+    for b in range(published + 1, last + 1):
+        rows, dead = store.alerts_of_batch(b), store.dead_letters_of_batch(b)
+        removed, withheld = store.removed_of_batch(b), store.withheld_of_batch(b)
+        log.info(
+            "batch %d was committed but not published to Kafka: publishing its %d alerts, %d dead "
+            "letters, the tombstones of %d removed subscriptions and the results of %d withheld "
+            "keys", b, len(rows), len(dead), len(removed), sum(map(len, withheld.values())),
+        )  # fmt: skip
+        # only the last committed batch can be here, before any new commit: current_results
+        # holds the state after it, which the results of the keys it withheld are read from
+        results = republished_results(rows, withheld, store.current_of(withheld))
+        publisher.publish(b, rows, dead, removed, results)

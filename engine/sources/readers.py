@@ -11,17 +11,58 @@ per-batch offset logs are :func:`offset_ranges` of each batch.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from engine.messages import SubscriptionChange, parse_subscription_change
 from tidewatch.kafka.client import client_config
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
 
 RECORD_COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value"]
+
+log = logging.getLogger("tidewatch.engine")
+
+
+def split_topics(tbl: pa.Table, names: dict[str, str]) -> dict[str, pa.Table]:
+    """Records of each topic (``names``: role -> topic), roles trades, packets, subscriptions."""
+    out = {}
+    for role, topic in names.items():
+        if not tbl.num_rows:
+            out[role] = tbl
+            continue
+        mask = pc.equal(tbl.column("topic"), topic)
+        hits = pc.sum(mask).as_py() or 0
+        # the usual batch is one topic's records: no copy of them, and none for the others
+        out[role] = tbl if hits == tbl.num_rows else tbl.slice(0, 0) if hits == 0 else tbl.filter(mask)
+    return out
+
+
+def subscription_changes(tbl: pa.Table) -> list[SubscriptionChange]:
+    """Parsed subscription changes of a batch, in (partition, offset) order; bad ones logged."""
+    if tbl.num_rows == 0:
+        return []
+    order = np.lexsort(
+        (
+            tbl.column("offset").to_numpy(zero_copy_only=False),
+            tbl.column("partition").to_numpy(zero_copy_only=False),
+        )
+    )
+    keys = tbl.column("key").to_pylist()
+    vals = tbl.column("value").to_pylist()
+    out = []
+    for i in order:
+        try:
+            out.append(parse_subscription_change(keys[i], vals[i]))
+        except (ValueError, KeyError) as exc:
+            log.warning("subscription record %d ignored: %s", int(i), exc)
+    return out
 
 
 def offset_ranges(tbl: pa.Table) -> dict[str, dict[str, list[int]]]:

@@ -1,0 +1,16 @@
+"""Sharded evaluation (issue #23): the collective indexes held in Spark's executors, by key.
+
+* :mod:`engine.shards.route` -- the first stage, in Spark's tasks: records routed to the shards
+  owning their keys (CRC-32 of the key mod N), rule changes to every shard, the batch's span;
+* :mod:`engine.shards.step` -- one shard's micro-batch (an :class:`engine.core.EngineCore` over
+  its keys, the whole batch's clock) and the merge of the shards' outputs;
+* :mod:`engine.shards.processor` -- a shard as Spark state (``transformWithStateInPandas``,
+  RocksDB): its snapshot and batch log, the live core cached in the worker and validated
+  against the state store's batch;
+* :mod:`engine.shards.engine` -- the driver: the query, and ``foreachBatch`` delivering the
+  merged output exactly once with the engine's sinks.
+
+Nothing is imported here (``import engine.shards`` stays light in a Python worker).
+"""
+
+__all__ = ["engine", "processor", "route", "step"]

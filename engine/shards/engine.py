@@ -1,0 +1,285 @@
+"""The sharded engine: the collective indexes held in Spark's executors, by key (issue #23).
+
+One streaming query (docs/engine.md, "Sharded evaluation"; docs/ARCHITECTURE.md "Data flow"):
+
+1. Spark's Kafka source reads ``trades``, ``packets`` and ``subscriptions``;
+2. ``mapInArrow(Router)`` (:mod:`engine.shards.route`), in Spark's tasks: each record's key
+   decoded, the record routed to the shard(s) owning it, every rule change to every shard;
+3. ``groupBy("shard").transformWithStateInPandas(ShardProcessor)``
+   (:mod:`engine.shards.processor`), in Spark's tasks: each shard evaluates its keys with its
+   own :class:`engine.core.EngineCore`, its state in Spark's state store (RocksDB), and emits
+   its output -- alerts, dead letters, the rule changes' effects -- as one row;
+4. ``foreachBatch`` (:meth:`ShardedEngine.on_batch`), on the driver: the shards' rows merged
+   (:func:`engine.shards.step.merge_outputs`) and delivered exactly once by the engine's sinks
+   (:mod:`engine.sinks.deliver`: PostgreSQL then Kafka, idempotent by batch id).
+
+The driver sees one row per shard and batch, never a record.  Spark places the shards (one
+shuffle partition each: ``spark.sql.shuffle.partitions`` = N, the labels chosen so that shard
+``s`` lands in partition ``s``), reruns and moves them; its checkpoint holds the Kafka offsets
+and the shards' state together, so a restart resumes from both at the same batch.  Spark
+commits a batch after ``foreachBatch`` returns: a crash between the sinks' commit and Spark's
+makes Spark run the batch again from the state before it, with the same output, which the
+PostgreSQL sink recognizes by its batch id and skips; a batch committed in PostgreSQL and not
+in Kafka is published from PostgreSQL when the engine starts
+(:func:`engine.sinks.deliver.republish_committed`).
+
+Not in the sharded engine (refused or absent, documented in docs/engine.md): the alert cap (a
+per-lookup count across shards), the overload policy's strides, the key page's charts from the
+engine's state (the dashboard falls back to reading Kafka), and the dead letters of offsets lost
+to retention -- instead the query stops at such a gap (``failOnDataLoss``), never skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import CheckpointMismatch
+from engine.messages import BatchOutput
+from engine.shards.processor import OUTPUT_DDL, ShardProcessor
+from engine.shards.route import ROUTED_DDL, Router
+from engine.shards.step import ShardMeta, decode_output, merge_outputs
+from engine.sinks.deliver import Delivery, republish_committed
+from engine.sinks.publish import Publisher, ensure_topics
+from engine.sinks.store import Store
+from engine.sources.readers import RECORD_COLUMNS
+from tidewatch.kafka.client import spark_options
+
+if TYPE_CHECKING:
+    from tidewatch.settings import Settings
+
+log = logging.getLogger("tidewatch.engine")
+
+
+def shard_labels(spark: Any, n: int) -> list[int]:
+    """For each shard 0..n-1 an INT whose Spark hash partitioning (``pmod(hash(x), n)``, what
+    ``groupBy`` shuffles by) is that shard: so N shards are N partitions, one task each."""
+    rows = (
+        spark.range(0, 64 * n)
+        .selectExpr("CAST(id AS INT) AS x", f"pmod(hash(CAST(id AS INT)), {n}) AS p")
+        .collect()
+    )
+    first: dict[int, int] = {}
+    for r in rows:
+        first.setdefault(int(r["p"]), int(r["x"]))
+    missing = [s for s in range(n) if s not in first]
+    if missing:
+        raise CheckpointMismatch(f"no shard label found for partitions {missing} of {n}")
+    return [first[s] for s in range(n)]
+
+
+class ShardedEngine:
+    """One sharded engine instance (module docstring): sinks and the ``foreachBatch`` function;
+    the state is in Spark's.  What tests and the command read: ``batches_done``, ``totals``,
+    ``metas`` (the last batch's :class:`ShardMeta` per shard), ``rebuilds``, :attr:`applied_until`,
+    :attr:`rules`, ``executor_pids``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        bootstrap: str | None = None,
+        pg_url: str | None = None,
+        checkpoint: Path | None = None,
+        engine_id: str = "default",
+    ) -> None:
+        from tidewatch.db.session import make_db_engine
+
+        if settings.engine_shards < 1:
+            raise ValueError("ShardedEngine needs engine_shards >= 1")
+        if settings.engine_alert_cap_per_lookup:  # (a settings copy skips the settings' check)
+            raise ValueError(
+                "engine_shards and engine_alert_cap_per_lookup cannot both be set: each shard sees "
+                "its own keys' alerts only; set one to 0"
+            )
+        self.settings = settings
+        self.n = int(settings.engine_shards)
+        self.bootstrap = bootstrap or settings.kafka_bootstrap
+        self.checkpoint = Path(
+            checkpoint or settings.checkpoint_dir or (settings.run_dir / "engine-checkpoint")
+        )
+        self.topics = {
+            "trades": settings.topic_trades,
+            "packets": settings.topic_packets,
+            "subscriptions": settings.topic_subscriptions,
+        }
+        self.engine_id = engine_id
+        self.store = Store(make_db_engine(pg_url or settings.sqlalchemy_url), engine_id)
+        ensure_topics(self.bootstrap, settings)
+        self.publisher = Publisher(self.bootstrap, settings, engine_id)
+        self.delivery = Delivery(self.store, self.publisher, settings.engine_db_retry_s)
+        self.batches_done = 0
+        self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
+        self.metas: dict[int, ShardMeta] = {}
+        self.executor_pids: set[int] = set()
+        #: per shard, the batches that rebuilt it from Spark's state store (not from a live core)
+        self.rebuilds: dict[int, int] = {}
+        #: (start of the batch's delivery, its end, events) per delivered batch (benchmarks)
+        self.delivered: list[tuple[float, float, int]] = []
+        self._conf_back: tuple[Any, str] | None = None
+
+    # ------------------------------------------------------------------ what the shards say
+    @property
+    def applied_until(self) -> int | None:
+        """The last lookup time every shard has passed (None before the first)."""
+        times = [m.applied_until for m in self.metas.values()]
+        if len(times) < self.n or any(t is None for t in times):
+            return None
+        return min(t for t in times if t is not None)
+
+    @property
+    def rules(self) -> int:
+        """Active rules (every shard holds every rule)."""
+        return min((m.rules for m in self.metas.values()), default=0)
+
+    # ------------------------------------------------------------------ start
+    def _check_checkpoint(self) -> None:
+        """The checkpoint's shard count is N, and a checkpoint exists when PostgreSQL has
+        batches of this engine: else refuse (the state is in the checkpoint, nowhere else)."""
+        spark_dir = self.checkpoint / "spark"
+        marker = self.checkpoint / "tidewatch" / "shards.json"
+        last = self.store.last_committed()
+        has_commits = (spark_dir / "commits").exists() and any((spark_dir / "commits").iterdir())
+        if last >= 0 and not has_commits:
+            raise CheckpointMismatch(
+                f"engine {self.engine_id!r} has committed batches up to {last} in PostgreSQL, but "
+                f"Spark's checkpoint {spark_dir} holds none: the shards' state is lost. Restore the "
+                "checkpoint directory from a backup, or start with a new checkpoint directory and a "
+                "new --engine-id."
+            )
+        if marker.exists():
+            was = int(json.loads(marker.read_text())["shards"])
+            if was != self.n:
+                raise CheckpointMismatch(
+                    f"the checkpoint {self.checkpoint} holds {was} shards, the settings ask for "
+                    f"{self.n} (engine_shards): a checkpoint's shard count is fixed. Run with "
+                    f"engine_shards={was}, or start with a new checkpoint directory and a new "
+                    "--engine-id to re-read the topics into {self.n} shards."
+                )
+        else:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps({"shards": self.n}))
+
+    def start(
+        self,
+        spark: Any,
+        trigger_seconds: float | None = None,
+        max_offsets_per_trigger: int | None = None,
+        available_now: bool = False,
+        wrap: Callable[[Callable[[Any, int], None]], Callable[[Any, int], None]] | None = None,
+    ) -> Any:
+        """Publish what a crash left unpublished, then start the streaming query (module
+        docstring); returns the ``StreamingQuery``."""
+        self._check_checkpoint()
+        republish_committed(self.store, self.publisher, self.store.last_committed())
+        labels = shard_labels(spark, self.n)
+        # one shuffle partition per shard: the query's session (cloned by its thread once it runs)
+        # keeps it, and its checkpoint from then on; the caller's session gets its own value back
+        # with the first batch (:meth:`on_batch`), when the clone is made
+        self._conf_back = (spark, spark.conf.get("spark.sql.shuffle.partitions"))
+        spark.conf.set("spark.sql.shuffle.partitions", str(self.n))
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", self.bootstrap)
+            .option("kafka.isolation.level", "read_committed")
+            .options(**spark_options(self.settings, "engine"))
+            .option("subscribe", ",".join(self.topics.values()))
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "true")  # a retention gap stops the query: never skipped
+        )
+        cap = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
+        if cap:
+            reader = reader.option("maxOffsetsPerTrigger", str(cap))
+        routed = (
+            reader.load()
+            .select(*RECORD_COLUMNS)
+            .mapInArrow(Router(self.topics, labels, self.settings.max_future_ms), ROUTED_DDL)
+        )
+        # the live cores of a worker serve this run of the query only: a restart rebuilds every
+        # shard from Spark's state store, even where a worker process outlived the query
+        engine = f"{self.checkpoint.resolve()}|{self.engine_id}"
+        processor = ShardProcessor(self.settings, engine, uuid.uuid4().hex, labels, self.topics)
+        shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
+        writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
+        trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        writer = (
+            writer.trigger(availableNow=True)
+            if available_now
+            else writer.trigger(processingTime=f"{trig} seconds")
+        )
+        log.info("sharded evaluation: %d shards (labels %s)", self.n, labels)
+        return (
+            writer.option("checkpointLocation", str(self.checkpoint / "spark"))
+            .queryName(f"tidewatch-engine-{self.engine_id}")
+            .start()
+        )
+
+    # ------------------------------------------------------------------ per batch
+    def on_batch(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch``: the shards' outputs of batch ``batch_id`` merged and delivered once."""
+        t0 = time.perf_counter()
+        batch_id = int(batch_id)
+        if self._conf_back is not None:
+            spark, value = self._conf_back
+            spark.conf.set("spark.sql.shuffle.partitions", value)
+            self._conf_back = None
+        tbl = df.toArrow()
+        pairs = [decode_output(b) for b in tbl.column("out").to_pylist()]
+        if batch_id <= self.store.last_committed():
+            log.info("batch %d is committed already (Spark ran it again after a restart): skipped", batch_id)
+            return
+        out = merge_outputs(batch_id, [o for o, _ in pairs])
+        metas = [m for _, m in pairs]
+        for m in metas:
+            self.metas[m.shard] = m
+            self.executor_pids.add(m.pid)
+            self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.rebuilt)
+        self._deliver(out, metas, t0)
+
+    def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
+        wms = [m.watermark for m in self.metas.values() if m.watermark is not None]
+        watermark = min(wms) if len(wms) == self.n else None
+        tops = [m.max_ts for m in metas if m.max_ts is not None]
+        n_events = sum(out.events.values())
+        shard_s = max((m.seconds for m in metas), default=0.0)
+        metrics = {
+            "events_per_s": n_events / shard_s if shard_s > 0 else None,
+            "batch_ms": shard_s * 1000,
+            "lag_ms": time.time() * 1000 - max(tops) if tops else None,
+            "alerts": len(out.alerts),
+            "dead_letters": len(out.dead),
+            "dead_letter_reasons": {r: int(k) for r, k in out.dead.counts().items() if k},
+            "state_bytes": sum(m.state_bytes for m in self.metas.values()),
+        }
+        d = self.delivery.deliver(out, watermark=watermark, metrics=metrics)
+        t_done = time.perf_counter()
+        self.batches_done += 1
+        for k, v in (
+            ("events", n_events),
+            ("alerts", len(out.alerts)),
+            ("dead_letters", len(out.dead)),
+            ("seconds", t_done - t0),
+        ):
+            self.totals[k] += v
+        self.delivered.append((t0, t_done, n_events))
+        if len(self.delivered) > 100_000:
+            del self.delivered[:50_000]
+        log.info(
+            "batch %d: %d events, %d alerts, %d dead letters, %d lookups up to %s over %d shards "
+            "(slowest shard %.0f ms%s); delivered in %.0f ms (PostgreSQL %.0f, Kafka commit %.0f)",
+            out.batch_id, n_events, len(out.alerts), len(out.dead), len(out.lookups),
+            out.lookups[-1] if out.lookups else "-", len(metas), shard_s * 1000,
+            ", rebuilt: " + ",".join(str(m.shard) for m in metas if m.rebuilt)
+            if any(m.rebuilt for m in metas) else "",
+            (t_done - t0) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self.delivery.close()
+        self.publisher.close()
+        self.store.engine.dispose()

@@ -1,0 +1,177 @@
+"""One shard's micro-batch, and the shards' outputs merged into the batch's (issue #23).
+
+A shard is an :class:`engine.core.EngineCore` over the keys it owns (:mod:`engine.shards.route`),
+run on its records with the driver path of the core (:meth:`EngineCore.process`: decode,
+validation, ``late`` dead letters, the evaluator with its retained history for PSoup, ROWS
+windows) and the whole batch's clock (``span``), so every shard looks up at the lookup times a
+single engine would, and the union of the shards' alerts is the single engine's alert log --
+``tidewatch backtest`` on the same events (tests/engine/shards).
+
+What a shard changes after :meth:`EngineCore.process` (:func:`run_shard`):
+
+* records it got only for a second key field (``packets``' destination address, routed also to
+  the destination's shard: not *primary* here) are not counted as its events, and their ``late``
+  dead letters are left to their primary shard: each event counted once, dead-lettered once;
+* a stream with several key fields holds, for a rule grouped by one of them, keys it does not
+  own (the other field's events brought them, without all their events): their alerts and
+  removed keys are dropped; the owner's are exact.
+
+The output crosses from the executors to the driver in the snapshot format
+(:mod:`engine.runtime.state_codec`: versioned, runs no code when read).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.core import EngineCore
+from engine.dead_letter import DeadLetters
+from engine.decode import STREAMS
+from engine.messages import BatchOutput
+from engine.runtime import state_codec
+from engine.shards.route import PRIMARY, shard_of
+from engine.sources.readers import split_topics, subscription_changes
+
+log = logging.getLogger("tidewatch.engine")
+
+
+@dataclass
+class ShardMeta:
+    """What the driver learns of a shard with its output (Health, tests, the batch's metrics)."""
+
+    shard: int
+    batch_id: int
+    applied_until: int | None = None
+    watermark: int | None = None
+    max_ts: int | None = None
+    rules: int = 0
+    state_bytes: int = 0
+    seconds: float = 0.0  #: the shard's evaluation of the batch (its task's Python part)
+    rebuilt: bool = False  #: the shard's state was rebuilt from Spark's state store
+    pid: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_shard(
+    core: EngineCore,
+    batch_id: int,
+    shard: int,
+    n: int,
+    records: pa.Table,
+    span: dict[tuple[str, int], tuple[int, int]],
+    topics: dict[str, str],
+) -> BatchOutput:
+    """Shard ``shard`` of ``n`` runs batch ``batch_id``: ``records`` are its routed records
+    (:func:`engine.shards.route.route_records`, with the ``primary`` flag), ``span`` the whole
+    batch's (:func:`engine.shards.route.merge_spans`); see the module docstring."""
+    parts = split_topics(records, topics)
+    changes = subscription_changes(parts.pop("subscriptions", records.slice(0, 0)))
+    streams = {r: t for r, t in parts.items() if r in STREAMS and t.num_rows}
+    out = core.process(batch_id, streams, changes, span=span)
+    for role, t in streams.items():
+        prim = np.asarray(t.column(PRIMARY).to_numpy(zero_copy_only=False), np.bool_)
+        if prim.all():
+            continue
+        others = set(
+            zip(
+                t.column("partition").filter(pa.array(~prim)).to_pylist(),
+                t.column("offset").filter(pa.array(~prim)).to_pylist(),
+                strict=True,
+            )
+        )
+        topic = topics[role]
+        keep = [
+            i
+            for i in range(len(out.dead))
+            if out.dead.source_topic[i] != topic
+            or (out.dead.source_partition[i], out.dead.source_offset[i]) not in others
+        ]
+        late_elsewhere = len(out.dead) - len(keep)
+        if late_elsewhere:
+            out.dead = _take(out.dead, keep)
+        out.events[role] = out.events.get(role, 0) - (len(others) - late_elsewhere)
+    if n > 1:
+        _drop_unowned(out, shard, n)
+    return out
+
+
+def _take(dead: DeadLetters, idx: list[int]) -> DeadLetters:
+    kept = DeadLetters()
+    for name in DeadLetters.__dataclass_fields__:
+        col = getattr(dead, name)
+        setattr(kept, name, [col[i] for i in idx])
+    return kept
+
+
+def _drop_unowned(out: BatchOutput, shard: int, n: int) -> None:
+    """Alerts and removed keys of keys this shard does not own (a stream with several key fields
+    brings them; for the others every key a shard holds is its own, and nothing is dropped)."""
+    if out.alerts:
+        owner = shard_of([a.key for a in out.alerts], n)
+        out.alerts = [a for a, o in zip(out.alerts, owner, strict=True) if o == shard]
+    for sid, keys in out.removed_keys.items():
+        if keys:
+            owner = shard_of(keys, n)
+            out.removed_keys[sid] = [k for k, o in zip(keys, owner, strict=True) if o == shard]
+
+
+def encode_output(out: BatchOutput, meta: ShardMeta) -> bytes:
+    """A shard's output for the driver, in the snapshot format (no pickle)."""
+    return state_codec.dumps({"out": out, "meta": meta})
+
+
+def decode_output(data: bytes) -> tuple[BatchOutput, ShardMeta]:
+    doc = state_codec.loads(data)
+    return doc["out"], doc["meta"]
+
+
+def meta_of(
+    core: EngineCore, shard: int, batch_id: int, seconds: float, rebuilt: bool, pid: int
+) -> ShardMeta:
+    return ShardMeta(
+        shard,
+        batch_id,
+        core.applied_until,
+        core.watermark,
+        core.max_ts,
+        len(core.rules),
+        core.state_nbytes(),
+        seconds,
+        rebuilt,
+        pid,
+    )
+
+
+def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
+    """The batch's output from its shards' (every shard ran the same lookups and rule changes):
+    alerts stably by lookup time (each key's changes stay in order: a key is one shard's), dead
+    letters, events summed, removed subscriptions and rule errors once each."""
+    merged = BatchOutput(batch_id)
+    lookups: set[int] = set()
+    errors: dict[str, str] = {}
+    keys: dict[str, set[str]] = {}
+    for out in outs:
+        merged.alerts.extend(out.alerts)
+        merged.dead.extend(out.dead)
+        lookups.update(out.lookups)
+        for sid in out.removed:
+            if sid not in merged.removed:
+                merged.removed.append(sid)
+        for sid, ks in out.removed_keys.items():
+            keys.setdefault(sid, set()).update(ks)
+        merged.changed |= out.changed
+        for s, k in out.events.items():
+            merged.events[s] = merged.events.get(s, 0) + k
+        for sid, text in out.rule_errors:
+            errors.setdefault(sid, text)
+    merged.alerts.sort(key=lambda a: a.as_of)
+    merged.lookups = sorted(lookups)
+    merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}
+    merged.rule_errors = list(errors.items())
+    return merged
