@@ -392,15 +392,17 @@ def print_spark_parts(progress: list[tuple[int, dict[str, int]]]) -> None:
 
 def cpu_by_role(me: Any, producer_pid: int | None) -> dict[str, float]:
     """CPU seconds (user + system) so far of the processes of a live run, by role: this
-    driver (with the snapshot writers it forked and reaped), Spark's JVM (a child ``java``), the Kafka broker (another ``java``), PostgreSQL
-    (every ``postgres`` process) and the feed's producer process."""
+    driver (with the snapshot writers it forked and reaped), Spark's JVM (a child ``java``), Spark's
+    Python workers (its ``python`` children: the executors' decode, pre-aggregation and shards), the
+    Kafka broker (another ``java``), PostgreSQL (every ``postgres`` process) and the feed's producer
+    process."""
     import psutil
 
     def secs(p: Any) -> float:
         t = p.cpu_times()
         return float(t.user + t.system)
 
-    out = dict.fromkeys(("driver", "spark_jvm", "kafka", "postgres", "producer"), 0.0)
+    out = dict.fromkeys(("driver", "spark_jvm", "spark_python", "kafka", "postgres", "producer"), 0.0)
     t = me.cpu_times()  # the driver, with its reaped children: the forked snapshot writers
     out["driver"] = float(t.user + t.system + t.children_user + t.children_system)
     children = {c.pid for c in me.children(recursive=True)}
@@ -411,11 +413,33 @@ def cpu_by_role(me: Any, producer_pid: int | None) -> dict[str, float]:
                 out["producer"] += secs(p)
             elif "java" in name:
                 out["spark_jvm" if p.pid in children else "kafka"] += secs(p)
+            elif name.startswith("python") and p.pid in children:
+                out["spark_python"] += secs(p)
             elif name.startswith("postgres"):
                 out["postgres"] += secs(p)
         except psutil.Error:  # a process that ended between listing and reading
             continue
     return out
+
+
+def _rules_of(app: Any) -> int:
+    return int(app.rules) if hasattr(app, "metas") else len(app.core.rules)
+
+
+def _rules_active(app: Any, n: int) -> bool:
+    """Every rule compiled and indexed, and the batch that subscribed them delivered (the driver
+    core fills ``rules`` one by one while that batch still builds indexes; a sharded engine
+    learns its shards' rule counts from their delivered output)."""
+    if hasattr(app, "metas"):
+        return bool(app.rules >= n and app.batches_done > 0)
+    core = app.core
+    return bool(len(core.rules) >= n and core.last_batch >= 0 and app.batches_done > core.last_batch)
+
+
+def _state_bytes(app: Any) -> int:
+    if hasattr(app, "metas"):
+        return int(sum(m.state_bytes for m in app.metas.values()))
+    return int(app.core.state_nbytes())
 
 
 def run_live(a: argparse.Namespace) -> dict[str, Any]:
@@ -427,6 +451,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer, Producer
 
     from engine.app import EngineApp
+    from engine.shards.engine import ShardedEngine
     from engine.sinks.publish import ensure_topics
     from engine.spark_session import build_spark
     from tidewatch.settings import get_settings
@@ -440,7 +465,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
         engine_lookup_every_ms=a.lookup_every_ms, **MODES[a.modes.split(",")[0]],
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
-        engine_snapshot_fork=not a.snapshot_in_thread,
+        engine_snapshot_fork=not a.snapshot_in_thread, engine_shards=a.shards,
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
@@ -451,7 +476,9 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     texts = make_mixed_rules(a.rules, stream, sample, min(a.live, 600))
     spark = build_spark(settings, "tidewatch-engine-live")
     db = fresh_database(admin_url(a.database_url, base))
-    app = EngineApp(settings, bootstrap=bootstrap, pg_url=db, engine_id=run)
+    app: Any = (ShardedEngine if a.shards else EngineApp)(
+        settings, bootstrap=bootstrap, pg_url=db, engine_id=run
+    )
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i, text in enumerate(texts):
         sid = str(uuid.uuid4())
@@ -465,11 +492,9 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + 600
     # active = compiled, indexed and the batch that subscribed them delivered: the core fills
     # ``rules`` one by one while that batch still builds indexes, so the count alone is not enough
-    while (
-        len(app.core.rules) < len(texts) or app.core.last_batch < 0 or app.batches_done <= app.core.last_batch
-    ) and time.monotonic() < deadline:
+    while not _rules_active(app, len(texts)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    print(f"{len(app.core.rules):,} rules active after {time.perf_counter() - t_sub:.1f} s", flush=True)
+    print(f"{_rules_of(app):,} rules active after {time.perf_counter() - t_sub:.1f} s", flush=True)
     latencies: list[float] = []
     arrivals: list[float] = []  # wall ms each alert was read (the tail's timeline)
     stop = threading.Event()
@@ -543,7 +568,7 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         f"{len(late_b)} batches, median batch {np.median([b[1] - b[0] for b in late_b]) if late_b else 0:.2f} s); "
         f"alerts {len(lat):,}, latency produce->alerts p50 {np.percentile(lat, 50) if len(lat) else float('nan'):.2f} s "
         f"p99 {np.percentile(lat, 99) if len(lat) else float('nan'):.2f} s max {lat.max() if len(lat) else float('nan'):.2f} s; "
-        f"state {app.core.state_nbytes() / 1e6:.0f} MB, driver (Python) RSS peak {peak_rss / 1e9:.2f} GB, "
+        f"state {_state_bytes(app) / 1e6:.0f} MB, driver (Python) RSS peak {peak_rss / 1e9:.2f} GB, "
         f"Spark JVM RSS peak {jvm_peak / 1e9:.2f} GB",
         flush=True,
     )
@@ -559,7 +584,25 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
     print_spark_parts(progress)
-    if a.snapshot_every:
+    if a.shards:
+        shard_ms = np.array(app.shard_seconds) * 1000
+        print(
+            f"{a.shards} shards: slowest shard per batch median {np.median(shard_ms):.0f} ms, p99 "
+            f"{np.percentile(shard_ms, 99):.0f} ms; rebuilt from the state store: {app.rebuilds}, "
+            f"caught up from the batch log: {app.catch_ups}",
+            flush=True,
+        )
+        names = sorted({k for p in app.shard_parts for k in p})
+        print(
+            "  a shard task's Python parts, median / max ms over batches (slowest shard): "
+            + ", ".join(
+                f"{k} {np.median([p.get(k, 0) for p in app.shard_parts]) * 1000:.0f} / "
+                f"{max(p.get(k, 0) for p in app.shard_parts) * 1000:.0f}"
+                for k in names
+            ),
+            flush=True,
+        )
+    elif a.snapshot_every:
         snaps = app.snapshots.written
         phases = {b: (c, f) for b, c, f in app.snapshots.timings}
         if a.snapshot_in_thread:
@@ -593,7 +636,10 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
             )
         )
     pct = (lambda q: float(np.percentile(lat, q))) if len(lat) else (lambda q: float("nan"))
-    return {"p50": pct(50), "p99": pct(99), "events_per_s": rate_kept, "alerts": len(lat), "cpu_s": cpu}
+    return {
+        "p50": pct(50), "p99": pct(99), "events_per_s": rate_kept, "alerts": len(lat), "cpu_s": cpu,
+        "events": produced,
+    }  # fmt: skip
 
 
 def run_core(a: argparse.Namespace) -> None:
@@ -779,6 +825,12 @@ def main() -> None:
         "snapshot_every_batches = 50); 0: no snapshots",
     )
     ap.add_argument(
+        "--shards",
+        default="0",
+        help="live mode: engine_shards of each run, comma-separated, run one after the other in this "
+        "process (0: the driver-held index; e.g. 0,2 for the two side by side)",
+    )
+    ap.add_argument(
         "--snapshot-in-thread",
         action="store_true",
         help="live mode: snapshots captured in the evaluation thread and written by a thread "
@@ -787,7 +839,20 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     if a.live:
-        run_live(a)
+        runs = {}
+        for n in [int(x) for x in str(a.shards).split(",")]:
+            print(f"--- live run, engine_shards = {n}", flush=True)
+            runs[n] = run_live(argparse.Namespace(**{**vars(a), "shards": n}))
+        if len(runs) > 1:
+            print(
+                "side by side (engine_shards: p50 / p99 s, events/s kept, driver CPU-µs per event):",
+                flush=True,
+            )
+            for n, r in runs.items():
+                per = r["cpu_s"]["driver"] / max(1.0, r["events"]) * 1e6
+                print(
+                    f"  {n}: {r['p50']:.2f} / {r['p99']:.2f}, {r['events_per_s']:,.0f}, {per:.2f}", flush=True
+                )
         print("command:", " ".join(sys.argv))
         return
     if a.core_only:

@@ -119,6 +119,13 @@ class ShardedEngine:
         self.executor_pids: set[int] = set()
         #: per shard, the batches that rebuilt it from Spark's state store (not from a live core)
         self.rebuilds: dict[int, int] = {}
+        #: per shard, the batches whose worker brought an older live core forward from the log
+        self.catch_ups: dict[int, int] = {}
+        #: per delivered batch, the slowest shard's evaluation (s; the last 100,000 batches)
+        self.shard_seconds: list[float] = []
+        #: per delivered batch, the largest over its shards of each part of a shard's task
+        #: (:attr:`ShardMeta.extra`: input, catch_up, evaluate, log, snapshot; seconds)
+        self.shard_parts: list[dict[str, float]] = []
         #: (start of the batch's delivery, its end, events) per delivered batch (benchmarks)
         self.delivered: list[tuple[float, float, int]] = []
         self._conf_back: tuple[Any, str] | None = None
@@ -203,7 +210,9 @@ class ShardedEngine:
         # the live cores of a worker serve this run of the query only: a restart rebuilds every
         # shard from Spark's state store, even where a worker process outlived the query
         engine = f"{self.checkpoint.resolve()}|{self.engine_id}"
-        processor = ShardProcessor(self.settings, engine, uuid.uuid4().hex, labels, self.topics)
+        processor = ShardProcessor(
+            self.settings, engine, uuid.uuid4().hex, labels, self.topics, self.bootstrap
+        )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
@@ -230,15 +239,16 @@ class ShardedEngine:
             self._conf_back = None
         tbl = df.toArrow()
         pairs = [decode_output(b) for b in tbl.column("out").to_pylist()]
+        metas = [m for _, m in pairs]
+        for m in metas:  # also of a batch run again: its shards' rebuilds happened
+            self.metas[m.shard] = m
+            self.executor_pids.add(m.pid)
+            self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.how == "rebuilt")
+            self.catch_ups[m.shard] = self.catch_ups.get(m.shard, 0) + int(m.how == "caught up")
         if batch_id <= self.store.last_committed():
             log.info("batch %d is committed already (Spark ran it again after a restart): skipped", batch_id)
             return
         out = merge_outputs(batch_id, [o for o, _ in pairs])
-        metas = [m for _, m in pairs]
-        for m in metas:
-            self.metas[m.shard] = m
-            self.executor_pids.add(m.pid)
-            self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.rebuilt)
         self._deliver(out, metas, t0)
 
     def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
@@ -267,15 +277,19 @@ class ShardedEngine:
         ):
             self.totals[k] += v
         self.delivered.append((t0, t_done, n_events))
+        self.shard_seconds.append(shard_s)
+        parts = {k for m in metas for k in m.extra}
+        self.shard_parts.append({k: max(float(m.extra.get(k, 0.0)) for m in metas) for k in sorted(parts)})
         if len(self.delivered) > 100_000:
             del self.delivered[:50_000]
+            del self.shard_seconds[:50_000]
+            del self.shard_parts[:50_000]
         log.info(
             "batch %d: %d events, %d alerts, %d dead letters, %d lookups up to %s over %d shards "
             "(slowest shard %.0f ms%s); delivered in %.0f ms (PostgreSQL %.0f, Kafka commit %.0f)",
             out.batch_id, n_events, len(out.alerts), len(out.dead), len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(metas), shard_s * 1000,
-            ", rebuilt: " + ",".join(str(m.shard) for m in metas if m.rebuilt)
-            if any(m.rebuilt for m in metas) else "",
+            "".join(f", shard {m.shard} {m.how}" for m in metas if m.how != "live"),
             (t_done - t0) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
         )  # fmt: skip
 

@@ -7,24 +7,32 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
 * ``snap`` (value state): the shard's whole :class:`engine.core.EngineCore` at batch ``batch``,
   in the snapshot format (:meth:`EngineCore.to_bytes`: versioned, no pickle), written every
   ``snapshot_every_batches`` batches;
-* ``log`` (list state): each batch since ``snap``, as the shard received it (its routed records
-  and the batch's span, Arrow IPC), appended every batch;
+* ``log`` (list state): each batch since ``snap``: its Kafka offset ranges and its span (a few
+  hundred bytes), appended every batch -- the records themselves are in Kafka, where a rebuild
+  reads them again by offset (the engine's replay reader, :func:`engine.sources.readers.read_ranges`)
+  and routes them again (deterministic): as Spark's own Kafka source re-reads an unfinished batch,
+  a rebuild needs the batches since the last snapshot still within the topics' retention;
 * ``at`` (value state): the last batch the state holds.
 
 The state store is versioned by batch: a retried task, a task moved to another executor, or a
 restarted query reads the state as of the batch before the one it runs.  What rebuilds the shard
-is therefore in it: ``snap`` restored, then the batches of ``log`` run again (no output), which
-gives the same state, as the core is deterministic.
+is therefore in it: ``snap`` restored, then the batches of ``log`` read again and run again (no
+output), which gives the same state, as the core is deterministic.  (Logging the records
+themselves in the state store cost ~0.9 s per batch of 100,000 records per shard through the
+state server, more than the evaluation: docs/measurements/engine.md.)
 
 A live core is kept between batches in the worker process (a Python worker serves many tasks,
 Spark's ``spark.python.worker.reuse``) -- for speed only: it is used for batch ``b`` only if it is
 exactly the state after the last batch the state store holds (``at``), and it is taken out of
-the cache while a batch runs, so a task that fails half-way leaves nothing to reuse.  Otherwise
-the shard is rebuilt from the state store.
+the cache while a batch runs, so a task that fails half-way leaves nothing to reuse.  A worker
+whose core is a few batches behind (another worker ran the shard meanwhile: Spark gives a task
+any idle Python worker of its executor) brings it forward with the logged batches; otherwise the
+shard is rebuilt from the snapshot.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -37,7 +45,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from engine.core import EngineCore
 from engine.errors import CheckpointMismatch
-from engine.shards.route import ipc_bytes, ipc_table, merge_spans
+from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
 
 log = logging.getLogger("tidewatch.engine")
@@ -66,77 +74,109 @@ class ShardProcessor(StatefulProcessor):
     engine (its checkpoint and id), the query run, the shard labels and the topics."""
 
     def __init__(
-        self, settings: Any, engine: str, run: str, labels: list[int], topics: dict[str, str]
+        self, settings: Any, engine: str, run: str, labels: list[int], topics: dict[str, str], bootstrap: str
     ) -> None:
-        self.settings, self.engine, self.run = settings, engine, run
+        self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
         self.labels, self.topics = list(labels), dict(topics)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.at = handle.getValueState("at", "batch LONG")
         self.snap = handle.getValueState("snap", "batch LONG, data BINARY")
-        self.log = handle.getListState("log", "batch LONG, records BINARY, span BINARY")
+        self.log = handle.getListState("log", "batch LONG, ranges BINARY, span BINARY")
 
     def _fresh(self) -> EngineCore:
         from engine.app import default_core
 
         return default_core(self.settings)
 
-    def _rebuild(self, shard: int, at: int) -> EngineCore:
-        """The shard's core at batch ``at`` from the state store (module docstring)."""
+    def _catch_up(
+        self, shard: int, at: int, live: tuple[str, EngineCore, int] | None
+    ) -> tuple[EngineCore, str]:
+        """The shard's core at batch ``at`` (the last the state store holds): this worker's live
+        core if it is there already (``"live"``); else that core brought forward by the batches of
+        ``log`` after it, when ``log`` has every one of them (``"caught up"``: another worker ran
+        them); else ``snap`` restored and every batch of ``log`` run again (``"rebuilt"``).  A live
+        core of another run of the query is never used."""
         from engine.rule_evaluator import rule_compiler
 
+        if live is not None and live[0] == self.run and live[2] == at:
+            return live[1], "live"
         t0 = time.perf_counter()
-        if self.snap.exists():
+        since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
+        usable = live is not None and live[0] == self.run and since <= live[2] < at
+        if usable:
+            core, how = live[1], "caught up"  # type: ignore[index]
+        elif since >= 0:
             _, data = self.snap.get()  # type: ignore[misc]
-            core = EngineCore.from_bytes(bytes(data), rule_compiler(self.settings))
+            core, how = EngineCore.from_bytes(bytes(data), rule_compiler(self.settings)), "rebuilt"
         else:
-            core = self._fresh()
+            core, how = self._fresh(), "rebuilt"
         entries = sorted(self.log.get(), key=lambda e: int(e[0])) if self.log.exists() else []
-        n = len(self.labels)
-        for b, rec, span in entries:
-            if int(b) > core.last_batch:
+        n, ran = len(self.labels), 0
+        for b, ranges, span in entries:
+            if core.last_batch < int(b) <= at:
+                records = self._read_again(json.loads(bytes(ranges)), shard)
                 spans = merge_spans([ipc_table(bytes(span))])
-                run_shard(core, int(b), shard, n, ipc_table(bytes(rec)), spans, self.topics)
-        if at >= 0 and core.last_batch != at:
+                run_shard(core, int(b), shard, n, records, spans, self.topics)
+                ran += 1
+        if core.last_batch != at:
             raise CheckpointMismatch(
                 f"shard {shard}: Spark's state store holds batch {at}, but its snapshot and batch "
                 f"log rebuild batch {core.last_batch}: the state store is damaged. Start the engine "
                 "with a new checkpoint directory and a new --engine-id."
             )
         log.info(
-            "shard %d rebuilt at batch %d from Spark's state store (%d batches replayed) in %.2f s",
-            shard, at, len(entries), time.perf_counter() - t0,
+            "shard %d %s at batch %d from Spark's state store (%d batches run again) in %.2f s",
+            shard, how, at, ran, time.perf_counter() - t0,
         )  # fmt: skip
-        return core
+        return core, how
+
+    def _read_again(self, ranges: Ranges, shard: int) -> pa.Table:
+        """This shard's records of a logged batch: its offset ranges read again from Kafka (the
+        engine's replay reader) and routed again (:func:`route_records`, deterministic)."""
+        from engine.sources.readers import read_ranges
+
+        records = read_ranges(self.bootstrap, ranges, settings=self.settings)
+        tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
+        return tables[shard]
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
+        t_in = time.perf_counter()
         label = int(key[0])
         shard = self.labels.index(label)
         batch = batch_of_task()
         recs: list[pa.Table] = []
         span_tables: list[pa.Table] = []
+        ranges: list[Ranges] = []
         for df in rows:
             recs += [ipc_table(bytes(b)) for b in df["records"]]
             span_tables += [ipc_table(bytes(b)) for b in df["span"]]
+            ranges += [json.loads(bytes(b)) for b in df["ranges"]]
         records = pa.concat_tables(recs)
         span_t = pa.concat_tables(span_tables)
+        t_state = time.perf_counter()
         at = int(self.at.get()[0]) if self.at.exists() else -1  # type: ignore[index]
         live = _LIVE.pop((self.engine, shard), None)  # out while this batch runs
-        rebuilt = live is None or live[0] != self.run or live[2] != at
-        core = self._rebuild(shard, at) if rebuilt else live[1]  # type: ignore[index]
+        core, how = self._catch_up(shard, at, live)
         t0 = time.perf_counter()
         out = run_shard(core, batch, shard, len(self.labels), records, merge_spans([span_t]), self.topics)
-        seconds = time.perf_counter() - t0
-        self.log.appendValue((batch, ipc_bytes(records), ipc_bytes(span_t)))
+        t_log = time.perf_counter()
+        self.log.appendValue((batch, json.dumps(merge_ranges(ranges)).encode(), ipc_bytes(span_t)))
+        t_snap = time.perf_counter()
         since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
         if batch - since >= max(1, int(self.settings.snapshot_every_batches)):
             self.snap.update((batch, core.to_bytes()))
             self.log.clear()
         self.at.update((batch,))
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
-        meta = meta_of(core, shard, batch, seconds, rebuilt, os.getpid())
+        t_out = time.perf_counter()
+        meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
+        meta.extra = {  # where the shard's task spent its Python time (s)
+            "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,
+            "log": t_snap - t_log, "snapshot": t_out - t_snap,
+        }  # fmt: skip
         yield pd.DataFrame({"shard": [label], "out": [encode_output(out, meta)]})
 
     def close(self) -> None:

@@ -20,7 +20,9 @@ partition range): it decodes each stream's records with the engine's own decoder
   it if it is late;
 * ``span``: per (stream, Kafka partition) the smallest and largest valid event time of the task's
   records, the same in every shard's row: each shard's clock is the whole batch's
-  (:meth:`engine.core.EngineCore.process`'s ``span``), so every shard looks up at the same times.
+  (:meth:`engine.core.EngineCore.process`'s ``span``), so every shard looks up at the same times;
+* ``ranges``: the task's Kafka offset ranges (JSON, :func:`engine.sources.readers.offset_ranges`),
+  what a shard logs in Spark's state store to read the batch again if it must be rebuilt.
 
 The shards decode their records again (the Avro decode is the cheap part, ~0.1 µs per record)
 instead of receiving decoded columns: the records are what the driver path of the core takes,
@@ -29,6 +31,7 @@ and what a late dead letter carries.  Pure functions and a picklable class: no S
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -37,11 +40,13 @@ import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, predecode
-from engine.sources.readers import RECORD_COLUMNS
+from engine.sources.readers import RECORD_COLUMNS, offset_ranges
 
 #: the first stage's output: one row per (task, shard)
-ROUTED_SCHEMA = pa.schema([("shard", pa.int32()), ("records", pa.binary()), ("span", pa.binary())])
-ROUTED_DDL = "shard INT, records BINARY, span BINARY"
+ROUTED_SCHEMA = pa.schema(
+    [("shard", pa.int32()), ("records", pa.binary()), ("span", pa.binary()), ("ranges", pa.binary())]
+)
+ROUTED_DDL = "shard INT, records BINARY, span BINARY, ranges BINARY"
 #: a span table: per (stream, partition) the smallest and largest valid event time
 SPAN_SCHEMA = pa.schema(
     [("stream", pa.string()), ("partition", pa.int32()), ("lo", pa.int64()), ("hi", pa.int64())]
@@ -161,6 +166,22 @@ def route_records(
     return tables, span
 
 
+Ranges = dict[str, dict[str, list[int]]]  #: ``{topic: {partition: [first, last]}}`` (inclusive)
+
+
+def merge_ranges(docs: Iterable[Ranges]) -> Ranges:
+    """The offset ranges of a whole batch from its chunks' (each (topic, partition) from the
+    smallest first to the largest last offset)."""
+    out: Ranges = {}
+    for doc in docs:
+        for topic, parts in doc.items():
+            mine = out.setdefault(topic, {})
+            for p, (lo, hi) in parts.items():
+                old = mine.get(p)
+                mine[p] = [lo, hi] if old is None else [min(old[0], lo), max(old[1], hi)]
+    return out
+
+
 def merge_spans(tables: Iterable[pa.Table]) -> dict[tuple[str, int], tuple[int, int]]:
     """The span of a whole batch from its chunks' span tables: per (stream, partition) the
     smallest ``lo`` and largest ``hi`` (a partition's records may be split over several tasks)."""
@@ -186,15 +207,16 @@ class Router:
         chunks = [b for b in batches if b.num_rows]
         if not chunks:
             return
-        tables, span = route_records(
-            pa.Table.from_batches(chunks), self.topics, len(self.labels), self.max_future_ms
-        )
+        records = pa.Table.from_batches(chunks)
+        tables, span = route_records(records, self.topics, len(self.labels), self.max_future_ms)
         span_b = ipc_bytes(span)
+        ranges_b = json.dumps(offset_ranges(records)).encode()
         yield pa.RecordBatch.from_pydict(
             {
                 "shard": pa.array(self.labels, pa.int32()),
                 "records": pa.array([ipc_bytes(t) for t in tables], pa.binary()),
                 "span": pa.array([span_b] * len(tables), pa.binary()),
+                "ranges": pa.array([ranges_b] * len(tables), pa.binary()),
             },
             schema=ROUTED_SCHEMA,
         )

@@ -53,7 +53,9 @@ class ShardMeta:
     rules: int = 0
     state_bytes: int = 0
     seconds: float = 0.0  #: the shard's evaluation of the batch (its task's Python part)
-    rebuilt: bool = False  #: the shard's state was rebuilt from Spark's state store
+    #: where the shard's core came from: ``live`` (kept by the worker), ``caught up`` (the worker's
+    #: core brought forward by batches another worker ran) or ``rebuilt`` (from the snapshot)
+    how: str = "live"
     pid: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -131,9 +133,7 @@ def decode_output(data: bytes) -> tuple[BatchOutput, ShardMeta]:
     return doc["out"], doc["meta"]
 
 
-def meta_of(
-    core: EngineCore, shard: int, batch_id: int, seconds: float, rebuilt: bool, pid: int
-) -> ShardMeta:
+def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: str, pid: int) -> ShardMeta:
     return ShardMeta(
         shard,
         batch_id,
@@ -143,7 +143,7 @@ def meta_of(
         len(core.rules),
         core.state_nbytes(),
         seconds,
-        rebuilt,
+        how,
         pid,
     )
 

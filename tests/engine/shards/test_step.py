@@ -53,7 +53,7 @@ def _sharded(
             recs = pa.concat_tables([r[shard] for r, _ in routed])
             out = run_shard(cores[shard], b, shard, n, recs, span, TOPICS)
             # through the wire format, as the driver gets it
-            back, meta = decode_output(encode_output(out, meta_of(cores[shard], shard, b, 0.0, False, 0)))
+            back, meta = decode_output(encode_output(out, meta_of(cores[shard], shard, b, 0.0, "live", 0)))
             assert meta.batch_id == b and meta.shard == shard
             per.append(back)
         outs.append(merge_outputs(b, per))
@@ -122,3 +122,25 @@ def test_shard_of_is_stable() -> None:
         __import__("zlib").crc32(k.encode()) % 4 for k in ["S0", "S1", "10.0.0.1"]
     ]
     assert shard_of([], 4).tolist() == [] and shard_of(["x"], 1).tolist() == [0]
+
+
+def test_router_rows_carry_each_shards_records_the_span_and_the_offsets() -> None:
+    import json
+
+    from engine.shards.route import ROUTED_SCHEMA, Router, ipc_table, merge_ranges
+    from engine.sources.readers import offset_ranges
+
+    batches, _ = scenario_batches()
+    tbl = batches[1]
+    out = list(Router(TOPICS, [7, 3], MAX_FUTURE)(tbl.to_batches(max_chunksize=300)))
+    assert len(out) == 1 and out[0].schema == ROUTED_SCHEMA
+    rows = out[0].to_pylist()
+    assert [r["shard"] for r in rows] == [7, 3]  # the labels, in shard order
+    tables, span = route_records(tbl, TOPICS, 2, MAX_FUTURE)
+    for r, t in zip(rows, tables, strict=True):
+        assert ipc_table(r["records"]).equals(t)
+        assert ipc_table(r["span"]).equals(span)
+        assert merge_ranges([json.loads(r["ranges"])]) == offset_ranges(tbl)
+    assert merge_ranges([{"t": {"0": [5, 9]}}, {"t": {"0": [1, 4], "1": [0, 0]}}]) == {
+        "t": {"0": [1, 9], "1": [0, 0]}
+    }

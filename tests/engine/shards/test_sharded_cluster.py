@@ -1,0 +1,111 @@
+"""The sharded engine on a real standalone cluster (issue #23, "Proof"): a master and two workers
+of one core each (pyspark's own ``spark-class``), the driver in its own process
+(``tests/engine/shards/cluster_job.py``).  With two shards, the scenario's checks hold (alert log =
+backtest, Kafka once each, dead letters once each, a restart rebuilds the shards from Spark's
+state store, PSoup's late rule) while an executor JVM is SIGKILLed three times mid-stream: Spark
+reschedules the shard tasks on the relaunched executors, the shards come back from the state
+store, nothing is lost and nothing doubled.  The shards ran in Python workers of executor JVMs
+the workers launched, never in the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.test_spark_cluster import executor_pids, master_status, spark_daemon, spark_home
+from tests.services import free_port
+from tidewatch.settings import PROJECT_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_sharded_engine_on_a_cluster_survives_killed_executors(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_LOG_DIR": str(tmp_path)}  # fmt: skip
+    port, webui = free_port(), free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    with ExitStack() as stack:
+        master = stack.enter_context(
+            spark_daemon(
+                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                 "--webui-port", str(webui)],
+                tmp_path / "master.log", env,
+            )
+        )  # fmt: skip
+        workers = [
+            stack.enter_context(
+                spark_daemon(
+                    ["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
+                     "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
+                     "--work-dir", str(tmp_path / f"work-{i}")],
+                    tmp_path / f"worker-{i}.log", env,
+                )
+            )
+            for i in range(2)
+        ]  # fmt: skip
+        deadline = time.monotonic() + 120
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            assert master.poll() is None, (tmp_path / "master.log").read_text()[-3000:]
+            try:
+                status = master_status(webui)
+                if status.get("status") == "ALIVE" and status.get("aliveworkers") == 2:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the cluster did not come up with two workers: {status}")
+        job_env = {
+            **os.environ,
+            "TIDEWATCH_SPARK_MASTER": master_url,
+            "TIDEWATCH_SPARK_DRIVER_HOST": "127.0.0.1",
+            "TIDEWATCH_SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1",
+            "TIDEWATCH_SPARK_DRIVER_PORT": str(free_port()),
+            "TIDEWATCH_SPARK_BLOCK_MANAGER_PORT": str(free_port()),
+            "TIDEWATCH_SPARK_DRIVER_MEMORY": "1g",
+            "TIDEWATCH_SPARK_EXTRA_CONF": json.dumps(
+                {"spark.executor.memory": "1g", "spark.scheduler.minRegisteredResourcesRatio": "1.0"}
+            ),
+        }
+        job_log = tmp_path / "job.log"
+        job = subprocess.Popen(
+            [sys.executable, "-m", "tests.engine.shards.cluster_job", kafka_bootstrap, pg_url,
+             str(tmp_path / "engine"), "2", "3"],
+            cwd=PROJECT_ROOT, env=job_env, stdout=open(job_log, "ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        launched: set[int] = set()
+        deadline = time.monotonic() + 900
+        while job.poll() is None and time.monotonic() < deadline:
+            launched |= executor_pids(workers)
+            time.sleep(0.2)
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        out = job_log.read_text()
+        assert job.returncode == 0, out[-6000:]
+        result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+    # three executors were killed mid-stream and the workers launched new ones
+    assert len(result["killed"]) == 3, result
+    assert set(result["killed"]) <= launched and len(launched) >= 5, (result["killed"], launched)
+    # the shards ran in Python workers of executor JVMs the workers launched, not in the driver
+    shard_pids = {int(p): a for p, a in result["shard_pids"].items()}
+    assert shard_pids and result["driver_pid"] not in shard_pids
+    assert all(set(a) & launched for a in shard_pids.values() if a), (shard_pids, launched)
+    print(
+        f"sharded scenario on the cluster in {result['scenario_s']} s: {result['batches']} batches, "
+        f"{result['alerts']} alerts; executors killed {result['killed']}; rebuilds during the run "
+        f"{result['rebuilds_first_run']}, after the restart {result['rebuilds']}"
+    )
