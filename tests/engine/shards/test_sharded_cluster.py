@@ -109,3 +109,28 @@ def test_sharded_engine_on_a_cluster_survives_killed_executors(
         f"{result['alerts']} alerts; executors killed {result['killed']}; rebuilds during the run "
         f"{result['rebuilds_first_run']}, after the restart {result['rebuilds']}"
     )
+
+
+def test_sharded_engine_on_local_cluster_with_four_shards(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """N = 4 shards on ``local-cluster[2,1,1024]`` (two executor JVMs of one core, Spark's own
+    multi-process mode): the scenario's checks hold, each shard a task of its own partition."""
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "TIDEWATCH_SPARK_MASTER": "local-cluster[2,1,1024]",
+        "TIDEWATCH_SPARK_DRIVER_MEMORY": "1g",
+    }
+    job_log = tmp_path / "job.log"
+    job = subprocess.run(
+        [sys.executable, "-m", "tests.engine.shards.cluster_job", kafka_bootstrap, pg_url,
+         str(tmp_path / "engine"), "4", "0"],
+        cwd=PROJECT_ROOT, env=env, stdout=open(job_log, "ab"), stderr=subprocess.STDOUT, timeout=900,
+    )  # fmt: skip
+    out = job_log.read_text()
+    assert job.returncode == 0, out[-6000:]
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert sorted(result["rebuilds"]) == ["0", "1", "2", "3"], result
+    assert result["shard_pids"] and result["driver_pid"] not in {int(p) for p in result["shard_pids"]}
