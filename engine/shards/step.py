@@ -74,11 +74,11 @@ def run_shard(
     batch's (:func:`engine.shards.route.merge_spans`); see the module docstring."""
     parts = split_topics(records, topics)
     changes = subscription_changes(parts.pop("subscriptions", records.slice(0, 0)))
-    streams = {r: t for r, t in parts.items() if r in STREAMS and t.num_rows}
+    streams = {r: t for r, t in parts.items() if r in STREAMS}  # empty ones too: events 0, as one core
     out = core.process(batch_id, streams, changes, span=span)
     for role, t in streams.items():
         prim = np.asarray(t.column(PRIMARY).to_numpy(zero_copy_only=False), np.bool_)
-        if prim.all():
+        if not len(prim) or prim.all():
             continue
         others = set(
             zip(

@@ -86,6 +86,7 @@ def test_shards_equal_one_core(case: Any, n: int) -> None:
     assert got == want  # batch by batch: every alert, its lookup time and its values
     assert [o.lookups for o in sharded] == [o.lookups for o in single]
     assert [o.events for o in sharded] == [o.events for o in single]
+    assert all(set(o.events) == {"trades", "packets"} for o in sharded)
     assert _dead(sharded) == _dead(single)
     reasons = Counter(r for *_, r in _dead(single).elements())
     assert reasons["late"] == 20 and reasons["undecodable"] == 2 and reasons["invalid"] == 3
