@@ -20,6 +20,9 @@ TOPICS = {"trades": "trades", "packets": "packets", "subscriptions": "subscripti
 EXTRA_RULES = {
     "fan_in": "SELECT dst_ip FROM packets GROUP BY dst_ip HAVING COUNT(*) OVER LAST 5 SECONDS > 30",
     "rows": "SELECT symbol FROM trades GROUP BY symbol HAVING AVG(price) OVER LAST 20 ROWS > 56",
+    "ago": "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER 20 SECONDS TO 10 SECONDS AGO > 6",
+    "filter": "SELECT symbol FROM trades GROUP BY symbol "
+    "HAVING SUM(size) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS > 300 AND MIN(price) OVER LAST 10 SECONDS < 35",
 }
 LATE = (
     "late_bid",

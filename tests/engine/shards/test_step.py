@@ -1,7 +1,8 @@
 """Shards vs one engine core on the same micro-batches (no services, no Spark): the union of the
 shards' outputs is the single core's -- alerts with their values, lookups, dead letters, events,
-rule changes -- for 1, 2 and 3 shards, packets routed by both key fields, a ROWS window and a
-rule added mid-stream (PSoup); and the shard state round-trips through its snapshot."""
+rule changes -- for 1, 2 and 3 shards, packets routed by both key fields, a ROWS window, a
+historical window, FILTER, late events and a rule added mid-stream (PSoup); and the shard state
+round-trips through its snapshot."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_shards_equal_one_core(case: Any, n: int) -> None:
     assert reasons["late"] == 20 and reasons["undecodable"] == 2 and reasons["invalid"] == 3
     # the rules on the second key field and the late rule (PSoup) fired
     subs = {a.subscription_id for o in single for a in o.alerts}
-    assert {ids["fan_in"], ids["rows"], ids["late_bid"]} <= subs
+    assert {ids["fan_in"], ids["rows"], ids["late_bid"], ids["ago"], ids["filter"]} <= subs
 
 
 def test_shard_rebuilt_from_its_snapshot_goes_on_the_same(case: Any) -> None:
