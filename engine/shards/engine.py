@@ -121,6 +121,9 @@ class ShardedEngine:
         self.rebuilds: dict[int, int] = {}
         #: per shard, the batches whose worker brought an older live core forward from the log
         self.catch_ups: dict[int, int] = {}
+        #: per shard, the batch of its snapshot in Spark's state store when a batch started it
+        #: again from the state store (``rebuilt``): -1 when it was rebuilt from the log alone
+        self.rebuilt_from: dict[int, int] = {}
         #: per delivered batch, the slowest shard's evaluation (s; the last 100,000 batches)
         self.shard_seconds: list[float] = []
         #: per delivered batch, the largest over its shards of each part of a shard's task
@@ -245,6 +248,8 @@ class ShardedEngine:
             self.executor_pids.add(m.pid)
             self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.how == "rebuilt")
             self.catch_ups[m.shard] = self.catch_ups.get(m.shard, 0) + int(m.how == "caught up")
+            if m.how == "rebuilt":
+                self.rebuilt_from[m.shard] = m.snapshot_of
         if batch_id <= self.store.last_committed():
             log.info("batch %d is committed already (Spark ran it again after a restart): skipped", batch_id)
             return

@@ -5,8 +5,9 @@ Spark groups the routed rows by shard (:mod:`engine.shards.route`) and calls
 worker, with the shard's state in Spark's state store (RocksDB, checkpointed with the query):
 
 * ``snap`` (value state): the shard's whole :class:`engine.core.EngineCore` at batch ``batch``,
-  in the snapshot format (:meth:`EngineCore.to_bytes`: versioned, no pickle), written every
-  ``snapshot_every_batches`` batches;
+  in the snapshot format (:meth:`EngineCore.to_bytes`: versioned, no pickle), due every
+  ``snapshot_every_batches`` batches: captured by the task, finished by a thread of the worker,
+  stored by the shard's next batch in that worker (:meth:`ShardProcessor._snapshot`);
 * ``log`` (list state): each batch since ``snap``: its Kafka offset ranges and its span (a few
   hundred bytes), appended every batch -- the records themselves are in Kafka, where a rebuild
   reads them again by offset (the engine's replay reader, :func:`engine.sources.readers.read_ranges`)
@@ -37,6 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pandas as pd
@@ -56,6 +58,16 @@ OUTPUT_DDL = "shard INT, out BINARY"
 #: module state of the Python worker (see the module docstring).  One entry per engine and shard:
 #: a new run of the query replaces its old run's.
 _LIVE: dict[tuple[str, int], tuple[str, EngineCore, int]] = {}
+#: (engine, shard) -> (query run, batch, the snapshot's bytes being finished by a thread)
+_PENDING: dict[tuple[str, int], tuple[str, int, Future[bytes]]] = {}
+_WRITER: list[ThreadPoolExecutor] = []
+
+
+def _writer() -> ThreadPoolExecutor:
+    """The worker's one thread that finishes shard snapshots (made on first use)."""
+    if not _WRITER:
+        _WRITER.append(ThreadPoolExecutor(1, thread_name_prefix="tidewatch-shard-snapshot"))
+    return _WRITER[0]
 
 
 def batch_of_task() -> int:
@@ -140,6 +152,34 @@ class ShardProcessor(StatefulProcessor):
         tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
         return tables[shard]
 
+    def _snapshot(self, shard: int, batch: int, core: EngineCore) -> int:
+        """Write ``snap`` when due, in two phases, so a task never serializes a whole shard: when
+        due, the core is captured (:meth:`EngineCore.capture`: the walk and copies of the arrays)
+        and a thread of this worker finishes it (the bytes); a later batch of the shard in this
+        worker stores the finished snapshot and keeps only the logged batches after it.  Until
+        then ``log`` goes on growing, so the state store always rebuilds the shard; a snapshot
+        finished in a worker that does not run the shard again is dropped (the next one is due
+        at once).  Returns the batch of the snapshot the state store holds now (-1: none)."""
+        key = (self.engine, shard)
+        since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
+        pending = _PENDING.get(key)
+        if pending is not None and pending[0] == self.run and pending[2].done():
+            del _PENDING[key]
+            b_snap, fut = pending[1], pending[2]
+            if b_snap > since and fut.exception() is None:
+                self.snap.update((b_snap, fut.result()))
+                kept = [e for e in self.log.get() if int(e[0]) > b_snap] if self.log.exists() else []
+                self.log.clear()
+                if kept:
+                    self.log.put(kept)
+                since = b_snap
+            elif fut.exception() is not None:
+                log.warning("shard %d: its snapshot of batch %d failed: %s", shard, b_snap, fut.exception())
+        if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and key not in _PENDING:
+            captured = core.capture()
+            _PENDING[key] = (self.run, batch, _writer().submit(lambda: b"".join(captured.finish())))
+        return since
+
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
@@ -165,14 +205,12 @@ class ShardProcessor(StatefulProcessor):
         t_log = time.perf_counter()
         self.log.appendValue((batch, json.dumps(merge_ranges(ranges)).encode(), ipc_bytes(span_t)))
         t_snap = time.perf_counter()
-        since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
-        if batch - since >= max(1, int(self.settings.snapshot_every_batches)):
-            self.snap.update((batch, core.to_bytes()))
-            self.log.clear()
+        snapshot_of = self._snapshot(shard, batch, core)
         self.at.update((batch,))
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
+        meta.snapshot_of = snapshot_of
         meta.extra = {  # where the shard's task spent its Python time (s)
             "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,
             "log": t_snap - t_log, "snapshot": t_out - t_snap,

@@ -58,6 +58,8 @@ class ShardMeta:
     how: str = "live"
     pid: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the batch of the shard's snapshot in Spark's state store after this batch (-1: none yet)
+    snapshot_of: int = -1
 
 
 def run_shard(

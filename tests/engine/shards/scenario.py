@@ -93,12 +93,16 @@ def run_sharded_scenario(
             # every shard rebuilt from Spark's state store at the restart's first batch (the live
             # cores of the run before are not reused: they may be ahead of what Spark committed)
             assert sorted(app.rebuilds) == list(range(shards)) and all(app.rebuilds.values()), app.rebuilds
+            # from a snapshot the shards wrote during the first run (snapshot_every_batches = 3),
+            # and the batches logged after it
+            assert all(b >= 0 for b in app.rebuilt_from.values()), app.rebuilt_from
         finally:
             q.stop()
             app.close()
         info["pids"] |= app.executor_pids
         info["batches"] += app.batches_done
         info["rebuilds"] = dict(app.rebuilds)
+        info["rebuilt_from"] = dict(app.rebuilt_from)
 
     log = app.store.alert_log()
     original = {sc.sub_ids[n] for n in RULES}
