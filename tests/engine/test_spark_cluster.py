@@ -90,11 +90,15 @@ def executor_pids(workers: list[subprocess.Popen[bytes]]) -> set[int]:
     out = set()
     for w in workers:
         try:
-            for child in psutil.Process(w.pid).children(recursive=True):
+            children = psutil.Process(w.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:  # one child gone meanwhile (a Python worker) skips only itself
+            try:
                 if any("CoarseGrainedExecutorBackend" in part for part in child.cmdline()):
                     out.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
+            except psutil.Error:
+                continue
     return out
 
 

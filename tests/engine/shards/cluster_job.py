@@ -43,7 +43,7 @@ def main(bootstrap: str, pg_url: str, tmp: Path, shards: int, kills: int) -> Non
 
     spark = build_spark(get_settings(), "tidewatch-shards-cluster-test")
     app_id = spark.sparkContext.applicationId
-    killed: list[int] = []
+    killed: list[dict[str, Any]] = []
 
     def chaos(app: Any) -> None:
         start = app.batches_done
@@ -55,8 +55,12 @@ def main(bootstrap: str, pg_url: str, tmp: Path, shards: int, kills: int) -> Non
             if not live:
                 continue
             victim = live[k % len(live)]
+            try:
+                ancestors = [a.pid for a in victim.parents()]
+            except psutil.Error:
+                ancestors = []
             os.kill(victim.pid, signal.SIGKILL)
-            killed.append(victim.pid)
+            killed.append({"pid": victim.pid, "ancestors": ancestors})
             print(f"killed executor {victim.pid} after batch {app.batches_done}", flush=True)
 
     result: dict[str, Any] = {}
