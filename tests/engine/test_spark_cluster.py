@@ -102,28 +102,16 @@ def executor_pids(workers: list[subprocess.Popen[bytes]]) -> set[int]:
     return out
 
 
-def produce_records(bootstrap: str, topic: str) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    from tidewatch.kafka.topics import TopicSpec, create_topics
-
-    create_topics(AdminClient({"bootstrap.servers": bootstrap}), [TopicSpec(topic, 2)])
-    p = Producer({"bootstrap.servers": bootstrap})
-    for i in range(N_RECORDS):
-        p.produce(topic, key=f"k{i % 7}".encode(), value=f"v{i}".encode())
-    p.flush(30)
-
-
-def test_executors_are_processes_of_the_workers_and_the_engine_runs_there(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path
-) -> None:
-    t0 = time.monotonic()
-    topic = f"cluster-{uuid.uuid4().hex[:8]}"
-    produce_records(kafka_bootstrap, topic)
-    home = spark_home()
+@contextmanager
+def two_worker_cluster(
+    tmp_path: Path, worker_memory: str
+) -> Iterator[tuple[subprocess.Popen[bytes], list[subprocess.Popen[bytes]], str, dict[str, str]]]:
+    """A standalone master and two one-core workers on 127.0.0.1 (pyspark's ``spark-class``),
+    logs in ``tmp_path``, up when the master reports both workers alive; stopped by PID at the
+    end.  Yields the master, the workers, the master's URL and the daemons' environment."""
     env = {
         **os.environ,
-        "SPARK_HOME": str(home),
+        "SPARK_HOME": str(spark_home()),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(tmp_path),
     }
@@ -141,7 +129,7 @@ def test_executors_are_processes_of_the_workers_and_the_engine_runs_there(
             stack.enter_context(
                 spark_daemon(
                     ["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
-                     "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                     "--cores", "1", "--memory", worker_memory, "--webui-port", str(free_port()),
                      "--work-dir", str(tmp_path / f"work-{i}")],
                     tmp_path / f"worker-{i}.log", env,
                 )
@@ -161,6 +149,28 @@ def test_executors_are_processes_of_the_workers_and_the_engine_runs_there(
             time.sleep(0.5)
         else:
             raise AssertionError(f"the cluster did not come up with two workers: {status}")
+        yield master, workers, master_url, env
+
+
+def produce_records(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from tidewatch.kafka.topics import TopicSpec, create_topics
+
+    create_topics(AdminClient({"bootstrap.servers": bootstrap}), [TopicSpec(topic, 2)])
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(N_RECORDS):
+        p.produce(topic, key=f"k{i % 7}".encode(), value=f"v{i}".encode())
+    p.flush(30)
+
+
+def test_executors_are_processes_of_the_workers_and_the_engine_runs_there(
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    t0 = time.monotonic()
+    topic = f"cluster-{uuid.uuid4().hex[:8]}"
+    produce_records(kafka_bootstrap, topic)
+    with two_worker_cluster(tmp_path, worker_memory="1g") as (master, workers, master_url, _):
         t_cluster = time.monotonic()
 
         driver_port, bm_port = free_port(), free_port()

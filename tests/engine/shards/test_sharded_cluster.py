@@ -15,13 +15,11 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.engine.test_spark_cluster import executor_pids, master_status, spark_daemon, spark_home
+from tests.engine.test_spark_cluster import executor_pids, spark_home, two_worker_cluster
 from tests.services import free_port
 from tidewatch.settings import PROJECT_ROOT
 
@@ -31,42 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.slow]
 def test_sharded_engine_on_a_cluster_survives_killed_executors(
     kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
-           "SPARK_LOG_DIR": str(tmp_path)}  # fmt: skip
-    port, webui = free_port(), free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    with ExitStack() as stack:
-        master = stack.enter_context(
-            spark_daemon(
-                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                 "--webui-port", str(webui)],
-                tmp_path / "master.log", env,
-            )
-        )  # fmt: skip
-        workers = [
-            stack.enter_context(
-                spark_daemon(
-                    ["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
-                     "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
-                     "--work-dir", str(tmp_path / f"work-{i}")],
-                    tmp_path / f"worker-{i}.log", env,
-                )
-            )
-            for i in range(2)
-        ]  # fmt: skip
-        deadline = time.monotonic() + 120
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            assert master.poll() is None, (tmp_path / "master.log").read_text()[-3000:]
-            try:
-                status = master_status(webui)
-                if status.get("status") == "ALIVE" and status.get("aliveworkers") == 2:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"the cluster did not come up with two workers: {status}")
+    with two_worker_cluster(tmp_path, worker_memory="2g") as (_, workers, master_url, _env):
         job_env = {
             **os.environ,
             "TIDEWATCH_SPARK_MASTER": master_url,
