@@ -39,6 +39,8 @@ from engine.shards.route import PRIMARY, shard_of
 from engine.sources.readers import split_topics, subscription_changes
 
 log = logging.getLogger("tidewatch.engine")
+#: streams with several key fields: their events reach the shards of every key field
+_MULTI_KEY = frozenset(s for s, spec in STREAMS.items() if len(spec.keys) > 1)
 
 
 @dataclass
@@ -101,7 +103,7 @@ def run_shard(
             out.dead = _take(out.dead, keep)
         out.events[role] = out.events.get(role, 0) - (len(others) - late_elsewhere)
     if n > 1:
-        _drop_unowned(out, shard, n)
+        _drop_unowned(out, shard, n, any(r.stream in _MULTI_KEY for r in core.rules.values()))
     return out
 
 
@@ -113,10 +115,11 @@ def _take(dead: DeadLetters, idx: list[int]) -> DeadLetters:
     return kept
 
 
-def _drop_unowned(out: BatchOutput, shard: int, n: int) -> None:
+def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -> None:
     """Alerts and removed keys of keys this shard does not own (a stream with several key fields
-    brings them; for the others every key a shard holds is its own, and nothing is dropped)."""
-    if out.alerts:
+    brings them; for the others every key a shard holds is its own, and nothing is dropped: the
+    alerts are not looked at when no active rule reads such a stream)."""
+    if out.alerts and multi_key_rules:
         owner = shard_of([a.key for a in out.alerts], n)
         out.alerts = [a for a, o in zip(out.alerts, owner, strict=True) if o == shard]
     for sid, keys in out.removed_keys.items():
