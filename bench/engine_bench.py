@@ -458,6 +458,8 @@ def _shards_restart(
     state = Path(str(settings.checkpoint_dir)) / "spark" / "state"
     per = sorted(round(_dir_mb(d), 1) for d in state.glob("*/*") if d.is_dir())
     total = _dir_mb(state)
+    files = Path(str(settings.checkpoint_dir)) / "tidewatch" / "shards"
+    snap_files = sorted(round(_dir_mb(d), 1) for d in files.glob("shard-*"))
     app = ShardedEngine(settings, bootstrap=bootstrap, pg_url=db, engine_id=run)
     t0 = time.perf_counter()
     q = app.start(spark, trigger_seconds=a.trigger, max_offsets_per_trigger=a.max_offsets)
@@ -474,6 +476,7 @@ def _shards_restart(
     return {
         "state_mb": total, "per_shard_mb": per, "rebuilt": sum(app.rebuilds.values()),
         "catch_up_s": float(parts.get("catch_up", float("nan"))), "first_s": first,
+        "rebuilt_from": dict(app.rebuilt_from), "snapshot_files_mb": snap_files,
     }  # fmt: skip
 
 
@@ -638,13 +641,34 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
             ),
             flush=True,
         )
+        captures = [p["snapshot_start"] * 1000 for p in app.shard_parts if p.get("snapshot_start", 0) > 0]
+        stored = app.snapshots_stored
+        print(
+            f"  shard snapshots (due every {settings.snapshot_every_batches} batches): "
+            + (
+                f"{len(captures)} batches started one, the fork of its writer (or the capture) in "
+                "the task (the stall) "
+                f"median / max {np.median(captures):.0f} / {max(captures):.0f} ms; "
+                if captures
+                else "none captured; "
+            )
+            + (
+                f"{len(stored)} files named in Spark's state store, "
+                + ", ".join(f"shard {sh} batch {b} {n / 1e6:.1f} MB" for sh, b, n in stored[-4:])
+                if stored
+                else "none stored"
+            ),
+            flush=True,
+        )
         if restart:
             print(
                 f"  the query started again on its checkpoint: Spark's state of the shards "
                 f"{restart['state_mb']:.1f} MB on disk ({restart['per_shard_mb']} MB per shard's "
-                f"state store directory); its first batch rebuilt {restart['rebuilt']} shard(s), the "
+                f"state store directory), the shards' snapshot files {restart['snapshot_files_mb']} MB "
+                f"per shard; its first batch rebuilt {restart['rebuilt']} shard(s), the "
                 f"slowest in {restart['catch_up_s']:.2f} s (snapshot restored, logged batches read "
-                f"again from Kafka and run again); first batch delivered {restart['first_s']:.1f} s "
+                f"again from Kafka and run again); from the snapshot of batch, per shard (-1: none) "
+                f"{restart['rebuilt_from']}; first batch delivered {restart['first_s']:.1f} s "
                 "after the start",
                 flush=True,
             )

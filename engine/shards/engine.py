@@ -127,8 +127,11 @@ class ShardedEngine:
         #: per delivered batch, the slowest shard's evaluation (s; the last 100,000 batches)
         self.shard_seconds: list[float] = []
         #: per delivered batch, the largest over its shards of each part of a shard's task
-        #: (:attr:`ShardMeta.extra`: input, catch_up, evaluate, log, snapshot; seconds)
+        #: (:attr:`ShardMeta.extra`: input, catch_up, evaluate, log, snapshot, snapshot_start; s)
         self.shard_parts: list[dict[str, float]] = []
+        #: (shard, batch of the snapshot, its bytes) for each snapshot file a shard named in
+        #: Spark's state store (the last 1,000)
+        self.snapshots_stored: list[tuple[int, int, int]] = []
         #: (start of the batch's delivery, its end, events) per delivered batch (benchmarks)
         self.delivered: list[tuple[float, float, int]] = []
         self._conf_back: tuple[Any, str] | None = None
@@ -214,7 +217,13 @@ class ShardedEngine:
         # shard from Spark's state store, even where a worker process outlived the query
         engine = f"{self.checkpoint.resolve()}|{self.engine_id}"
         processor = ShardProcessor(
-            self.settings, engine, uuid.uuid4().hex, labels, self.topics, self.bootstrap
+            self.settings,
+            engine,
+            uuid.uuid4().hex,
+            labels,
+            self.topics,
+            self.bootstrap,
+            str(self.checkpoint.resolve() / "tidewatch" / "shards"),
         )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
@@ -250,6 +259,11 @@ class ShardedEngine:
             self.catch_ups[m.shard] = self.catch_ups.get(m.shard, 0) + int(m.how == "caught up")
             if m.how == "rebuilt":
                 self.rebuilt_from[m.shard] = m.snapshot_of
+            if m.snapshot_bytes:
+                self.snapshots_stored = [
+                    *self.snapshots_stored[-999:],
+                    (m.shard, m.snapshot_of, m.snapshot_bytes),
+                ]
         if batch_id <= self.store.last_committed():
             log.info("batch %d is committed already (Spark ran it again after a restart): skipped", batch_id)
             return

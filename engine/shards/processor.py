@@ -4,11 +4,14 @@ Spark groups the routed rows by shard (:mod:`engine.shards.route`) and calls
 :meth:`ShardProcessor.handleInputRows` once per shard and micro-batch, in an executor's Python
 worker, with the shard's state in Spark's state store (RocksDB, checkpointed with the query):
 
-* ``snap`` (value state): the shard's whole :class:`engine.core.EngineCore` at batch ``batch``,
-  in the snapshot format (:meth:`EngineCore.to_bytes`: versioned, no pickle), due every
-  ``snapshot_every_batches`` batches: captured by the task, finished by a thread of the worker,
-  stored by the shard's next batch in that worker (:meth:`ShardProcessor._snapshot`);
-* ``log`` (list state): each batch since ``snap``: its Kafka offset ranges and its span (a few
+* ``snapshot`` (value state): the batch, file name and size of the shard's last snapshot: its
+  whole :class:`engine.core.EngineCore` in the snapshot format (versioned, no pickle, CRC-32), a
+  file of the engine's checkpoint directory (``tidewatch/shards/shard-<s>/<batch>.bin``), due
+  every ``snapshot_every_batches`` batches, written by a child the task forks and named by the
+  shard's next batch in that worker (:meth:`ShardProcessor._snapshot`).  A file, not the value
+  itself: a value of hundreds of MB through the state server ran the executor's JVM out of heap
+  (10,000 rules over 100,000 keys, ≈ 350 MB per shard: docs/measurements/engine.md);
+* ``log`` (list state): each batch since ``snapshot``: its Kafka offset ranges and its span (a few
   hundred bytes), appended every batch -- the records themselves are in Kafka, where a rebuild
   reads them again by offset (the engine's replay reader, :func:`engine.sources.readers.read_ranges`)
   and routes them again (deterministic): as Spark's own Kafka source re-reads an unfinished batch,
@@ -17,7 +20,7 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
 
 The state store is versioned by batch: a retried task, a task moved to another executor, or a
 restarted query reads the state as of the batch before the one it runs.  What rebuilds the shard
-is therefore in it: ``snap`` restored, then the batches of ``log`` read again and run again (no
+is therefore in it (with the file it names): the snapshot restored, then the batches of ``log`` read again and run again (no
 output), which gives the same state, as the core is deterministic.  (Logging the records
 themselves in the state store cost ~0.9 s per batch of 100,000 records per shard through the
 state server, more than the evaluation: docs/measurements/engine.md.)
@@ -38,7 +41,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -47,6 +50,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from engine.core import EngineCore
 from engine.errors import CheckpointMismatch
+from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
 
@@ -58,16 +62,9 @@ OUTPUT_DDL = "shard INT, out BINARY"
 #: module state of the Python worker (see the module docstring).  One entry per engine and shard:
 #: a new run of the query replaces its old run's.
 _LIVE: dict[tuple[str, int], tuple[str, EngineCore, int]] = {}
-#: (engine, shard) -> (query run, batch, the snapshot's bytes being finished by a thread)
-_PENDING: dict[tuple[str, int], tuple[str, int, Future[bytes]]] = {}
-_WRITER: list[ThreadPoolExecutor] = []
-
-
-def _writer() -> ThreadPoolExecutor:
-    """The worker's one thread that finishes shard snapshots (made on first use)."""
-    if not _WRITER:
-        _WRITER.append(ThreadPoolExecutor(1, thread_name_prefix="tidewatch-shard-snapshot"))
-    return _WRITER[0]
+#: (engine, shard) -> (the query run it serves, the writer of the shard's snapshot files in this
+#: worker: what it wrote is named in the state store by a later batch of that run)
+_WRITERS: dict[tuple[str, int], tuple[str, SnapshotWriter]] = {}
 
 
 def batch_of_task() -> int:
@@ -86,14 +83,22 @@ class ShardProcessor(StatefulProcessor):
     engine (its checkpoint and id), the query run, the shard labels and the topics."""
 
     def __init__(
-        self, settings: Any, engine: str, run: str, labels: list[int], topics: dict[str, str], bootstrap: str
+        self,
+        settings: Any,
+        engine: str,
+        run: str,
+        labels: list[int],
+        topics: dict[str, str],
+        bootstrap: str,
+        snapshots: str,
     ) -> None:
         self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
+        self.snapshots = snapshots
         self.labels, self.topics = list(labels), dict(topics)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.at = handle.getValueState("at", "batch LONG")
-        self.snap = handle.getValueState("snap", "batch LONG, data BINARY")
+        self.snapshot = handle.getValueState("snapshot", "batch LONG, file STRING, size LONG")
         self.log = handle.getListState("log", "batch LONG, ranges BINARY, span BINARY")
 
     def _fresh(self) -> EngineCore:
@@ -107,20 +112,17 @@ class ShardProcessor(StatefulProcessor):
         """The shard's core at batch ``at`` (the last the state store holds): this worker's live
         core if it is there already (``"live"``); else that core brought forward by the batches of
         ``log`` after it, when ``log`` has every one of them (``"caught up"``: another worker ran
-        them); else ``snap`` restored and every batch of ``log`` run again (``"rebuilt"``).  A live
+        them); else the snapshot restored and every batch of ``log`` run again (``"rebuilt"``).  A live
         core of another run of the query is never used."""
-        from engine.rule_evaluator import rule_compiler
-
         if live is not None and live[0] == self.run and live[2] == at:
             return live[1], "live"
         t0 = time.perf_counter()
-        since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
+        since = int(self.snapshot.get()[0]) if self.snapshot.exists() else -1  # type: ignore[index]
         usable = live is not None and live[0] == self.run and since <= live[2] < at
         if usable:
             core, how = live[1], "caught up"  # type: ignore[index]
         elif since >= 0:
-            _, data = self.snap.get()  # type: ignore[misc]
-            core, how = EngineCore.from_bytes(bytes(data), rule_compiler(self.settings)), "rebuilt"
+            core, how = self._restore(shard), "rebuilt"
         else:
             core, how = self._fresh(), "rebuilt"
         entries = sorted(self.log.get(), key=lambda e: int(e[0])) if self.log.exists() else []
@@ -152,33 +154,65 @@ class ShardProcessor(StatefulProcessor):
         tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
         return tables[shard]
 
-    def _snapshot(self, shard: int, batch: int, core: EngineCore) -> int:
-        """Write ``snap`` when due, in two phases, so a task never serializes a whole shard: when
-        due, the core is captured (:meth:`EngineCore.capture`: the walk and copies of the arrays)
-        and a thread of this worker finishes it (the bytes); a later batch of the shard in this
-        worker stores the finished snapshot and keeps only the logged batches after it.  Until
+    def _snapshot_dir(self, shard: int) -> Path:
+        return Path(self.snapshots) / f"shard-{shard}"
+
+    def _snapshot(self, shard: int, batch: int, core: EngineCore) -> tuple[int, float, int]:
+        """Take the shard's snapshot when due, so no task serializes a whole shard: when due, the
+        shard's :class:`SnapshotWriter` of this worker snapshots the core to a file of the
+        checkpoint directory (``shard-<s>/<batch>.bin``, :meth:`EngineCore.capture` format) -- by
+        a forked child (``engine_snapshot_fork``, the default: the task waits for the fork only)
+        or captured by the task and written by a thread; a later batch of the shard in this worker
+        names the written file in ``snapshot`` and keeps only the logged batches after it.  Until
         then ``log`` goes on growing, so the state store always rebuilds the shard; a snapshot
-        finished in a worker that does not run the shard again is dropped (the next one is due
-        at once).  Returns the batch of the snapshot the state store holds now (-1: none)."""
+        written by a worker that does not run the shard again is never named (the next one is due
+        at once).  Files of batches before the snapshot the committed state names are deleted.
+        Returns the batch of the snapshot the state store names now (-1: none), the seconds this
+        task spent starting one (0.0 when none was due) and the size in bytes of the snapshot it
+        named (0: none named by this batch)."""
         key = (self.engine, shard)
-        since = int(self.snap.get()[0]) if self.snap.exists() else -1  # type: ignore[index]
-        pending = _PENDING.get(key)
-        if pending is not None and pending[0] == self.run and pending[2].done():
-            del _PENDING[key]
-            b_snap, fut = pending[1], pending[2]
-            if b_snap > since and fut.exception() is None:
-                self.snap.update((b_snap, fut.result()))
-                kept = [e for e in self.log.get() if int(e[0]) > b_snap] if self.log.exists() else []
-                self.log.clear()
-                if kept:
-                    self.log.put(kept)
-                since = b_snap
-            elif fut.exception() is not None:
-                log.warning("shard %d: its snapshot of batch %d failed: %s", shard, b_snap, fut.exception())
-        if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and key not in _PENDING:
-            captured = core.capture()
-            _PENDING[key] = (self.run, batch, _writer().submit(lambda: b"".join(captured.finish())))
-        return since
+        since = int(self.snapshot.get()[0]) if self.snapshot.exists() else -1  # type: ignore[index]
+        run, writer = _WRITERS.get(key, ("", None))
+        if writer is None or run != self.run:
+            writer = SnapshotWriter(keep=10**9, fork=bool(self.settings.engine_snapshot_fork))
+            _WRITERS[key] = (self.run, writer)
+            remove_stale_temporaries(self._snapshot_dir(shard))  # of writers killed mid-write
+        start_s, named = 0.0, 0
+        done = [w for w in writer.written if w[0] > since] if not writer.busy else []
+        if done:
+            b_snap, path, size, _ = done[-1]
+            self.snapshot.update((b_snap, path.name, size))
+            kept = [e for e in self.log.get() if int(e[0]) > b_snap] if self.log.exists() else []
+            self.log.clear()
+            if kept:
+                self.log.put(kept)
+            for old in self._snapshot_dir(shard).glob("*.bin"):  # older than the committed one
+                if int(old.stem) < since:
+                    old.unlink(missing_ok=True)
+            writer.written = [w for w in writer.written if w[0] >= b_snap]
+            since, named = b_snap, size
+        if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and not writer.busy:
+            t0 = time.perf_counter()
+            writer.write(batch, self._snapshot_dir(shard) / f"{batch:012d}.bin", core.capture)
+            start_s = time.perf_counter() - t0
+        return since, start_s, named
+
+    def _restore(self, shard: int) -> EngineCore:
+        """The core of the snapshot file ``snapshot`` names (checked: there, and of its size)."""
+        from engine.rule_evaluator import rule_compiler
+
+        b_snap, name, size = self.snapshot.get()  # type: ignore[misc]
+        path = self._snapshot_dir(shard) / str(name)
+        have = path.stat().st_size if path.exists() else None
+        if have != int(size):
+            raise CheckpointMismatch(
+                f"shard {shard}: Spark's state store names its snapshot of batch {b_snap}, {path} "
+                f"({size} bytes), but the file is {'missing' if have is None else f'{have} bytes'}. "
+                "The checkpoint directory must be storage every executor shares and keeps whole; "
+                "restore it from a backup, or start with a new checkpoint directory and a new "
+                "--engine-id (the topics are read again)."
+            )
+        return EngineCore.from_bytes(path.read_bytes(), rule_compiler(self.settings))
 
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
@@ -205,15 +239,16 @@ class ShardProcessor(StatefulProcessor):
         t_log = time.perf_counter()
         self.log.appendValue((batch, json.dumps(merge_ranges(ranges)).encode(), ipc_bytes(span_t)))
         t_snap = time.perf_counter()
-        snapshot_of = self._snapshot(shard, batch, core)
+        snapshot_of, start_s, named = self._snapshot(shard, batch, core)
         self.at.update((batch,))
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
-        meta.snapshot_of = snapshot_of
-        meta.extra = {  # where the shard's task spent its Python time (s)
+        meta.snapshot_of, meta.snapshot_bytes = snapshot_of, named
+        meta.extra = {  # where the shard's task spent its Python time (s); "snapshot" includes
+            # "snapshot_start": the fork of the child writing a snapshot (or the capture)
             "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,
-            "log": t_snap - t_log, "snapshot": t_out - t_snap,
+            "log": t_snap - t_log, "snapshot": t_out - t_snap, "snapshot_start": start_s,
         }  # fmt: skip
         yield pd.DataFrame({"shard": [label], "out": [encode_output(out, meta)]})
 

@@ -62,6 +62,8 @@ class ShardMeta:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the batch of the shard's snapshot in Spark's state store after this batch (-1: none yet)
     snapshot_of: int = -1
+    #: the size of the snapshot this batch stored in the state store (0: none stored by it)
+    snapshot_bytes: int = 0
 
 
 def run_shard(

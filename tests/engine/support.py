@@ -94,10 +94,11 @@ def make_scenario(n_trades: int = 6000, n_packets: int = 4000, seconds: int = 15
     return Scenario(t0, trades, packets, bad)
 
 
-def produce_rules(sc: Scenario, bootstrap: str, topic: str) -> None:
-    """Subscribe every rule of :data:`RULES` (JSON records on the subscriptions topic)."""
+def produce_rules(sc: Scenario, bootstrap: str, topic: str, rules: dict[str, str] | None = None) -> None:
+    """Subscribe every rule of ``rules`` (default :data:`RULES`; JSON records on the subscriptions
+    topic)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for name, text in RULES.items():
+    for name, text in (RULES if rules is None else rules).items():
         sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
         p.produce(
             topic,

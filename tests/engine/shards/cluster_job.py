@@ -4,12 +4,15 @@
 Builds the engine's SparkSession from the settings in the environment (``spark://…`` and the
 driver's network settings) and runs the sharded engine's scenario
 (:func:`tests.engine.shards.scenario.run_sharded_scenario`: alert log = backtest, Kafka once each,
-dead letters once each, restart from Spark's state store, PSoup's late rule) with ``SHARDS``
-shards on the cluster's executors, SIGKILLing an executor JVM of this application ``KILLS`` times
-while the events are processed, each kill after the engine delivered two more batches.
+dead letters once each, restart from Spark's state store, PSoup's late rule) on the cluster's
+executors once for each shard count of ``SHARDS`` (comma-separated, one after the other in one
+SparkSession, each with its own engine, checkpoint and database), SIGKILLing an executor JVM of
+this application ``KILLS`` times during the first one's events, each kill after the engine
+delivered two more batches.
 
 Prints one JSON line (prefix ``RESULT ``): the shards' process ids with their ancestors, the
-executors killed, the batches; a failed check raises (exit status 1).
+executors killed, the batches and rebuilds of each run (``runs``, in the order of ``SHARDS``);
+a failed check raises (exit status 1).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def _executors(app_id: str) -> list[Any]:
     return sorted(out, key=lambda p: p.pid)
 
 
-def main(bootstrap: str, pg_url: str, tmp: Path, shards: int, kills: int) -> None:
+def main(bootstrap: str, pg_url: str, tmp: Path, shard_counts: list[int], kills: int) -> None:
     import psutil
 
     from engine.spark_session import build_spark
@@ -63,40 +66,51 @@ def main(bootstrap: str, pg_url: str, tmp: Path, shards: int, kills: int) -> Non
             killed.append({"pid": victim.pid, "ancestors": ancestors})
             print(f"killed executor {victim.pid} after batch {app.batches_done}", flush=True)
 
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"runs": [], "killed": killed, "driver_pid": os.getpid()}
+    pids: set[int] = set()
     try:
-        t0 = time.monotonic()
-        info = run_sharded_scenario(
-            spark,
-            bootstrap,
-            pg_url,
-            tmp,
-            shards,
-            chaos=chaos if kills else None,
-            per_trigger=600,
-            timeout_s=420,
-        )
-        result["scenario_s"] = round(time.monotonic() - t0, 1)
+        for i, shards in enumerate(shard_counts):
+            t0 = time.monotonic()
+            info = run_sharded_scenario(
+                spark,
+                bootstrap,
+                pg_url,
+                tmp / f"run-{i}-{shards}",
+                shards,
+                chaos=chaos if kills and i == 0 else None,
+                per_trigger=600,
+                timeout_s=420,
+            )
+            pids |= info["pids"]
+            result["runs"].append(
+                {
+                    "shards": shards,
+                    "scenario_s": round(time.monotonic() - t0, 1),
+                    "batches": info["batches"],
+                    "rebuilds": info["rebuilds"],
+                    "rebuilds_first_run": info["rebuilds_first_run"],
+                    "rebuilt_from": info["rebuilt_from"],
+                    "alerts": info["alerts"],
+                }
+            )
+            print(f"scenario with {shards} shards passed: {result['runs'][-1]}", flush=True)
         ancestors = {}
-        for pid in sorted(info["pids"]):
+        for pid in sorted(pids):
             try:
                 ancestors[str(pid)] = [p.pid for p in psutil.Process(pid).parents()]
             except psutil.NoSuchProcess:
                 ancestors[str(pid)] = []
-        result.update(
-            shard_pids=ancestors,
-            killed=killed,
-            executors_now=[p.pid for p in _executors(app_id)],
-            batches=info["batches"],
-            rebuilds=info["rebuilds"],
-            rebuilds_first_run=info["rebuilds_first_run"],
-            alerts=info["alerts"],
-            driver_pid=os.getpid(),
-        )
+        result.update(shard_pids=ancestors, executors_now=[p.pid for p in _executors(app_id)])
     finally:
         spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        Path(sys.argv[3]),
+        [int(n) for n in sys.argv[4].split(",")],
+        int(sys.argv[5]),
+    )

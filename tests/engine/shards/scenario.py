@@ -1,7 +1,9 @@
 """The sharded engine's scenario, shared by the local test and the cluster job (issue #23).
 
-The scenario of tests/engine/test_engine_integration.py with ``engine_shards`` = N: the alert log
-in PostgreSQL must equal ``tidewatch backtest`` on the same good events, the alerts in Kafka must
+The scenario of tests/engine/test_engine_integration.py with ``engine_shards`` = N and the rules
+of ``SHARD_RULES`` (the scenario's, a ROWS, a historical, a FILTER and a dst_ip rule, every
+RULES.md example and a random mix of 24): the alert log in PostgreSQL must equal
+``tidewatch backtest`` on the same good events, the alerts in Kafka must
 be the same, once each, every bad record dead-lettered once; then (``restart``) the engine is
 stopped and started again on its checkpoint and a rule added (PSoup): every shard is rebuilt from
 Spark's state store and the new rule is answered from the history the shards hold.
@@ -18,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.engine.shards.support import SHARD_RULES
 from tests.engine.support import (
     LATE_RULE,
-    RULES,
     G,
     add_rule,
     backtest,
@@ -55,7 +57,7 @@ def run_sharded_scenario(
     db = fresh_database(pg_url)
     ensure_topics(bootstrap, s)
     sc = make_scenario()
-    produce_rules(sc, bootstrap, s.topic_subscriptions)
+    produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}}
 
@@ -63,7 +65,7 @@ def run_sharded_scenario(
     q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=per_trigger)
     chaos_thread = None
     try:
-        wait_for(lambda: app.rules == len(RULES), 180, "every rule to be active in every shard")
+        wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
         produce(sc, bootstrap, topics_of(s))
         if chaos is not None:
             chaos_thread = threading.Thread(target=chaos, args=(app,), daemon=True)
@@ -105,9 +107,9 @@ def run_sharded_scenario(
         info["rebuilt_from"] = dict(app.rebuilt_from)
 
     log = app.store.alert_log()
-    original = {sc.sub_ids[n] for n in RULES}
+    original = {sc.sub_ids[n] for n in SHARD_RULES}
     got = [a for a in log if a[0] in original]
-    expect = backtest(sc, RULES, final)
+    expect = backtest(sc, SHARD_RULES, final)
     assert len(expect) > 100
     missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
     assert not missing and not extra, (

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tests.engine.rule_mix import RULES_MD_MIX, random_rules
 from tests.engine.support import RULES, Scenario, make_scenario
 from tidewatch.wire.avro import encode_batch
 
@@ -24,6 +25,9 @@ EXTRA_RULES = {
     "filter": "SELECT symbol FROM trades GROUP BY symbol "
     "HAVING SUM(size) FILTER (WHERE side = 'ASK') OVER LAST 10 SECONDS > 300 AND MIN(price) OVER LAST 10 SECONDS < 35",
 }
+#: what the sharded engine is checked with (pure and integration tests): the scenario's rules, the
+#: rules above, every RULES.md example and a random mix (tests/engine/rule_mix.py)
+SHARD_RULES = {**RULES, **EXTRA_RULES, **RULES_MD_MIX, **random_rules(24)}
 LATE = (
     "late_bid",
     "SELECT symbol FROM trades WHERE side = 'BID' GROUP BY symbol HAVING SUM(size) OVER LAST 30 SECONDS > 2500",
@@ -51,11 +55,11 @@ def sub_record(sid: str, name: str, text: str) -> tuple[bytes, bytes]:
 def scenario_batches(
     sc: Scenario | None = None, per_batch: int = 900, late_after: int = 5
 ) -> tuple[list[pa.Table], dict[str, str]]:
-    """The scenario's records as micro-batches (Arrow, RECORD_COLUMNS), every rule of RULES and
-    EXTRA_RULES subscribed in the first batch and LATE in batch ``late_after``; returns the
+    """The scenario's records as micro-batches (Arrow, RECORD_COLUMNS), every rule of
+    SHARD_RULES subscribed in the first batch and LATE in batch ``late_after``; returns the
     batches and rule name -> subscription id."""
     sc = sc or make_scenario()
-    rules = {**RULES, **EXTRA_RULES}
+    rules = SHARD_RULES
     ids = {name: str(uuid.UUID(int=i + 1)) for i, name in enumerate([*rules, LATE[0]])}
     tv = encode_batch("trades", sc.trades).messages()
     pv = encode_batch("packets", sc.packets).messages()
