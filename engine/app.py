@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine.core import EngineCore
+from engine.core import EngineCore, default_core
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
@@ -46,7 +46,7 @@ from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregat
 from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
-from engine.rule_evaluator import make_evaluator, rule_compiler
+from engine.rule_evaluator import rule_compiler
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
@@ -66,33 +66,20 @@ from engine.sources.offsets import (
 )
 from engine.sources.readers import (
     RECORD_COLUMNS,
+    kafka_stream,
     offset_ranges,
     read_ranges,
+    spark_kafka_options,
     split_topics,
     subscription_changes,
 )
 from engine.sources.retention import dead_letters as retention_dead_letters
 from engine.sources.retention import gap_candidates, log_end_offsets, log_start_offsets, lost_ranges
-from tidewatch.kafka.client import spark_options
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
-
-
-def default_core(settings: Settings) -> EngineCore:
-    """An empty :class:`EngineCore` with the shared-strategy evaluator configured by ``settings``."""
-    return EngineCore(
-        pane_ms=settings.pane_ms,
-        allowed_lateness_ms=settings.allowed_lateness_ms,
-        max_future_ms=settings.max_future_ms,
-        idle_timeout_ms=getattr(settings, "engine_idle_timeout_ms", 5_000),
-        lookup_every_ms=getattr(settings, "engine_lookup_every_ms", None),
-        alert_cap=getattr(settings, "engine_alert_cap_per_lookup", 0),
-        evaluator_factory=lambda: make_evaluator(settings),
-        compile_rule=rule_compiler(settings),
-    )
 
 
 @dataclass
@@ -260,13 +247,9 @@ class EngineApp:
         return read_ranges(self.bootstrap, ranges, settings=self.settings)
 
     def kafka_options(self) -> dict[str, str]:
-        """Spark's Kafka source options every read of the engine uses (bootstrap, committed
-        records only, the ``engine`` principal's security settings)."""
-        return {
-            "kafka.bootstrap.servers": self.bootstrap,
-            "kafka.isolation.level": "read_committed",
-            **spark_options(self.settings, "engine"),
-        }
+        """Spark's Kafka source options every read of the engine uses
+        (:func:`engine.sources.readers.spark_kafka_options`)."""
+        return spark_kafka_options(self.bootstrap, self.settings)
 
     def _spark_events(self, spark: Any) -> Callable[..., Any]:
         """The core's ``EventSource`` through Spark (:func:`spark_history`): a batch read of the
@@ -706,20 +689,18 @@ class EngineApp:
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
         self.trigger_s = float(trig)
-        reader = (
-            spark.readStream.format("kafka")
-            .options(**self.kafka_options())  # bootstrap, read_committed, SASL/SCRAM/TLS
-            .option("subscribe", ",".join(self.topics.values()))
-            .option("startingOffsets", starting)  # used only by a new checkpoint
-            # offsets deleted by retention: not a stop of every stream -- each gap is found and
-            # dead-lettered as ``lost`` (engine.sources.retention), never skipped silently
-            .option("failOnDataLoss", "false")
+        # offsets deleted by retention: not a stop of every stream -- each gap is found and
+        # dead-lettered as ``lost`` (engine.sources.retention), never skipped silently
+        records = kafka_stream(
+            spark,
+            self.bootstrap,
+            self.settings,
+            self.topics.values(),
+            fail_on_data_loss=False,
+            starting_offsets=starting,
+            max_offsets_per_trigger=max_offsets_per_trigger,
         )
-        if max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-        writer = reader.load().writeStream.foreachBatch(
-            self.on_batch if wrap is None else wrap(self.on_batch)
-        )
+        writer = records.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
         writer = (
             writer.trigger(availableNow=True)
             if available_now

@@ -46,7 +46,7 @@ from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
 from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
-from engine.rule_evaluator import RuleEvaluator
+from engine.rule_evaluator import RuleEvaluator, make_evaluator, rule_compiler
 from engine.runtime import state_codec
 from engine.runtime.state_capture import CaptureCache, Captured, capture
 from engine.watermark import advance, last_lookup, merged_maxima
@@ -756,3 +756,18 @@ class EngineCore:
         vars(self).update(state)
         self.alert_cap = int(alert_cap)  # the setting now, not the one the snapshot was taken with
         return self
+
+
+def default_core(settings: Any) -> EngineCore:
+    """An empty :class:`EngineCore` with the shared-strategy evaluator configured by ``settings``
+    (the driver's engine and every shard of the sharded one build theirs with it)."""
+    return EngineCore(
+        pane_ms=settings.pane_ms,
+        allowed_lateness_ms=settings.allowed_lateness_ms,
+        max_future_ms=settings.max_future_ms,
+        idle_timeout_ms=getattr(settings, "engine_idle_timeout_ms", 5_000),
+        lookup_every_ms=getattr(settings, "engine_lookup_every_ms", None),
+        alert_cap=getattr(settings, "engine_alert_cap_per_lookup", 0),
+        evaluator_factory=lambda: make_evaluator(settings),
+        compile_rule=rule_compiler(settings),
+    )

@@ -47,8 +47,7 @@ from engine.shards.step import ShardMeta, decode_output, merge_outputs
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
-from engine.sources.readers import RECORD_COLUMNS
-from tidewatch.kafka.client import spark_options
+from engine.sources.readers import RECORD_COLUMNS, kafka_stream
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -196,22 +195,18 @@ class ShardedEngine:
         # with the first batch (:meth:`on_batch`), when the clone is made
         self._conf_back = (spark, spark.conf.get("spark.sql.shuffle.partitions"))
         spark.conf.set("spark.sql.shuffle.partitions", str(self.n))
-        reader = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.bootstrap)
-            .option("kafka.isolation.level", "read_committed")
-            .options(**spark_options(self.settings, "engine"))
-            .option("subscribe", ",".join(self.topics.values()))
-            .option("startingOffsets", "earliest")
-            .option("failOnDataLoss", "true")  # a retention gap stops the query: never skipped
-        )
         cap = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
-        if cap:
-            reader = reader.option("maxOffsetsPerTrigger", str(cap))
-        routed = (
-            reader.load()
-            .select(*RECORD_COLUMNS)
-            .mapInArrow(Router(self.topics, labels, self.settings.max_future_ms), ROUTED_DDL)
+        # a retention gap stops the query: never skipped (the `lost` dead letters are not built here)
+        records = kafka_stream(
+            spark,
+            self.bootstrap,
+            self.settings,
+            self.topics.values(),
+            fail_on_data_loss=True,
+            max_offsets_per_trigger=cap,
+        )
+        routed = records.select(*RECORD_COLUMNS).mapInArrow(
+            Router(self.topics, labels, self.settings.max_future_ms), ROUTED_DDL
         )
         # the live cores of a worker serve this run of the query only: a restart rebuilds every
         # shard from Spark's state store, even where a worker process outlived the query

@@ -48,7 +48,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from engine.core import EngineCore
+from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
@@ -102,8 +102,6 @@ class ShardProcessor(StatefulProcessor):
         self.log = handle.getListState("log", "batch LONG, ranges BINARY, span BINARY")
 
     def _fresh(self) -> EngineCore:
-        from engine.app import default_core
-
         return default_core(self.settings)
 
     def _catch_up(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.messages import SubscriptionChange, parse_subscription_change
-from tidewatch.kafka.client import client_config
+from tidewatch.kafka.client import client_config, spark_options
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -150,3 +151,42 @@ def records_table(msgs: list[Any]) -> pa.Table:
             "value": pa.array([m.value() for m in msgs], pa.binary()),
         }
     )
+
+
+def spark_kafka_options(bootstrap: str, settings: Settings) -> dict[str, str]:
+    """Spark's Kafka source options every read of the engine uses: the bootstrap servers,
+    committed records only (``read_committed``: the feeds and the engine write in transactions),
+    the ``engine`` principal's security settings (SASL/SCRAM, TLS:
+    :func:`tidewatch.kafka.client.spark_options`)."""
+    return {
+        "kafka.bootstrap.servers": bootstrap,
+        "kafka.isolation.level": "read_committed",
+        **spark_options(settings, "engine"),
+    }
+
+
+def kafka_stream(
+    spark: Any,
+    bootstrap: str,
+    settings: Settings,
+    topics: Iterable[str],
+    *,
+    fail_on_data_loss: bool,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+) -> Any:
+    """The streaming DataFrame of ``topics`` through Spark's Kafka source, as the engine's
+    queries read them (:func:`spark_kafka_options`).  ``starting_offsets`` is used only by a new
+    checkpoint; ``fail_on_data_loss``: whether offsets deleted by retention stop the query (the
+    sharded engine) or are left to the caller to find (the driver's engine dead-letters each gap
+    as ``lost``: engine.sources.retention) -- never skipped silently either way."""
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**spark_kafka_options(bootstrap, settings))
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+        .option("failOnDataLoss", "true" if fail_on_data_loss else "false")
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,25 @@ def run_sharded_scenario(
     sc = make_scenario()
     produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
-    info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}}
+    info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}}
 
-    app = ShardedEngine(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
-    q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=per_trigger)
-    chaos_thread = None
-    try:
+    @contextmanager
+    def running() -> Iterator[tuple[Any, Any]]:
+        """The engine on its checkpoint, stopped and closed after; its pids and batches noted."""
+        app = ShardedEngine(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
+        q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=per_trigger)
+        try:
+            yield app, q
+        finally:
+            q.stop()
+            app.close()
+            info["pids"] |= app.executor_pids
+            info["batches"] += app.batches_done
+
+    with running() as (app, q):
         wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
         produce(sc, bootstrap, topics_of(s))
+        chaos_thread = None
         if chaos is not None:
             chaos_thread = threading.Thread(target=chaos, args=(app,), daemon=True)
             chaos_thread.start()
@@ -79,17 +91,10 @@ def run_sharded_scenario(
         if chaos_thread is not None:
             chaos_thread.join(timeout_s)
         assert app.batches_done >= 3
-    finally:
-        q.stop()
-        app.close()
-    info["pids"] |= app.executor_pids
-    info["batches"] += app.batches_done
     info["rebuilds_first_run"] = dict(app.rebuilds)
     sid = None
     if restart:
-        app = ShardedEngine(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
-        q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=per_trigger)
-        try:
+        with running() as (app, q):
             sid = add_rule(sc, bootstrap, s.topic_subscriptions, *LATE_RULE)
             wait_for(lambda: any(a[0] == sid for a in app.store.alert_log()), 180, "the new rule's alerts")
             # every shard rebuilt from Spark's state store at the restart's first batch (the live
@@ -98,11 +103,6 @@ def run_sharded_scenario(
             # from a snapshot the shards wrote during the first run (snapshot_every_batches = 3),
             # and the batches logged after it
             assert all(b >= 0 for b in app.rebuilt_from.values()), app.rebuilt_from
-        finally:
-            q.stop()
-            app.close()
-        info["pids"] |= app.executor_pids
-        info["batches"] += app.batches_done
         info["rebuilds"] = dict(app.rebuilds)
         info["rebuilt_from"] = dict(app.rebuilt_from)
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.app import default_core
-from engine.core import EngineCore
+from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.shards.processor import ShardProcessor
 from engine.sources.readers import split_topics, subscription_changes

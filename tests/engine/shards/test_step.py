@@ -12,8 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from engine.app import default_core
-from engine.core import EngineCore
+from engine.core import EngineCore, default_core
 from engine.messages import BatchOutput
 from engine.rule_evaluator import rule_compiler
 from engine.shards.route import merge_spans, route_records, shard_of
