@@ -205,9 +205,8 @@ class ShardedEngine:
             fail_on_data_loss=True,
             max_offsets_per_trigger=cap,
         )
-        routed = records.select(*RECORD_COLUMNS).mapInArrow(
-            Router(self.topics, labels, self.settings.max_future_ms), ROUTED_DDL
-        )
+        router = Router(self.topics, labels, self.settings.max_future_ms, self.bootstrap, self.settings)
+        routed = records.select(*RECORD_COLUMNS).mapInArrow(router, ROUTED_DDL)
         # the live cores of a worker serve this run of the query only: a restart rebuilds every
         # shard from Spark's state store, even where a worker process outlived the query
         engine = f"{self.checkpoint.resolve()}|{self.engine_id}"

@@ -20,7 +20,16 @@ partition range): it decodes each stream's records with the engine's own decoder
   it if it is late;
 * ``span``: per (stream, Kafka partition) the smallest and largest valid event time of the task's
   records, the same in every shard's row: each shard's clock is the whole batch's
-  (:meth:`engine.core.EngineCore.process`'s ``span``), so every shard looks up at the same times;
+  (:meth:`engine.core.EngineCore.process`'s ``span``), so every shard looks up at the same times.
+  A task with valid events also marks (``lo = hi =`` :data:`PRESENT`) every other stream
+  partition that holds records in Kafka (:func:`engine.sources.retention.partitions_with_records`,
+  known once per worker): a partition none of whose events a shard has seen yet but which has
+  records is *waiting* (:func:`engine.watermark.advance`) -- a Kafka transaction's records become
+  readable partition by partition, and without the mark a batch reading one partition's first
+  events would move the watermark past the events of a partition whose commit marker Spark had
+  not seen yet, making them ``late`` (the driver's engine asks Kafka the same on the driver:
+  ``EngineApp._waiting``).  The marks are in the span the shards log, so a rebuild decides the
+  same way;
 * ``ranges``: the task's Kafka offset ranges (JSON, :func:`engine.sources.readers.offset_ranges`),
   what a shard logs in Spark's state store to read the batch again if it must be rebuilt.
 
@@ -32,15 +41,20 @@ and what a late dead letter carries.  Pure functions and a picklable class: no S
 from __future__ import annotations
 
 import json
+import logging
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, predecode
 from engine.sources.readers import RECORD_COLUMNS, offset_ranges
+
+log = logging.getLogger("tidewatch.engine")
 
 #: the first stage's output: one row per (task, shard)
 ROUTED_SCHEMA = pa.schema(
@@ -52,6 +66,15 @@ SPAN_SCHEMA = pa.schema(
     [("stream", pa.string()), ("partition", pa.int32()), ("lo", pa.int64()), ("hi", pa.int64())]
 )
 PRIMARY = "primary"  #: the routed records' flag column (see the module docstring)
+#: ``lo`` and ``hi`` of a span row that only says "this partition holds records in Kafka"
+PRESENT = -1
+#: per worker and (bootstrap, topics): the (topic, partition)s known to hold records (once there,
+#: always: a mark only matters before a partition's first event), every partition listed, and
+#: when Kafka was last asked
+_PRESENT: dict[tuple[str, tuple[str, ...]], tuple[set[tuple[str, int]], set[tuple[str, int]], float]] = {}
+#: seconds between two questions to Kafka while a partition is not known to hold records (a
+#: topic's first records), and once every one is (partitions added while running)
+_ASK_EVERY_S = (1.0, 30.0)
 
 
 def shard_of(keys: np.ndarray | list[str], n: int) -> np.ndarray:
@@ -184,14 +207,45 @@ def merge_ranges(docs: Iterable[Ranges]) -> Ranges:
 
 def merge_spans(tables: Iterable[pa.Table]) -> dict[tuple[str, int], tuple[int, int]]:
     """The span of a whole batch from its chunks' span tables: per (stream, partition) the
-    smallest ``lo`` and largest ``hi`` (a partition's records may be split over several tasks)."""
+    smallest ``lo`` and largest ``hi`` (a partition's records may be split over several tasks);
+    a partition only marked :data:`PRESENT` by the tasks is ``(PRESENT, PRESENT)``."""
     out: dict[tuple[str, int], tuple[int, int]] = {}
     for t in tables:
         for s, p, lo, hi in zip(*(t.column(c).to_pylist() for c in SPAN_SCHEMA.names), strict=True):
             k = (str(s), int(p))
             old = out.get(k)
-            out[k] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+            if hi == PRESENT:
+                out.setdefault(k, (PRESENT, PRESENT))
+            elif old is None or old[1] == PRESENT:
+                out[k] = (lo, hi)
+            else:
+                out[k] = (min(old[0], lo), max(old[1], hi))
     return out
+
+
+def split_span(
+    span: dict[tuple[str, int], tuple[int, int]],
+) -> tuple[dict[tuple[str, int], tuple[int, int]], list[tuple[str, int]]]:
+    """A batch's span as :meth:`engine.core.EngineCore.process` takes it: the partitions' event
+    times, and the partitions only marked :data:`PRESENT` (``waiting``)."""
+    times = {k: v for k, v in span.items() if v[1] != PRESENT}
+    return times, sorted(k for k, v in span.items() if v[1] == PRESENT)
+
+
+def present_partitions(bootstrap: str, settings: Any, topics: list[str]) -> set[tuple[str, int]]:
+    """The (topic, partition)s of ``topics`` known to hold records, asked of Kafka
+    (:func:`engine.sources.retention.partitions_with_records`) at most every
+    :data:`_ASK_EVERY_S` seconds by this worker."""
+    from engine.sources.retention import partitions_with_records, topic_partitions
+
+    key = (bootstrap, tuple(topics))
+    known, every, asked = _PRESENT.get(key, (set(), set(), float("-inf")))
+    now = time.monotonic()
+    if now - asked >= _ASK_EVERY_S[known >= every and bool(every)]:
+        every = set(topic_partitions(bootstrap, settings, topics))
+        known = known | set(partitions_with_records(bootstrap, settings, topics))
+        _PRESENT[key] = (known, every, now)
+    return known
 
 
 class Router:
@@ -200,8 +254,44 @@ class Router:
     partitioning sends to shuffle partition ``s``, :func:`engine.shards.query.shard_labels`).
     Picklable: plain attributes."""
 
-    def __init__(self, topics: dict[str, str], labels: list[int], max_future_ms: int | None) -> None:
+    def __init__(
+        self,
+        topics: dict[str, str],
+        labels: list[int],
+        max_future_ms: int | None,
+        bootstrap: str | None = None,
+        settings: Any = None,
+    ) -> None:
         self.topics, self.labels, self.max_future_ms = dict(topics), list(labels), max_future_ms
+        #: where to ask which partitions hold records (None: no :data:`PRESENT` marks)
+        self.bootstrap, self.settings = bootstrap, settings
+
+    def _marks(self, span: pa.Table) -> pa.Table:
+        """``span`` with a :data:`PRESENT` row for every stream partition that holds records in
+        Kafka and has none in ``span`` (module docstring); ``span`` as it is when it has no
+        event or Kafka cannot say (logged)."""
+        if self.bootstrap is None or not span.num_rows:
+            return span
+        by_topic = {t: r for r, t in self.topics.items() if r in STREAMS}
+        try:
+            present = present_partitions(self.bootstrap, self.settings, sorted(by_topic))
+        except Exception as exc:  # noqa: BLE001 -- the marks only hold the watermark back
+            log.warning("cannot ask Kafka which partitions hold records (%s): no partition marked", exc)
+            return span
+        have = set(zip(span.column("stream").to_pylist(), span.column("partition").to_pylist(), strict=True))
+        marks = sorted({(by_topic[t], p) for t, p in present if t in by_topic} - have)
+        if not marks:
+            return span
+        extra = pa.table(
+            {
+                "stream": pa.array([m[0] for m in marks], pa.string()),
+                "partition": pa.array([m[1] for m in marks], pa.int32()),
+                "lo": pa.array([PRESENT] * len(marks), pa.int64()),
+                "hi": pa.array([PRESENT] * len(marks), pa.int64()),
+            },
+            schema=SPAN_SCHEMA,
+        )
+        return pa.concat_tables([span, extra])
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         chunks = [b for b in batches if b.num_rows]
@@ -209,7 +299,7 @@ class Router:
             return
         records = pa.Table.from_batches(chunks)
         tables, span = route_records(records, self.topics, len(self.labels), self.max_future_ms)
-        span_b = ipc_bytes(span)
+        span_b = ipc_bytes(self._marks(span))
         ranges_b = json.dumps(offset_ranges(records)).encode()
         yield pa.RecordBatch.from_pydict(
             {

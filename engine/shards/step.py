@@ -35,7 +35,7 @@ from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
 from engine.messages import BatchOutput
 from engine.runtime import state_codec
-from engine.shards.route import PRIMARY, shard_of
+from engine.shards.route import PRIMARY, shard_of, split_span
 from engine.sources.readers import split_topics, subscription_changes
 
 log = logging.getLogger("tidewatch.engine")
@@ -77,11 +77,13 @@ def run_shard(
 ) -> BatchOutput:
     """Shard ``shard`` of ``n`` runs batch ``batch_id``: ``records`` are its routed records
     (:func:`engine.shards.route.route_records`, with the ``primary`` flag), ``span`` the whole
-    batch's (:func:`engine.shards.route.merge_spans`); see the module docstring."""
+    batch's (:func:`engine.shards.route.merge_spans`: the partitions marked present are the
+    core's ``waiting``); see the module docstring."""
     parts = split_topics(records, topics)
     changes = subscription_changes(parts.pop("subscriptions", records.slice(0, 0)))
     streams = {r: t for r, t in parts.items() if r in STREAMS}  # empty ones too: events 0, as one core
-    out = core.process(batch_id, streams, changes, span=span)
+    times, waiting = split_span(span)
+    out = core.process(batch_id, streams, changes, waiting=waiting, span=times)
     for role, t in streams.items():
         prim = np.asarray(t.column(PRIMARY).to_numpy(zero_copy_only=False), np.bool_)
         if not len(prim) or prim.all():

@@ -101,6 +101,30 @@ def log_end_offsets(
     return _list_offsets(bootstrap, settings, parts, "latest", timeout_s)
 
 
+def topic_partitions(
+    bootstrap: str, settings: Settings, topics: list[str], timeout_s: float = 10.0
+) -> list[tuple[str, int]]:
+    """Every partition of ``topics``, from the cluster's metadata."""
+    from confluent_kafka.admin import AdminClient
+
+    from tidewatch.kafka.client import librdkafka_config
+
+    admin: Any = _admin(AdminClient, librdkafka_config(settings, "engine", bootstrap))
+    md = admin.list_topics(timeout=timeout_s).topics
+    return [(t, int(p)) for t in topics if t in md for p in md[t].partitions]
+
+
+def partitions_with_records(
+    bootstrap: str, settings: Settings, topics: list[str], timeout_s: float = 10.0
+) -> list[tuple[str, int]]:
+    """The partitions of ``topics`` that hold records (the high watermark, counting records not
+    yet committed, above the log start offset)."""
+    parts = topic_partitions(bootstrap, settings, topics, timeout_s)
+    high = log_end_offsets(bootstrap, settings, parts, timeout_s)
+    low = log_start_offsets(bootstrap, settings, parts, timeout_s)
+    return [k for k in parts if high.get(k, 0) > low.get(k, 0)]
+
+
 def _list_offsets(
     bootstrap: str, settings: Settings, parts: list[tuple[str, int]], spec: str, timeout_s: float
 ) -> dict[tuple[str, int], int]:

@@ -12,7 +12,7 @@ import pytest
 
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
-from engine.shards.processor import ShardProcessor
+from engine.shards.processor import _WRITERS, ShardProcessor
 from engine.sources.readers import split_topics, subscription_changes
 from tests.engine.shards.support import TOPICS, alert_rows, scenario_batches
 from tidewatch.settings import Settings, get_settings
@@ -90,7 +90,7 @@ def test_a_written_snapshot_is_named_by_the_next_batch(tmp_path: Path, fork: boo
     p = _processor(s, tmp_path, (3, f"{3:012d}.bin", 10), log)
     since, start_s, named = p._snapshot(0, 5, core)  # due: 5 - 3 >= 2
     assert (since, named) == (3, 0) and start_s > 0
-    _, writer = __import__("engine.shards.processor", fromlist=["_WRITERS"])._WRITERS[(p.engine, 0)]
+    _, writer = _WRITERS[(p.engine, 0)]
     deadline = time.monotonic() + 60
     while writer.busy and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -145,3 +145,56 @@ def test_router_rows_carry_each_shards_records_the_span_and_the_offsets() -> Non
     assert merge_ranges([{"t": {"0": [5, 9]}}, {"t": {"0": [1, 4], "1": [0, 0]}}]) == {
         "t": {"0": [1, 9], "1": [0, 0]}
     }
+
+
+def test_a_partition_marked_present_holds_the_watermark_for_its_first_events() -> None:
+    """A Kafka transaction's partitions become readable one by one: a batch with the first events
+    of one partition while another holds records not yet readable must not make the second's
+    events late -- the Router marks it present, the shard's core treats it as waiting."""
+    import zlib
+
+    from engine.shards.route import PRESENT
+    from tests.engine.shards.support import _table, sub_record
+    from tests.engine.support import make_scenario
+    from tidewatch.wire.avro import encode_batch
+
+    sc = make_scenario(n_packets=1)
+    t = sc.trades
+    values = encode_batch("trades", t).messages()
+    rows: list[list[tuple[str, int, int, int, bytes, bytes]]] = [[], []]
+    for i, (sym, ts) in enumerate(zip(t["symbol"], t["ts"], strict=True)):
+        p = zlib.crc32(str(sym).encode()) % 2
+        rows[p].append(("trades", p, len(rows[p]), int(ts), str(sym).encode(), values[i]))
+    k, v = sub_record("00000000-0000-0000-0000-000000000001", "count", RULE_COUNT)
+    first = _table([("subscriptions", 0, 0, int(t["ts"][0]), k, v), *rows[0]])
+    late = {}
+    for marked in (False, True):
+        core = default_core(_settings())
+        recs, span_t = route_records(first, TOPICS, 1, MAX_FUTURE)
+        span = merge_spans([span_t])
+        if marked:
+            span[("trades", 1)] = (PRESENT, PRESENT)
+        run_shard(core, 0, 0, 1, recs[0], span, TOPICS)
+        recs, span_t = route_records(_table(rows[1]), TOPICS, 1, MAX_FUTURE)
+        out = run_shard(core, 1, 0, 1, recs[0], merge_spans([span_t]), TOPICS)
+        late[marked] = sum(r == "late" for r in out.dead.reason)
+    assert late[False] > 100 and late[True] == 0, late
+
+
+def test_merge_spans_keeps_event_times_over_present_marks() -> None:
+    from engine.shards.route import PRESENT, SPAN_SCHEMA, split_span
+
+    def tbl(rows: list[tuple[str, int, int, int]]) -> pa.Table:
+        return pa.table(
+            {c: [r[i] for r in rows] for i, c in enumerate(SPAN_SCHEMA.names)}, schema=SPAN_SCHEMA
+        )
+
+    a = tbl([("trades", 0, 5, 9), ("trades", 1, PRESENT, PRESENT), ("packets", 0, PRESENT, PRESENT)])
+    b = tbl([("trades", 1, 3, 4), ("trades", 0, 1, 7), ("packets", 0, PRESENT, PRESENT)])
+    span = merge_spans([a, b])
+    assert span == {("trades", 0): (1, 9), ("trades", 1): (3, 4), ("packets", 0): (PRESENT, PRESENT)}
+    assert merge_spans([b, a]) == span
+    assert split_span(span) == ({("trades", 0): (1, 9), ("trades", 1): (3, 4)}, [("packets", 0)])
+
+
+RULE_COUNT = "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 10 SECONDS > 12"
