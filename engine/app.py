@@ -74,7 +74,13 @@ from engine.sources.readers import (
     subscription_changes,
 )
 from engine.sources.retention import dead_letters as retention_dead_letters
-from engine.sources.retention import gap_candidates, log_end_offsets, log_start_offsets, lost_ranges
+from engine.sources.retention import (
+    gap_candidates,
+    log_end_offsets,
+    log_start_offsets,
+    lost_ranges,
+    topic_partitions,
+)
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -648,13 +654,10 @@ class EngineApp:
 
     def _topic_partitions(self) -> dict[str, list[int]]:
         """The partitions of the subscribed topics now (as the ``engine`` principal)."""
-        from confluent_kafka.admin import AdminClient
-
-        from tidewatch.kafka.client import librdkafka_config
-
-        admin: Any = AdminClient(librdkafka_config(self.settings, "engine", self.bootstrap))
-        md = admin.list_topics(timeout=30)
-        return {t: sorted(md.topics[t].partitions) for t in self.topics.values() if t in md.topics}
+        out: dict[str, list[int]] = {}
+        for t, p in topic_partitions(self.bootstrap, self.settings, list(self.topics.values()), 30.0):
+            out.setdefault(t, []).append(p)
+        return {t: sorted(ps) for t, ps in out.items()}
 
     # ------------------------------------------------------------------ Spark
     def start(

@@ -243,7 +243,7 @@ def present_partitions(bootstrap: str, settings: Any, topics: list[str]) -> set[
     now = time.monotonic()
     if now - asked >= _ASK_EVERY_S[known >= every and bool(every)]:
         every = set(topic_partitions(bootstrap, settings, topics))
-        known = known | set(partitions_with_records(bootstrap, settings, topics))
+        known = known | set(partitions_with_records(bootstrap, settings, sorted(every - known)))
         _PRESENT[key] = (known, every, now)
     return known
 

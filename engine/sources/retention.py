@@ -115,11 +115,10 @@ def topic_partitions(
 
 
 def partitions_with_records(
-    bootstrap: str, settings: Settings, topics: list[str], timeout_s: float = 10.0
+    bootstrap: str, settings: Settings, parts: list[tuple[str, int]], timeout_s: float = 10.0
 ) -> list[tuple[str, int]]:
-    """The partitions of ``topics`` that hold records (the high watermark, counting records not
-    yet committed, above the log start offset)."""
-    parts = topic_partitions(bootstrap, settings, topics, timeout_s)
+    """Those of ``parts`` that hold records (the high watermark, counting records not yet
+    committed, above the log start offset)."""
     high = log_end_offsets(bootstrap, settings, parts, timeout_s)
     low = log_start_offsets(bootstrap, settings, parts, timeout_s)
     return [k for k in parts if high.get(k, 0) > low.get(k, 0)]
