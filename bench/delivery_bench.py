@@ -1,20 +1,23 @@
-"""The engine's alert delivery, sequential and overlapped side by side in one process: µs per alert.
+"""The engine's alert delivery, the alert log's schema before and after 0010 side by side in one
+process: µs per alert.
 
 One batch's output goes to PostgreSQL (:meth:`engine.sinks.store.Store.commit`: alert log, current
 results, batch id, metrics in one transaction) and to Kafka (Avro alerts, results, progress marker in
-one transaction).  Each side is timed on the same synthetic batches:
+one transaction), by the overlapped delivery (:meth:`engine.sinks.deliver.Delivery.deliver`: the
+Kafka transaction opened and its records produced on a thread while PostgreSQL commits, the Kafka
+commit after PostgreSQL's).  Each side is timed on the same synthetic batches:
 
-* **old** (Nov 25 -- Nov 27): PostgreSQL's commit, THEN the whole Kafka transaction
-  (:meth:`engine.sinks.publish.Publisher.publish`), as ``EngineApp._deliver`` did;
-* **new**: the overlapped delivery, :meth:`engine.sinks.deliver.Delivery.deliver`: the Kafka
-  transaction opened and its records produced on a thread while PostgreSQL commits, the Kafka
-  commit after PostgreSQL's.
+* **old**: the alert log as migrations 0001 -- 0009 made it (Nov 21 -- Nov 28): three indexes,
+  the primary key on the text ``alert_id``, ``ix_alerts_subscription_as_of`` and the unique
+  ``seq``;
+* **new**: the schema at head (0010): the primary key on (subscription_id, as_of, key, kind),
+  which also serves the subscription's queries, and ``seq`` -- one index less per alert.
 
-Both use the same sinks otherwise (the columns built once, one ``COPY`` into ``alerts``, the Avro
-kernel, two produce loops).  Columns printed: "PostgreSQL" = from the start until PostgreSQL
-committed (for new: the Kafka records produced meanwhile), "Kafka" = from there until Kafka
-committed, "total" = both.  The comparison before (``write_copy`` and the per-alert encoder
-against the columns) is this file as of commit 34073b8.
+The code is the same on both sides (the columns built once, one ``COPY`` into ``alerts``, the
+Avro kernel, two produce loops).  Columns printed: "PostgreSQL" = from the start until PostgreSQL
+committed (the Kafka records produced meanwhile), "Kafka" = from there until Kafka committed,
+"total" = both.  The comparisons before are this file as of commit 4f2fbaf (sequential against
+overlapped delivery) and 34073b8 (``write_copy`` and the per-alert encoder against the columns).
 
 Each side writes to a database of its own (the same alerts, so the tables grow alike) with its own
 transactional id; each delivers its own copy of the batch's alert list (the columns cached for one
@@ -41,7 +44,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,9 +135,13 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+#: the alert log's schema of each side: the migration its database is brought to
+REVISIONS = {"old": "0009", "new": "head"}
+
+
 class Side:
-    """One delivery path: its Store (own database), its Publisher (own transactional id) and,
-    for new, the overlapped delivery over them."""
+    """One side: its Store (own database, at the side's schema), its Publisher (own transactional
+    id) and the overlapped delivery over them."""
 
     def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
         from engine.sinks.deliver import Delivery
@@ -144,28 +150,21 @@ class Side:
         from tidewatch.db.session import make_db_engine
 
         self.name = name
-        self.store = Store(make_db_engine(fresh_database(pg_url)))
+        self.store = Store(make_db_engine(fresh_database(pg_url, REVISIONS[name])))
         self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
-        self.delivery = None if name == "old" else Delivery(self.store, self.publisher, 60.0)
+        self.delivery = Delivery(self.store, self.publisher, 60.0)
         self.next_batch = 0
 
     def deliver(self, out: BatchOutput) -> tuple[float, float]:
         """Seconds until PostgreSQL committed ``out`` and from then until Kafka did."""
         out = BatchOutput(batch_id=self.next_batch, alerts=list(out.alerts), events=out.events)
         self.next_batch += 1
-        if self.delivery is not None:
-            d = self.delivery.deliver(out, watermark=None, metrics=METRICS)
-            assert d.committed
-            return d.pg_s, d.kafka_s
-        t0 = time.perf_counter()
-        assert self.store.commit(out, watermark=None, metrics=METRICS)
-        t1 = time.perf_counter()
-        self.publisher.publish(out.batch_id, out.alerts)
-        return t1 - t0, time.perf_counter() - t1
+        d = self.delivery.deliver(out, watermark=None, metrics=METRICS)
+        assert d.committed
+        return d.pg_s, d.kafka_s
 
     def close(self) -> None:
-        if self.delivery is not None:
-            self.delivery.close()
+        self.delivery.close()
         self.publisher.close()
         self.store.engine.dispose()
 
@@ -224,7 +223,7 @@ def main() -> None:
                 }
                 res["sizes"][n] = {"median_us_per_alert": fig, "runs_us_per_alert": per}
                 print(f"batch of {n:,} alerts (median of {a.repeat}), µs per alert "
-                      "(old: sequential, new: overlapped):")  # fmt: skip
+                      "(old: the alert log of 0009, new: of 0010):")  # fmt: skip
                 print(f"  {'':8s}{'PostgreSQL':>12s}{'Kafka':>10s}{'total':>10s}")
                 for name in ("old", "new"):
                     f = fig[name]

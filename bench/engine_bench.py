@@ -111,7 +111,8 @@ def admin_url(database_url: str | None, settings: Settings) -> str:
     return settings.sqlalchemy_url
 
 
-def fresh_database(admin_url: str) -> str:
+def fresh_database(admin_url: str, revision: str = "head") -> str:
+    """A new database on ``admin_url``'s server, migrated to ``revision``: its URL."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -123,7 +124,7 @@ def fresh_database(admin_url: str) -> str:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     eng.dispose()
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
+    upgrade(url, revision)
     return url
 
 

@@ -295,7 +295,7 @@ _COPY = "COPY tw_alerts_in (ord, id, sid, key, kind, ms, vals) FROM STDIN WITH (
 _FROM_STAGE = (
     "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, values, batch_id, engine_id) "
     "SELECT id, sid, key, kind, to_timestamp(ms / 1000.0), vals, %(batch)s, %(engine)s FROM tw_alerts_in "
-    "ORDER BY ms, ord ON CONFLICT (alert_id) DO NOTHING; "
+    "ORDER BY ms, ord ON CONFLICT ON CONSTRAINT pk_alerts DO NOTHING; "
     # the net change of each (subscription, key): its last alert; EXITs delete, ENTERs upsert
     # (one row per (subscription, key): the two never touch the same row)
     "WITH net AS MATERIALIZED (SELECT DISTINCT ON (sid, key) sid, key, kind, ms, vals FROM tw_alerts_in "
@@ -537,7 +537,7 @@ def _write_unnest(conn: Connection, out: BatchOutput, engine_id: str = DEFAULT_E
                 "CAST(:sids AS uuid[]), CAST(:keys AS text[]), "
                 "CAST(:kinds AS text[]), CAST(:ms AS bigint[]), CAST(:vals AS text[])) "
                 "AS a(id, sid, key, kind, ms, vals) "
-                "ORDER BY a.ms ON CONFLICT (alert_id) DO NOTHING"
+                "ORDER BY a.ms ON CONFLICT ON CONSTRAINT pk_alerts DO NOTHING"
             ),
             {
                 "batch": out.batch_id,

@@ -212,21 +212,20 @@ class Outbox(Base):
 
 
 class Alert(Base):
-    """The alert log; ``alert_id`` is the stable id (subscription, key, kind, as_of)."""
+    """The alert log, keyed by what an alert is: (subscription, as_of, key, kind) -- the primary
+    key also serves the queries by subscription and time (migration 0010); ``alert_id`` is the
+    same identity as text, ``subscription|key|kind|as_of`` (:attr:`engine.messages.Alert.id`)."""
 
     __tablename__ = "alerts"
-    __table_args__ = (
-        CheckConstraint("kind IN ('ENTER', 'EXIT', 'CAPPED')", name="kind"),
-        Index("ix_alerts_subscription_as_of", "subscription_id", "as_of"),
-    )
+    __table_args__ = (CheckConstraint("kind IN ('ENTER', 'EXIT', 'CAPPED')", name="kind"),)
 
-    alert_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    alert_id: Mapped[str] = mapped_column(Text, nullable=False)
     #: insertion order, for client cursors ("every alert after seq N")
     seq: Mapped[int] = mapped_column(BigInteger, Identity(), unique=True, nullable=False)
-    subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
-    key: Mapped[str] = mapped_column(Text, nullable=False)
-    kind: Mapped[str] = mapped_column(String(6), nullable=False)
-    as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    subscription_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    as_of: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(6), primary_key=True)
     values: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     batch_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
     created_at: Mapped[datetime] = _now()

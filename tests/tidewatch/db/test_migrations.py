@@ -202,3 +202,43 @@ def test_0004_refuses_an_engine_id_it_cannot_quote(scratch_url):
     with pytest.raises(ValueError, match="letters, digits"):
         command.upgrade(cfg, "head")
     assert migrate.current(scratch_url) == "0003"
+
+
+def test_0010_keys_alerts_by_subscription_time_key_kind(scratch_url):
+    """0010: the alert log's primary key is (subscription_id, as_of, key, kind), the subscription
+    index is gone (the key's prefix serves its queries), the rows are kept; the same alert under
+    another ``alert_id`` text is refused; the downgrade brings back the key on ``alert_id``."""
+    migrate.upgrade(scratch_url, "0009")
+    engine = create_engine(scratch_url, poolclass=pool.NullPool)
+    sql = (
+        "INSERT INTO alerts (alert_id, subscription_id, key, kind, as_of, batch_id) "
+        "VALUES (:id, :s, 'K', 'ENTER', '2026-11-28T12:00:00Z', 0)"
+    )
+    ins = text(sql)
+    s1, s2 = uuid.uuid4(), uuid.uuid4()
+    try:
+        with engine.begin() as conn:
+            for s in (s1, s2):
+                conn.execute(ins, {"id": f"{s}|K|ENTER|1", "s": s})
+        migrate.upgrade(scratch_url)
+        insp = inspect(engine)
+        pk = insp.get_pk_constraint("alerts")
+        assert pk["name"] == "pk_alerts"
+        assert pk["constrained_columns"] == ["subscription_id", "as_of", "key", "kind"]
+        assert "ix_alerts_subscription_as_of" not in {ix["name"] for ix in insp.get_indexes("alerts")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM alerts")).scalar() == 2
+        with pytest.raises(Exception, match="pk_alerts"), engine.begin() as conn:
+            conn.execute(ins, {"id": "another text", "s": s1})
+        with engine.begin() as conn:  # another kind at the same time is another alert
+            conn.execute(text(sql.replace("'ENTER'", "'EXIT'")), {"id": f"{s1}|K|EXIT|1", "s": s1})
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM alerts WHERE kind = 'EXIT'"))
+        migrate.downgrade(scratch_url, "0009")
+        insp = inspect(engine)
+        assert insp.get_pk_constraint("alerts")["constrained_columns"] == ["alert_id"]
+        assert "ix_alerts_subscription_as_of" in {ix["name"] for ix in insp.get_indexes("alerts")}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM alerts")).scalar() == 2
+    finally:
+        engine.dispose()
