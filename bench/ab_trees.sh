@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Old against new, side by side in one run: a benchmark of this repository run alternately from
 # a copy of commit OLD's tree and from the working tree (each bench puts its own tree first on
-# sys.path), RUNS times each.  The copy is made in a temporary folder and removed afterwards.
+# sys.path), RUNS times each.  The copy is made in a temporary folder and removed afterwards; a
+# bench that OLD lacks is copied into it from the working tree.
 #
 #   bench/ab_trees.sh OLD RUNS BENCH [ARGS...]
 #   bench/ab_trees.sh 52c964f 2 bench/engine_bench.py --core-only --events 1500000 \
@@ -17,6 +18,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git -C "$root" archive "$old" | tar -x -C "$tmp"
+# a bench new in the working tree runs the same file on both trees (from inside each)
+[ -e "$tmp/$bench" ] || cp "$root/$bench" "$tmp/$bench"
 for i in $(seq 1 "$runs"); do
   for side in old new; do
     tree=$root

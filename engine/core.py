@@ -44,7 +44,7 @@ from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
-from engine.messages import Alert, BatchOutput, RuleInfo, SubscriptionChange
+from engine.messages import Alert, AlertBlock, BatchOutput, RuleInfo, SubscriptionChange
 from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
 from engine.rule_evaluator import RuleEvaluator, make_evaluator, rule_compiler
 from engine.runtime import state_codec
@@ -61,6 +61,7 @@ EventSource = Callable[[str, HistoryIndex, "int | None", "int | None"], Decoded]
 #: (stream, Kafka partition) -> (smallest, largest) valid event time of a batch's records there
 Span = dict[tuple[str, int], tuple[int, int]]
 
+ENTER, EXIT = "ENTER", "EXIT"
 _NO_TS = -(2**62)  #: the lower bound of the first lookup's span (before every event time)
 
 
@@ -109,6 +110,26 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
 #: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
 #: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
 #: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
+def _runs(names: np.ndarray, keys: np.ndarray) -> list[tuple[str, list[str]]]:
+    """A block of changes (rule names, keys) as ``(rule, [key, ...])`` per run of one rule (a
+    rule in several runs comes once per run): the runs found by one vectorized comparison."""
+    n = names.shape[0]
+    if n == 0:
+        return []
+    cut = (np.flatnonzero(names[1:] != names[:-1]) + 1).tolist()
+    ks = keys.tolist()
+    return [(str(names[a]), ks[a:b]) for a, b in zip([0, *cut], [*cut, n], strict=True)]
+
+
+def _in_order(enter: list[str], gone: list[str]) -> tuple[list[str], list[str]]:
+    """A rule's alerts at one lookup in (key, kind) order: ``(keys, kinds)``."""
+    if not gone or not enter:
+        keys = sorted(enter or gone)
+        return keys, [ENTER if enter else EXIT] * len(keys)
+    both = sorted([(k, ENTER) for k in enter] + [(k, EXIT) for k in gone])
+    return [k for k, _ in both], [kind for _, kind in both]
+
+
 _NOT_STATE = frozenset({"_compile", "_grid"})  # _grid: made by each batch (_use_strides)
 #: per core, the nodes of its compiled rules of its last capture, reused by the next
 #: (:class:`~engine.runtime.state_capture.CaptureCache`); kept out of the core's attributes, which
@@ -287,22 +308,19 @@ class EngineCore:
             found = self.evaluator.evaluate_now(sid, self.applied_until)
             self._fresh.add(sid)  # its change state in the evaluator starts empty
             self._diff(sid, found, self.applied_until, out)
-            self._attach_values(out, first, self.applied_until)
             if self.alert_cap:
                 cap_alerts(out, first, self.alert_cap)
 
     def _diff(self, sid: str, found: Iterable[str], tau: int, out: BatchOutput) -> None:
-        info = self.rules[sid]
+        """The alerts of rule ``sid``'s whole result ``found`` at ``tau`` against the keys it had:
+        ENTERs, then EXITs, each in key order, with their values (:meth:`_emit`)."""
         new = set(found)
         old = self.current.get(sid, set())
         if new == old:
             return
-        for key in sorted(new - old):
-            out.alerts.append(Alert(sid, info.name, info.stream, key, "ENTER", tau))
-        for key in sorted(old - new):
-            out.alerts.append(Alert(sid, info.name, info.stream, key, "EXIT", tau))
+        enter, gone = sorted(new - old), sorted(old - new)
         self.current[sid] = new
-        out.changed.add(sid)
+        self._emit({sid: (enter + gone, [ENTER] * len(enter) + [EXIT] * len(gone))}, tau, out)
 
     # ------------------------------------------------------------------ batch
     def process(
@@ -580,22 +598,23 @@ class EngineCore:
             lo = cursor[stream]
             self.pending[stream] = p if lo == 0 else p.slice(lo)
 
-    def _attach_values(self, out: BatchOutput, first: int, tau: int) -> None:
-        """Give the alerts ``out.alerts[first:]`` (all at ``tau``) the values that made them fire.
-
-        Uses ``RuleEvaluator.values_many`` (see :meth:`_values`), so it must run right after the
-        lookup at ``tau``, before later events are applied."""
-        if first >= len(out.alerts):
-            return
-        by_rule: dict[str, list[int]] = {}
-        for i in range(first, len(out.alerts)):
-            by_rule.setdefault(out.alerts[i].subscription_id, []).append(i)
-        every = self._values({sid: [out.alerts[i].key for i in idx] for sid, idx in by_rule.items()}, tau)
-        for sid, idx in by_rule.items():
-            vals = every.get(sid, {})
-            for i in idx:
-                a = out.alerts[i]
-                out.alerts[i] = replace(a, values=dict(vals.get(a.key) or {}))
+    def _emit(self, changes: dict[str, tuple[list[str], list[str]]], tau: int, out: BatchOutput) -> None:
+        """Append each rule's alerts at ``tau`` (``{rule: (keys, kinds)}``, in order) to ``out`` as
+        one block of columns with the values that made them fire (:meth:`_value_columns`: right
+        after the lookup at ``tau``, before later events are applied) -- no Alert object made."""
+        got = self._value_columns({sid: keys for sid, (keys, _) in changes.items()}, tau)
+        for sid, (keys, kinds) in changes.items():
+            info, v = self.rules[sid], got.get(sid)
+            if isinstance(v, dict):  # an evaluator's values per key (no value_columns)
+                vals: dict[str, Any] = v
+                out.alerts.extend(
+                    Alert(sid, info.name, info.stream, k, kind, tau, dict(vals.get(k) or {}))
+                    for k, kind in zip(keys, kinds, strict=True)
+                )
+            else:
+                labels, cols = v or ([], [])
+                out.alerts.add_block(AlertBlock(sid, info.name, info.stream, tau, keys, kinds, labels, cols))
+            out.changed.add(sid)
 
     def _lookup_at(self, tau: int, out: BatchOutput) -> None:
         """Look every rule up at ``tau`` (every event with ``ts <= tau`` already applied)."""
@@ -605,40 +624,30 @@ class EngineCore:
             return
         start = len(out.alerts)
         ev = self.evaluator
-        # the evaluator's own changes (cheap with thousands of rules), checked against ours;
-        # read block-wise (rule names, key values, kind) without building a row per change
+        # the evaluator's own changes (cheap with thousands of rules), checked against ours by
+        # set operations per (block, rule): no Python per change but a list slice and a sort
         skip = skipped(self._grid, tau, self.L, self._new) if self._grid else frozenset()
         changes = ev.step(tau, skip) if skip else ev.step(tau)
         self._new.clear()
-        by_rule: dict[str, list[tuple[str, str]]] = {}
+        by_rule: dict[str, tuple[list[str], list[str]]] = {}
         for names, keys, kind in changes.parts:
-            enter = kind == "ENTER"
-            for sid, key in zip(names.tolist(), keys.tolist(), strict=True):
+            for sid, ks in _runs(names, keys):
                 if sid in self._fresh or sid not in self.rules:
                     continue
-                cur = self.current.setdefault(sid, set())
-                if enter == (key in cur):
-                    continue
-                if enter:
-                    cur.add(key)
+                cur, got = self.current.setdefault(sid, set()), set(ks)
+                if kind == ENTER:
+                    got -= cur
+                    cur |= got
                 else:
-                    cur.discard(key)
-                by_rule.setdefault(sid, []).append((key, kind))
-        ordered = {sid: sorted(by_rule[sid]) for sid in sorted(by_rule)}  # (rule, key) order
-        every = self._values({sid: [k for k, _ in it] for sid, it in ordered.items()}, tau)
-        for sid, items in ordered.items():
-            info = self.rules[sid]
-            vals = every.get(sid, {})
-            out.alerts.extend(
-                Alert(sid, info.name, info.stream, key, kind, tau, vals.get(key) or {}) for key, kind in items
-            )
-            out.changed.add(sid)
-        first = len(out.alerts)
+                    got &= cur
+                    cur -= got
+                if got:
+                    by_rule.setdefault(sid, ([], []))[0 if kind == ENTER else 1].extend(got)
+        self._emit({sid: _in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
                 self._diff(sid, ev.current_ids(sid), tau, out)
         self._fresh.clear()
-        self._attach_values(out, first, tau)
         if self.alert_cap:
             cap_alerts(out, start, self.alert_cap)
 
@@ -653,18 +662,20 @@ class EngineCore:
         :func:`engine.overload.decide`); the next batch's strides follow its level."""
         self.overload = decide(self.overload, load, len(ladder(self._budgets, self.L)), marks)
 
-    def _values(self, wanted: dict[str, list[str]], tau: int) -> dict[str, dict[str, Any]]:
-        """The values of the alerts of many rules at ``tau`` (``{rule: {key: values}}``), from
-        ``RuleEvaluator.values_many`` (or ``values``, one rule at a time); a rule whose values are
-        unavailable gets {} and its alerts still go out (never lose an alert for a value)."""
+    def _value_columns(self, wanted: dict[str, list[str]], tau: int) -> dict[str, Any]:
+        """The values of the alerts of many rules at ``tau``: ``{rule: (labels, columns)}`` from
+        ``RuleEvaluator.value_columns``, else ``{rule: {key: values}}`` from ``values_many`` (or
+        ``values``, one rule at a time); a rule whose values are unavailable gets none and its
+        alerts still go out (never lose an alert for a value)."""
         if not wanted:
             return {}
         ev = self.evaluator
         try:
-            return dict(ev.values_many(wanted, tau))
+            many = getattr(ev, "value_columns", None)
+            return dict(many(wanted, tau) if many is not None else ev.values_many(wanted, tau))
         except Exception as exc:
             log.warning("values at %d unavailable in one pass (%s): trying rule by rule", tau, exc)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, Any] = {}
         for sid, keys in wanted.items():
             try:
                 out[sid] = dict(ev.values(sid, keys, tau))

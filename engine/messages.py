@@ -7,6 +7,9 @@
 * :class:`RuleInfo` -- an active subscription as the engine knows it.
 * :class:`Alert` -- a change of one subscription's result set at one lookup time (``ENTER`` /
   ``EXIT``), with the stable id ``subscription|key|kind|as_of`` the sinks deduplicate on.
+* :class:`AlertBlock` / :class:`AlertSeq` -- a batch's alerts as the core makes them: one block of
+  columns per (subscription, lookup time), :class:`Alert` objects made only for a reader that
+  asks for them one by one (the sinks read the blocks as columns, issue #22).
 * :class:`BatchOutput` -- everything one micro-batch produced (:meth:`engine.core.EngineCore.process`),
   what the sinks write (:mod:`engine.sinks.store`, :mod:`engine.sinks.publish`).
 
@@ -16,9 +19,10 @@ Plain data, no Spark, no I/O: imported by the core, the sinks and the sources al
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import Any, overload
 
 from engine.dead_letter import DeadLetters
 
@@ -58,6 +62,156 @@ class Alert:
     @property
     def id(self) -> str:
         return f"{self.subscription_id}|{self.key}|{self.kind}|{self.as_of}"
+
+
+@dataclass
+class AlertBlock:
+    """The alerts of one subscription at one lookup time, as columns: alert ``i`` is
+    ``Alert(subscription_id, rule_name, stream, keys[i], kinds[i], as_of, values)`` with ``values``
+    = ``{labels[j]: columns[j][i]}`` (``labels`` distinct; none: the evaluator could not say)."""
+
+    subscription_id: str
+    rule_name: str
+    stream: str
+    as_of: int
+    keys: list[str]
+    kinds: list[str]
+    labels: list[str] = field(default_factory=list)
+    columns: list[list[Any]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def alerts(self) -> list[Alert]:
+        """The block's :class:`Alert` objects (each with its own values dict)."""
+        sid, name, stream, tau, labels = (
+            self.subscription_id,
+            self.rule_name,
+            self.stream,
+            self.as_of,
+            self.labels,
+        )
+        if not labels:
+            return [
+                Alert(sid, name, stream, k, kind, tau) for k, kind in zip(self.keys, self.kinds, strict=True)
+            ]
+        rows = zip(*self.columns, strict=True)
+        return [
+            Alert(sid, name, stream, k, kind, tau, dict(zip(labels, row, strict=True)))
+            for k, kind, row in zip(self.keys, self.kinds, rows, strict=True)
+        ]
+
+
+class AlertSeq:
+    """A batch's alerts in order: blocks of columns (:class:`AlertBlock`, appended by the core
+    with :meth:`add_block`) and runs of :class:`Alert` objects.  It behaves as a ``list`` of
+    Alert (``len``, iteration, indexing and slicing, ``append``, ``extend``, item and slice
+    assignment, ``sort``, ``==`` with a list); a reader that iterates gets Alert objects made
+    block by block, and any access by position first turns the whole sequence into one list of
+    Alert objects (kept from then on).  :meth:`blocks` is what the sinks read as columns
+    (:meth:`engine.sinks.alert_columns.AlertColumns.of`), with no per-alert Python."""
+
+    def __init__(self, alerts: Iterable[Alert] = ()) -> None:
+        rows = list(alerts)
+        self._blocks: list[AlertBlock | list[Alert]] = [rows] if rows else []
+        self._n = len(rows)
+
+    # ---------------------------------------------------------------- building
+    def add_block(self, block: AlertBlock) -> None:
+        if len(block):
+            self._blocks.append(block)
+            self._n += len(block)
+
+    def append(self, alert: Alert) -> None:
+        last = self._blocks[-1] if self._blocks else None
+        if isinstance(last, list):
+            last.append(alert)
+        else:
+            self._blocks.append([alert])
+        self._n += 1
+
+    def extend(self, alerts: Iterable[Alert]) -> None:
+        if isinstance(alerts, AlertSeq):
+            for b in alerts._blocks:
+                if isinstance(b, list):
+                    for a in b:
+                        self.append(a)
+                else:
+                    self.add_block(b)
+            return
+        for a in alerts:
+            self.append(a)
+
+    def __iadd__(self, alerts: Iterable[Alert]) -> AlertSeq:
+        self.extend(alerts)
+        return self
+
+    def blocks(self) -> list[AlertBlock | list[Alert]]:
+        """The blocks, in order (read only)."""
+        return self._blocks
+
+    # ---------------------------------------------------------------- as a list
+    def _flat(self) -> list[Alert]:
+        if len(self._blocks) != 1 or not isinstance(self._blocks[0], list):
+            rows = list(self)
+            self._blocks = [rows]
+        got = self._blocks[0]
+        assert isinstance(got, list)
+        return got
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Alert]:
+        for b in self._blocks:
+            yield from (b if isinstance(b, list) else b.alerts())
+
+    @overload
+    def __getitem__(self, i: int) -> Alert: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Alert]: ...
+    def __getitem__(self, i: int | slice) -> Alert | list[Alert]:
+        if not self._n:
+            return [][i]
+        return self._flat()[i]
+
+    def __setitem__(self, i: Any, value: Any) -> None:
+        rows = self._flat() if self._n else self._empty()
+        rows[i] = value
+        self._n = len(rows)
+
+    def __delitem__(self, i: int | slice) -> None:
+        rows = self._flat() if self._n else self._empty()
+        del rows[i]
+        self._n = len(rows)
+
+    def _empty(self) -> list[Alert]:
+        self._blocks = [[]]
+        return self._blocks[0]  # type: ignore[return-value]
+
+    def insert(self, i: int, alert: Alert) -> None:
+        rows = self._flat() if self._n else self._empty()
+        rows.insert(i, alert)
+        self._n += 1
+
+    def pop(self, i: int = -1) -> Alert:
+        got = (self._flat() if self._n else self._empty()).pop(i)
+        self._n -= 1
+        return got
+
+    def sort(self, *, key: Any = None, reverse: bool = False) -> None:
+        if self._n:
+            self._flat().sort(key=key, reverse=reverse)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AlertSeq | list):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"AlertSeq({list(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -119,7 +273,8 @@ class BatchOutput:
     """Everything one micro-batch produced."""
 
     batch_id: int
-    alerts: list[Alert] = field(default_factory=list)
+    #: a list of Alert given here becomes an :class:`AlertSeq` of it
+    alerts: AlertSeq = field(default_factory=AlertSeq)
     dead: DeadLetters = field(default_factory=DeadLetters)
     lookups: list[int] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)  # subscriptions deleted / paused
@@ -144,7 +299,11 @@ class BatchOutput:
     degraded: dict[str, dict[str, int]] = field(default_factory=dict)
     _changes: list[Alert] | None = field(default=None, repr=False, compare=False)
 
-    def result_changes(self) -> list[Alert]:
+    def __post_init__(self) -> None:
+        if not isinstance(self.alerts, AlertSeq):
+            self.alerts = AlertSeq(self.alerts)
+
+    def result_changes(self) -> AlertSeq | list[Alert]:
         """Every change of the subscriptions' results in this batch, what ``current_results`` and
         the ``results`` topic get: ``alerts`` itself when the cap withheld nothing; else the alerts
         but the CAPPED records, then the withheld ones, stably sorted by ``as_of`` -- each

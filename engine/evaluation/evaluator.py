@@ -54,15 +54,13 @@ Retention is bounded by the windows in use, ROWS windows included (Arasu & Widom
   ROWS windows, each key's newest n_max rows satisfying the predicate.
 
 A rule added later therefore sees, per key, the rows inside that time retention plus the newest
-n_max rows of each (key field, predicate) already read by a ROWS window.  Its answer is exact at
-once when its windows lie inside what is held -- a time window no longer than the retention, a
-``LAST n ROWS`` window with n <= the n_max of a ROWS window in use on the same key field and
-predicate (WHERE AND FILTER), or whose rows are all inside the time retention -- and otherwise
-exact once its window has refilled (n new rows of the key, or its time span, since it was added),
-as for a time window longer than the retention.  A structure in use that a new rule reads further
-back is rebuilt from the history, which holds at least what the structure's rules read.  The key
-domain of a rule with only ROWS windows ("every key seen so far") is every key seen since its key
-field came into use; a rule on a key field no rule was using starts from the keys of the rows held.
+n_max rows of each (key field, predicate) already read by a ROWS window.  It is exact at once when
+its windows lie inside what is held (a time window within the retention; a ``LAST n ROWS`` window
+with n <= the n_max of a ROWS window in use on the same key field and predicate, or whose rows are
+all inside the time retention), else once its window has refilled (n new rows of the key, or its
+time span).  A structure in use that a new rule reads further back is rebuilt from the history,
+which holds at least what its rules read.  A rule with only ROWS windows has as key domain every
+key seen since its key field came into use (a key field new to the rules: the keys of the rows held).
 """
 
 from __future__ import annotations
@@ -705,24 +703,29 @@ class Evaluator:
         rule = self.rules[name]
         return set(rule.state.interner.keys(Lookup(self, now).evaluate(rule)))
 
-    def values(
-        self, name: str, keys: Iterable[str], now: int
-    ) -> dict[str, dict[str, float | int | str | None]]:
-        """The aggregates rule ``name`` compares, per key at ``now`` (the values that made an
-        alert fire): ``{key: {aggregate text: value}}`` with COUNT / COUNT DISTINCT as int, other
-        aggregates as float and NULL (e.g. AVG of an empty window) as None. Reads the state as
-        it is, so call it right after the lookup at ``now``, before further events are applied;
-        keys never seen get the values of an empty window."""
+    def values(self, name: str, keys: Iterable[str], now: int) -> dict[str, dict[str, Any]]:
+        """The aggregates rule ``name`` compares, per key at ``now`` (what made an alert fire):
+        ``{key: {aggregate text: value}}``, COUNT / COUNT DISTINCT as int, others as float, NULL
+        (AVG of an empty window) as None; keys never seen: an empty window's.  Reads the state as
+        it is: call it right after the lookup at ``now``, before further events are applied."""
         return self.values_many({name: list(keys)}, now)[name]
 
-    def values_many(
-        self, wanted: dict[str, list[str]], now: int
-    ) -> dict[str, dict[str, dict[str, float | int | str | None]]]:
-        """:meth:`values` of many rules at once: ``{rule: {key: {aggregate text: value}}}``.
+    def values_many(self, wanted: dict[str, list[str]], now: int) -> dict[str, dict[str, dict[str, Any]]]:
+        """:meth:`values` of many rules at once: ``{rule: {key: {aggregate text: value}}}``."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, (labels, cols) in self.value_columns(wanted, now).items():
+            rows, ks = zip(*cols, strict=True) if cols else (() for _ in wanted[name]), wanted[name]
+            out[name] = {k: dict(zip(labels, r, strict=True)) for k, r in zip(ks, rows, strict=True)}
+        return out
 
-        Rules reading the same aggregate (structure, function, window) share one computation
-        over the union of their keys -- thousands of rules firing at one lookup cost one
-        structure read per distinct aggregate, not one per rule."""
+    def value_columns(
+        self, wanted: dict[str, list[str]], now: int
+    ) -> dict[str, tuple[list[str], list[list[Any]]]]:
+        """:meth:`values_many` as columns, no per-key Python: ``{rule: (labels, columns)}``, the value
+        of ``labels[j]`` for ``wanted[rule][i]`` being ``columns[j][i]`` (a text twice in a rule: its
+        last value at its first place, as ``dict(zip(...))``).  Rules reading the same aggregate
+        (structure, function, window) share one computation over the union of their keys: one
+        structure read per distinct aggregate at a lookup, not one per rule."""
         ctx = Lookup(self, now)
         reqs: list[tuple[Rule, list[str]]] = []
         # aggregate signature -> (structure, spec, [(request, atom position)], [key ids])
@@ -738,8 +741,7 @@ class Evaluator:
                 ent[2].append((len(reqs), j))
                 ent[3].append(ids)
             reqs.append((rule, keys))
-        # one structure read, one gather and one conversion to Python values per signature,
-        # then each rule's column is a slice of that list (no per-rule NumPy calls)
+        # per signature one structure read, gather and conversion; a rule's column: a slice of it
         cols: list[list[list[Any]]] = [[[] for _ in rule.plan.aggs] for rule, _ in reqs]
         for s, spec, members, lists in sigs.values():
             allids = np.concatenate(lists)
@@ -759,13 +761,10 @@ class Evaluator:
                 n = ids.shape[0]
                 cols[ri][j] = flat[pos : pos + n]
                 pos += n
-        out: dict[str, dict[str, dict[str, float | int | str | None]]] = {}
-        for (rule, keys), rc in zip(reqs, cols, strict=True):
-            texts = [spec.text for spec in rule.plan.aggs]
-            rows = zip(*rc, strict=True) if rc else ((),) * len(keys)
-            out[rule.name] = {
-                k: dict(zip(texts, row, strict=True)) for k, row in zip(keys, rows, strict=True)
-            }
+        out: dict[str, tuple[list[str], list[list[Any]]]] = {}
+        for (rule, _keys), rc in zip(reqs, cols, strict=True):
+            at = {spec.text: j for j, spec in enumerate(rule.plan.aggs)}
+            out[rule.name] = (list(at), [rc[j] for j in at.values()])
         return out
 
     @property

@@ -33,7 +33,7 @@ import pyarrow as pa
 from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
-from engine.messages import BatchOutput
+from engine.messages import AlertSeq, BatchOutput
 from engine.runtime import state_codec
 from engine.shards.route import PRIMARY, shard_of, split_span
 from engine.sources.readers import split_topics, subscription_changes
@@ -125,7 +125,7 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
     alerts are not looked at when no active rule reads such a stream)."""
     if out.alerts and multi_key_rules:
         owner = shard_of([a.key for a in out.alerts], n)
-        out.alerts = [a for a, o in zip(out.alerts, owner, strict=True) if o == shard]
+        out.alerts = AlertSeq(a for a, o in zip(out.alerts, owner, strict=True) if o == shard)
     for sid, keys in out.removed_keys.items():
         if keys:
             owner = shard_of(keys, n)

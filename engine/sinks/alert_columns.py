@@ -25,13 +25,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.messages import Alert
+from engine.messages import Alert, AlertSeq
 
 _S = pa.large_string()
 #: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
@@ -108,6 +109,19 @@ def split_bytes(data: np.ndarray, offs: np.ndarray) -> list[bytes]:
     return out
 
 
+def _fields(al: Sequence[Alert]) -> list[list[Any]]:
+    """Subscription, rule, stream, key, kind, as_of and values of Alert objects, one list each."""
+    return [
+        [a.subscription_id for a in al],
+        [a.rule_name for a in al],
+        [a.stream for a in al],
+        [a.key for a in al],
+        [a.kind for a in al],
+        [a.as_of for a in al],
+        [a.values for a in al],
+    ]
+
+
 @dataclass(eq=False)
 class AlertColumns:
     """The alerts of one batch, column by column (see the module docstring); alert ``i`` is row
@@ -123,7 +137,8 @@ class AlertColumns:
     counts: np.ndarray
     value_labels: pa.Array | None
     value_items: list[Any]
-    #: each alert's values dict (for the rare entries the columns cannot say)
+    #: each alert's values dict (for the rare entries the columns cannot say); empty when built
+    #: from the core's blocks (:meth:`_from_seq`: their labels are ``str``, the columns say all)
     values: list[dict[str, Any]]
     #: the stable ids, when given (rows read back from PostgreSQL); else computed
     given_ids: pa.Array | None = None
@@ -134,9 +149,12 @@ class AlertColumns:
     # ---------------------------------------------------------------- building
     @classmethod
     def of(
-        cls, alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]], slot: str = "alerts"
+        cls,
+        alerts: AlertColumns | AlertSeq | Sequence[Alert] | Sequence[dict[str, Any]],
+        slot: str = "alerts",
     ) -> AlertColumns:
-        """The columns of ``alerts`` (Alert objects, or alert rows of
+        """The columns of ``alerts`` (the core's :class:`~engine.messages.AlertSeq`, read block by
+        block with no per-alert Python: :meth:`_from_seq`; Alert objects; or alert rows of
         :meth:`engine.sinks.store.Store.alerts_of_batch`: dicts without rule or stream); the
         columns of the last list given are kept and returned again for the same list (a batch's
         alerts are not changed once its output is made: the sinks only read them).  One list is
@@ -146,31 +164,61 @@ class AlertColumns:
         last = _LAST.get(slot)
         if last is not None and last[0] is alerts and len(last[1]) == len(alerts):
             return last[1]
-        cols = cls._build(alerts)
+        cols = cls._from_seq(alerts) if isinstance(alerts, AlertSeq) else cls._build(alerts)
         _LAST[slot] = (alerts, cols)
         return cols
+
+    @classmethod
+    def _from_seq(cls, seq: AlertSeq) -> AlertColumns:
+        """The columns of the core's alerts: each :class:`~engine.messages.AlertBlock` (one
+        subscription at one lookup time) by list operations done in C -- its fields repeated,
+        its keys and kinds appended, its labels repeated, its value columns interleaved alert by
+        alert -- and each run of Alert objects as :meth:`_build` reads them."""
+        f: list[list[Any]] = [[], [], [], [], [], []]  # subscription, rule, stream, key, kind, as_of
+        counts: list[int] = []
+        labels: list[Any] = []
+        items: list[Any] = []
+        for b in seq.blocks():
+            if isinstance(b, list):
+                *fields, vals = _fields(b)
+                for col, got in zip(f, fields, strict=True):
+                    col += got
+                counts += map(len, vals)
+                labels += [k for v in vals for k in v]
+                items += [x for v in vals for x in v.values()]
+                continue
+            n, m = len(b), len(b.labels)
+            for col, one in zip(f, (b.subscription_id, b.rule_name, b.stream), strict=False):
+                col += [one] * n
+            f[3] += b.keys
+            f[4] += b.kinds
+            f[5] += [b.as_of] * n
+            counts += [m] * n
+            if m:
+                labels += b.labels * n
+                items += chain.from_iterable(zip(*b.columns, strict=True))
+        try:
+            value_labels = pa.array(labels, _S)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
+            return cls._build(list(seq))
+        return cls._make(f, np.asarray(counts, np.int64), value_labels, items, [])
 
     @classmethod
     def _build(cls, alerts: Sequence[Alert] | Sequence[dict[str, Any]]) -> AlertColumns:
         ids: pa.Array | None = None
         if alerts and isinstance(alerts[0], Alert):
-            al: Sequence[Alert] = alerts  # type: ignore[assignment]
-            sids = [a.subscription_id for a in al]
-            rules = [a.rule_name for a in al]
-            streams = [a.stream for a in al]
-            keys = [a.key for a in al]
-            kinds = [a.kind for a in al]
-            as_of = [a.as_of for a in al]
-            values: list[dict[str, Any]] = [a.values for a in al]
+            *f, values = _fields(alerts)  # type: ignore[arg-type]
         else:
             rows: Sequence[dict[str, Any]] = alerts  # type: ignore[assignment]
             ids = large_utf8([r["id"] for r in rows], "id")
-            sids = [r["subscription_id"] for r in rows]
-            rules = [r.get("rule_name", "") for r in rows]
-            streams = [r.get("stream", "") for r in rows]
-            keys = [r["key"] for r in rows]
-            kinds = [r["kind"] for r in rows]
-            as_of = [r["as_of"] for r in rows]
+            f = [
+                [r["subscription_id"] for r in rows],
+                [r.get("rule_name", "") for r in rows],
+                [r.get("stream", "") for r in rows],
+                [r["key"] for r in rows],
+                [r["kind"] for r in rows],
+                [r["as_of"] for r in rows],
+            ]
             values = [r.get("values") or {} for r in rows]
         counts = np.fromiter(map(len, values), np.int64, len(values))
         labels: pa.Array | None
@@ -178,16 +226,29 @@ class AlertColumns:
             labels = pa.array([k for v in values for k in v], _S)
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str
             labels = None
+        return cls._make(f, counts, labels, [x for v in values for x in v.values()], values, ids)
+
+    @classmethod
+    def _make(
+        cls,
+        f: list[list[Any]],
+        counts: np.ndarray,
+        labels: pa.Array | None,
+        items: list[Any],
+        values: list[dict[str, Any]],
+        ids: pa.Array | None = None,
+    ) -> AlertColumns:
+        """The columns of the fields ``f`` (subscription, rule, stream, key, kind, as_of lists)."""
         return cls(
-            subscription_id=large_utf8(sids, "subscription_id"),
-            rule_name=large_utf8(rules, "rule_name"),
-            stream=large_utf8(streams, "stream"),
-            key=large_utf8(keys, "key"),
-            kind=large_utf8(kinds, "kind"),
-            as_of=np.asarray(as_of, np.int64).reshape(len(values)),
-            counts=counts,
+            subscription_id=large_utf8(f[0], "subscription_id"),
+            rule_name=large_utf8(f[1], "rule_name"),
+            stream=large_utf8(f[2], "stream"),
+            key=large_utf8(f[3], "key"),
+            kind=large_utf8(f[4], "kind"),
+            as_of=np.asarray(f[5], np.int64).reshape(len(f[3])),
+            counts=counts.reshape(len(f[3])),
             value_labels=labels,
-            value_items=[x for v in values for x in v.values()],
+            value_items=items,
             values=values,
             given_ids=ids,
         )

@@ -25,7 +25,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from engine.messages import Alert
+from engine.messages import Alert, AlertSeq
 from engine.sinks.alert_columns import AlertColumns, split_bytes, utf8_buffers
 from tidewatch.wire.avro import header, put_long, schema_id
 
@@ -125,7 +125,7 @@ class AlertRecords:
 
 
 def encode_alerts(
-    alerts: AlertColumns | Sequence[Alert] | Sequence[dict[str, Any]],
+    alerts: AlertColumns | AlertSeq | Sequence[Alert] | Sequence[dict[str, Any]],
     batch_id: int,
     emitted_at: int,
     slot: str = "alerts",

@@ -54,7 +54,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from engine.dead_letter import DeadLetters
-from engine.messages import Alert
+from engine.messages import Alert, AlertSeq
 from engine.sinks.alert_columns import AlertColumns
 from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
@@ -81,7 +81,7 @@ def ensure_topics(bootstrap: str, settings: Settings) -> None:
 
 
 #: alerts as :meth:`Publisher.publish` takes them: Alert objects, their columns, or alert rows
-Alerts = list[Alert] | list[dict[str, Any]] | AlertColumns
+Alerts = AlertSeq | list[Alert] | list[dict[str, Any]] | AlertColumns
 
 
 @dataclass(frozen=True)

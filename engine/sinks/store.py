@@ -47,7 +47,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from engine.dead_letter import DeadLetters
-from engine.messages import Alert, BatchOutput
+from engine.messages import Alert, AlertSeq, BatchOutput
 from engine.sinks.alert_columns import AlertColumns, subscription_uuid, values_json
 from engine.sinks.alert_columns import uuid_text as _uuid_text
 from tidewatch.db.models import DEFAULT_ENGINE_ID, CurrentResult, EngineBatch, EngineDeadLetter, EngineMetric
@@ -309,7 +309,7 @@ _FROM_STAGE = (
 )
 
 
-def _stage_csv(alerts: list[Alert]) -> bytes:
+def _stage_csv(alerts: AlertSeq | list[Alert]) -> bytes:
     """The alerts as the CSV of :data:`_COPY`: columns read by comprehensions, written by Arrow's
     CSV writer (every string quoted, so an empty key stays an empty string, not NULL)."""
     n = len(alerts)

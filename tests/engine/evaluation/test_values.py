@@ -53,3 +53,34 @@ def test_values_many_equals_values_and_the_hand_sums() -> None:
         }
         assert list(many["b"]) == ["B", "A"]  # the keys in the order asked
         assert ev.values_many({}, now) == {}
+
+
+def test_value_columns_are_values_many_as_columns() -> None:
+    """``value_columns``: per rule its distinct labels and a column per label, row i for the i-th
+    key asked; an aggregate twice in a rule is one label, at its first place."""
+    ev = _evaluator(1000)
+    twice = "COUNT(*) OVER LAST 10 SECONDS"
+    ev.add_rule(
+        "d",
+        compile_rule(
+            f"SELECT symbol FROM trades GROUP BY symbol HAVING {twice} > 0 AND SUM(size) OVER LAST 10 SECONDS > 0 "
+            f"AND {twice} < 9",
+            get_settings(),
+        ),
+    )
+    now = 10_000
+    wanted = {"a": ["A", "B", "Z"], "b": ["B", "A"], "d": ["A", "B"]}
+    cols = ev.value_columns(wanted, now)
+    many = ev.values_many(wanted, now)
+    assert set(cols) == set(wanted)
+    for name, keys in wanted.items():
+        labels, columns = cols[name]
+        assert len(labels) == len(set(labels)) == len(columns)
+        assert all(len(c) == len(keys) for c in columns)
+        rows = zip(*columns, strict=True)
+        assert {k: dict(zip(labels, row, strict=True)) for k, row in zip(keys, rows, strict=True)} == many[
+            name
+        ]
+        assert [list(v) for v in many[name].values()] == [labels] * len(keys)
+    assert cols["d"][0] == [twice, "SUM(size) OVER LAST 10 SECONDS"]
+    assert cols["d"][1] == [[3, 1], [7.0, 3.0]]

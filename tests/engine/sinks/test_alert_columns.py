@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.messages import Alert
+from engine.messages import Alert, AlertBlock, AlertSeq
 from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid
 
 SUBS = [str(uuid.UUID(int=7)), "not-a-uuid", str(uuid.UUID(int=9)).upper(), "déjà vu"]
@@ -79,3 +79,60 @@ def test_a_missing_field_is_refused_and_bytes_are_split_as_sliced() -> None:
         AlertColumns.of([{"id": "i", "subscription_id": "s", "key": None, "kind": "ENTER", "as_of": 1}])
     data = np.frombuffer(b"abcdef", np.uint8)
     assert split_bytes(data, np.array([0, 2, 2, 6])) == [b"ab", b"", b"cdef"]
+
+
+def _same_columns(a: AlertColumns, b: AlertColumns) -> None:
+    for name in (
+        "subscription_id",
+        "rule_name",
+        "stream",
+        "key",
+        "kind",
+        "ids",
+        "subscription_uuid_text",
+        "values_json",
+    ):
+        assert getattr(a, name).to_pylist() == getattr(b, name).to_pylist(), name
+    assert a.as_of.tolist() == b.as_of.tolist() and a.counts.tolist() == b.counts.tolist()
+    assert a.value_labels is not None and b.value_labels is not None
+    assert a.value_labels.to_pylist() == b.value_labels.to_pylist()
+    for x, y in zip(a.value_floats, b.value_floats, strict=True):
+        assert x.tolist() == y.tolist()
+    assert a.present.tolist() == b.present.tolist()
+    assert a.top_subscriptions() == b.top_subscriptions()
+
+
+def test_columns_of_the_cores_blocks_are_the_columns_of_their_alerts() -> None:
+    """An :class:`AlertSeq` of blocks (as the core makes them) and runs of Alert objects: its
+    columns, read block by block, equal those of its Alert objects, value JSON and bits included."""
+    labels = [
+        "COUNT(*) OVER LAST 10 SECONDS",
+        "AVG(price) OVER LAST 5 SECONDS",
+        "MAX(price) OVER LAST 5 SECONDS",
+    ]
+    seq = AlertSeq(_alerts()[:7])
+    for i in range(12):
+        n, m = 1 + i % 4, i % 4
+        cols: list[list[Any]] = [
+            [None if (i + j) % 5 == 0 else (j * 3 if c == 0 else j / 7 - 2.5) for j in range(n)]
+            for c in range(m)
+        ]
+        keys = [f"k{j}" for j in range(n)]
+        kinds = ["ENTER" if j % 2 else "EXIT" for j in range(n)]
+        seq.add_block(
+            AlertBlock(SUBS[i % 4], f"r{i}", "trades", 1_763_900_000_000 + i, keys, kinds, labels[:m], cols)
+        )
+        if i == 5:
+            seq.extend(_alerts()[20:31])
+    got = AlertColumns.of(seq)
+    assert AlertColumns.of(seq) is got  # once per sequence, as for a list
+    assert not got.values  # read from the blocks: no per-alert dict made
+    _same_columns(got, AlertColumns.of(list(seq)))
+
+
+def test_blocks_beside_a_label_that_is_not_a_string_are_read_as_alerts() -> None:
+    seq = AlertSeq([Alert(SUBS[0], "r", "trades", "k", "ENTER", 5, {7: 1.5})])  # type: ignore[dict-item]
+    seq.add_block(AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], ["n"], [[1, None]]))
+    got = AlertColumns.of(seq, slot="probe")
+    assert got.values == [a.values for a in seq]  # built from the Alert objects, as before
+    assert got.values_json.to_pylist() == [json.dumps(a.values) for a in seq]

@@ -1,0 +1,110 @@
+"""``AlertSeq``: the core's alerts as blocks of columns behave as the list of their Alert objects
+under every list operation the engine and its tests use, against a plain list as the model
+(hypothesis); ``AlertBlock`` makes the Alerts its columns say. No services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput
+
+LABELS = ["COUNT(*) OVER LAST 10 SECONDS", "SUM(size) OVER LAST 5 SECONDS"]
+
+
+def _block(i: int, n: int, labelled: bool) -> AlertBlock:
+    keys = [f"K{i}-{j}" for j in range(n)]
+    kinds = ["ENTER" if (i + j) % 3 else "EXIT" for j in range(n)]
+    if not labelled:
+        return AlertBlock(f"s{i % 3}", f"r{i % 3}", "trades", 1000 * i, keys, kinds)
+    cols: list[list[Any]] = [list(range(n)), [None if j % 2 else j / 4 for j in range(n)]]
+    return AlertBlock(f"s{i % 3}", f"r{i % 3}", "trades", 1000 * i, keys, kinds, LABELS, cols)
+
+
+def test_a_block_makes_the_alerts_its_columns_say() -> None:
+    b = _block(4, 3, True)
+    assert b.alerts() == [
+        Alert("s1", "r1", "trades", "K4-0", "ENTER", 4000, {LABELS[0]: 0, LABELS[1]: 0.0}),
+        Alert("s1", "r1", "trades", "K4-1", "ENTER", 4000, {LABELS[0]: 1, LABELS[1]: None}),
+        Alert("s1", "r1", "trades", "K4-2", "EXIT", 4000, {LABELS[0]: 2, LABELS[1]: 0.5}),
+    ]
+    assert [a.values for a in b.alerts()][1] == {LABELS[0]: 1, LABELS[1]: None}
+    assert [a.values for a in _block(4, 2, False).alerts()] == [{}, {}]
+    assert len(AlertBlock("s", "r", "trades", 0, [], [])) == 0
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["block", "append", "extend", "extend_seq", "iadd", "get", "slice", "set",
+                         "set_slice", "del", "sort", "eq", "insert", "pop"]),
+        st.integers(0, 40),
+        st.integers(0, 5),
+        st.booleans(),
+    ),
+    max_size=25,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS)
+def test_an_alert_seq_is_the_list_of_its_alerts(ops: list[tuple[str, int, int, bool]]) -> None:
+    seq, model = AlertSeq(), []
+    for op, i, n, flag in ops:
+        one = Alert("x", "rx", "trades", f"A{i}", "ENTER", i)
+        if op == "block":
+            seq.add_block(_block(i, n, flag))
+            model += _block(i, n, flag).alerts()
+        elif op == "append":
+            seq.append(one)
+            model.append(one)
+        elif op == "extend":
+            seq.extend([one] * n)
+            model.extend([one] * n)
+        elif op == "extend_seq":
+            other = AlertSeq([one])
+            other.add_block(_block(i, n, flag))
+            seq.extend(other)
+            model.extend(list(other))
+        elif op == "iadd":
+            seq += [one]
+            model += [one]
+        elif op == "get":
+            if model:
+                assert seq[i % len(model)] == model[i % len(model)]
+            else:
+                with pytest.raises(IndexError):
+                    seq[i]
+        elif op == "slice":
+            assert seq[i % 7 : i % 7 + n] == model[i % 7 : i % 7 + n]
+        elif op == "set" and model:
+            seq[i % len(model)] = one
+            model[i % len(model)] = one
+        elif op == "set_slice":
+            seq[n:] = model[n:][::-1]
+            model[n:] = model[n:][::-1]
+        elif op == "del" and model:
+            del seq[i % len(model)]
+            del model[i % len(model)]
+        elif op == "insert":
+            seq.insert(i, one)
+            model.insert(i, one)
+        elif op == "pop" and model:
+            assert seq.pop(i % len(model)) == model.pop(i % len(model))
+        elif op == "sort":
+            seq.sort(key=lambda a: a.as_of, reverse=flag)
+            model.sort(key=lambda a: a.as_of, reverse=flag)
+        elif op == "eq":
+            assert seq == model and model == seq and seq == AlertSeq(model)
+        assert len(seq) == len(model) and bool(seq) == bool(model)
+        assert list(seq) == model
+    assert seq == model
+
+
+def test_a_batch_output_keeps_its_alerts_as_a_seq() -> None:
+    out = BatchOutput(3, alerts=[Alert("s", "r", "trades", "k", "ENTER", 1)])
+    assert isinstance(out.alerts, AlertSeq) and out.alerts == [Alert("s", "r", "trades", "k", "ENTER", 1)]
+    assert isinstance(BatchOutput(4).alerts, AlertSeq) and not BatchOutput(4).alerts
+    assert out.result_changes() is out.alerts
