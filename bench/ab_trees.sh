@@ -2,14 +2,16 @@
 # Old against new, side by side in one run: a benchmark of this repository run alternately from
 # a copy of commit OLD's tree and from the working tree (each bench puts its own tree first on
 # sys.path), RUNS times each.  The copy is made in a temporary folder and removed afterwards; a
-# bench that OLD lacks is copied into it from the working tree.
+# bench that OLD lacks is copied into it from the working tree.  Numba's on-disk cache is per
+# tree: the copy compiles its kernels on first use, so a bench whose start matters (--live) needs
+# RUNS >= 2 and its first run left out.
 #
 #   bench/ab_trees.sh OLD RUNS BENCH [ARGS...]
 #   bench/ab_trees.sh 52c964f 2 bench/engine_bench.py --core-only --events 1500000 \
 #       --max-offsets 250000 --rules 10000 --keys 5000
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old=$1 runs=$2 bench=$3
