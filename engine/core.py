@@ -107,9 +107,6 @@ def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec
     return {k: ks for (s, k), ks in specs.items() if s == stream}
 
 
-#: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
-#: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
-#: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
 def _runs(names: np.ndarray, keys: np.ndarray) -> list[tuple[str, list[str]]]:
     """A block of changes (rule names, keys) as ``(rule, [key, ...])`` per run of one rule (a
     rule in several runs comes once per run): the runs found by one vectorized comparison."""
@@ -130,6 +127,9 @@ def _in_order(enter: list[str], gone: list[str]) -> tuple[list[str], list[str]]:
     return [k for k, _ in both], [kind for _, kind in both]
 
 
+#: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
+#: every other attribute set in ``__init__`` is saved by ``to_bytes`` and restored by ``from_bytes``
+#: (``alert_cap`` too, but :meth:`EngineCore.from_bytes` sets it from its argument: a setting)
 _NOT_STATE = frozenset({"_compile", "_grid"})  # _grid: made by each batch (_use_strides)
 #: per core, the nodes of its compiled rules of its last capture, reused by the next
 #: (:class:`~engine.runtime.state_capture.CaptureCache`); kept out of the core's attributes, which

@@ -132,7 +132,8 @@ class AlertSeq:
 
     def extend(self, alerts: Iterable[Alert]) -> None:
         if isinstance(alerts, AlertSeq):
-            for b in alerts._blocks:
+            # copied first: ``seq.extend(seq)`` as a list does it
+            for b in [list(b) if isinstance(b, list) else b for b in alerts._blocks]:
                 if isinstance(b, list):
                     for a in b:
                         self.append(a)
@@ -171,37 +172,29 @@ class AlertSeq:
     @overload
     def __getitem__(self, i: slice) -> list[Alert]: ...
     def __getitem__(self, i: int | slice) -> Alert | list[Alert]:
-        if not self._n:
-            return [][i]
         return self._flat()[i]
 
     def __setitem__(self, i: Any, value: Any) -> None:
-        rows = self._flat() if self._n else self._empty()
+        rows = self._flat()
         rows[i] = value
         self._n = len(rows)
 
     def __delitem__(self, i: int | slice) -> None:
-        rows = self._flat() if self._n else self._empty()
+        rows = self._flat()
         del rows[i]
         self._n = len(rows)
 
-    def _empty(self) -> list[Alert]:
-        self._blocks = [[]]
-        return self._blocks[0]  # type: ignore[return-value]
-
     def insert(self, i: int, alert: Alert) -> None:
-        rows = self._flat() if self._n else self._empty()
-        rows.insert(i, alert)
+        self._flat().insert(i, alert)
         self._n += 1
 
     def pop(self, i: int = -1) -> Alert:
-        got = (self._flat() if self._n else self._empty()).pop(i)
+        got = self._flat().pop(i)
         self._n -= 1
         return got
 
     def sort(self, *, key: Any = None, reverse: bool = False) -> None:
-        if self._n:
-            self._flat().sort(key=key, reverse=reverse)
+        self._flat().sort(key=key, reverse=reverse)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, AlertSeq | list):

@@ -71,6 +71,9 @@ def test_an_alert_seq_is_the_list_of_its_alerts(ops: list[tuple[str, int, int, b
         elif op == "iadd":
             seq += [one]
             model += [one]
+            if flag:  # itself, as a list can
+                seq.extend(seq)
+                model.extend(model)
         elif op == "get":
             if model:
                 assert seq[i % len(model)] == model[i % len(model)]
