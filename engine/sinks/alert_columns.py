@@ -3,8 +3,10 @@
 :class:`AlertColumns` holds what :mod:`engine.sinks.store` (one ``COPY`` into ``alerts``) and
 :mod:`engine.sinks.alert_wire` (the Avro records) read: the string fields as Arrow arrays, the
 lookup times as one NumPy array and every alert's values flattened (entries per alert, their
-labels, their values).  Reading the fields out of the :class:`~engine.messages.Alert` objects is
-the one per-alert Python left (a comprehension per field); everything derived from them -- the
+labels, their values).  The core's alerts (an :class:`~engine.messages.AlertSeq` of
+:class:`~engine.messages.AlertBlock`) are read block by block with list operations done in C;
+:class:`~engine.messages.Alert` objects, where a reader made them, by a comprehension per field
+(the one per-alert Python left, off the core's path); everything derived from them -- the
 stable alert ids, the subscriptions' UUID text, the values' JSON text, the ENTER flags -- is
 computed column-wise (Arrow compute, NumPy).  :func:`AlertColumns.of` keeps the columns of the
 last list it was given, so the PostgreSQL commit and the Kafka transaction of a batch build them
