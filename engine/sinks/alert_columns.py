@@ -124,6 +124,11 @@ def _fields(al: Sequence[Alert]) -> list[list[Any]]:
     ]
 
 
+def _entries(values: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """The values dicts flattened, alert by alert: ``(labels, values)``."""
+    return [k for v in values for k in v], [x for v in values for x in v.values()]
+
+
 @dataclass(eq=False)
 class AlertColumns:
     """The alerts of one batch, column by column (see the module docstring); alert ``i`` is row
@@ -186,8 +191,9 @@ class AlertColumns:
                 for col, got in zip(f, fields, strict=True):
                     col += got
                 counts += map(len, vals)
-                labels += [k for v in vals for k in v]
-                items += [x for v in vals for x in v.values()]
+                got_labels, got_items = _entries(vals)
+                labels += got_labels
+                items += got_items
                 continue
             n, m = len(b), len(b.labels)
             for col, one in zip(f, (b.subscription_id, b.rule_name, b.stream), strict=False):
@@ -223,12 +229,13 @@ class AlertColumns:
             ]
             values = [r.get("values") or {} for r in rows]
         counts = np.fromiter(map(len, values), np.int64, len(values))
+        keys, items = _entries(values)
         labels: pa.Array | None
         try:
-            labels = pa.array([k for v in values for k in v], _S)
+            labels = pa.array(keys, _S)
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str
             labels = None
-        return cls._make(f, counts, labels, [x for v in values for x in v.values()], values, ids)
+        return cls._make(f, counts, labels, items, values, ids)
 
     @classmethod
     def _make(
