@@ -4,14 +4,15 @@
 # sys.path), RUNS times each.  The copy is made in a temporary folder and removed afterwards; a
 # bench that OLD lacks is copied into it from the working tree.  Numba's on-disk cache is per
 # tree: the copy compiles its kernels on first use, so a bench whose start matters (--live) needs
-# RUNS >= 2 and its first run left out.
+# RUNS >= 2 and its first run left out.  AB_SAME_BENCH=1 runs the working tree's bench file on
+# both trees.
 #
 #   bench/ab_trees.sh OLD RUNS BENCH [ARGS...]
 #   bench/ab_trees.sh 52c964f 2 bench/engine_bench.py --core-only --events 1500000 \
 #       --max-offsets 250000 --rules 10000 --keys 5000
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 old=$1 runs=$2 bench=$3
@@ -20,8 +21,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git -C "$root" archive "$old" | tar -x -C "$tmp"
-# a bench new in the working tree runs the same file on both trees (from inside each)
-[ -e "$tmp/$bench" ] || cp "$root/$bench" "$tmp/$bench"
+# a bench new in the working tree runs the same file on both trees (from inside each); so does
+# any bench with AB_SAME_BENCH=1 (a bench that gained an option the old tree's copy lacks)
+if [ ! -e "$tmp/$bench" ] || [ -n "${AB_SAME_BENCH:-}" ]; then cp "$root/$bench" "$tmp/$bench"; fi
 for i in $(seq 1 "$runs"); do
   for side in old new; do
     tree=$root

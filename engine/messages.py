@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from typing import Any, overload
 
@@ -81,6 +82,21 @@ class AlertBlock:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def compress(self, mask: Iterable[Any]) -> AlertBlock:
+        """The block of the alerts whose ``mask`` entry is true, in order (``itertools.compress``
+        over each column: no per-alert Python)."""
+        mask = list(mask)
+        return AlertBlock(
+            self.subscription_id,
+            self.rule_name,
+            self.stream,
+            self.as_of,
+            list(compress(self.keys, mask)),
+            list(compress(self.kinds, mask)),
+            list(self.labels),
+            [list(compress(c, mask)) for c in self.columns],
+        )
 
     def alerts(self) -> list[Alert]:
         """The block's :class:`Alert` objects (each with its own values dict)."""
@@ -195,6 +211,27 @@ class AlertSeq:
 
     def sort(self, *, key: Any = None, reverse: bool = False) -> None:
         self._flat().sort(key=key, reverse=reverse)
+
+    def sort_by_as_of(self) -> None:
+        """``sort(key=as_of)`` (stable) without making the blocks' Alert objects: a block is one
+        lookup time, so it moves whole; the Alert objects of the runs move one by one."""
+        items: list[AlertBlock | Alert] = []
+        for b in self._blocks:
+            if isinstance(b, list):
+                items.extend(b)
+            else:
+                items.append(b)
+        times = [it.as_of for it in items]
+        if times == sorted(times):  # in order already (e.g. one shard's)
+            return
+        items.sort(key=_AS_OF)
+        n, self._blocks = self._n, []
+        for it in items:
+            if isinstance(it, AlertBlock):
+                self._blocks.append(it)
+            else:
+                self.append(it)
+        self._n = n
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, AlertSeq | list):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain, compress
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ import pyarrow as pa
 from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
-from engine.messages import AlertSeq, BatchOutput
+from engine.messages import AlertBlock, AlertSeq, BatchOutput
 from engine.runtime import state_codec
 from engine.shards.route import PRIMARY, shard_of, split_span
 from engine.sources.readers import split_topics, subscription_changes
@@ -124,8 +125,18 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
     brings them; for the others every key a shard holds is its own, and nothing is dropped: the
     alerts are not looked at when no active rule reads such a stream)."""
     if out.alerts and multi_key_rules:
-        owner = shard_of([a.key for a in out.alerts], n)
-        out.alerts = AlertSeq(a for a, o in zip(out.alerts, owner, strict=True) if o == shard)
+        blocks = out.alerts.blocks()
+        of_block = [b.keys if isinstance(b, AlertBlock) else [a.key for a in b] for b in blocks]
+        mine = (shard_of(list(chain.from_iterable(of_block)), n) == shard).tolist()
+        if not all(mine):
+            kept, at = AlertSeq(), 0
+            for b, ks in zip(blocks, of_block, strict=True):
+                m, at = mine[at : at + len(ks)], at + len(ks)
+                if isinstance(b, AlertBlock):
+                    kept.add_block(b if all(m) else b.compress(m))
+                else:
+                    kept.extend(compress(b, m))
+            out.alerts = kept
     for sid, keys in out.removed_keys.items():
         if keys:
             owner = shard_of(keys, n)
@@ -159,7 +170,8 @@ def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: st
 
 def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
     """The batch's output from its shards' (every shard ran the same lookups and rule changes):
-    alerts stably by lookup time (each key's changes stay in order: a key is one shard's), dead
+    alerts stably by lookup time (each key's changes stay in order: a key is one shard's; the
+    shards' blocks of columns move whole, :meth:`AlertSeq.sort_by_as_of`), dead
     letters, events summed, removed subscriptions and rule errors once each."""
     merged = BatchOutput(batch_id)
     lookups: set[int] = set()
@@ -179,7 +191,7 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
             merged.events[s] = merged.events.get(s, 0) + k
         for sid, text in out.rule_errors:
             errors.setdefault(sid, text)
-    merged.alerts.sort(key=lambda a: a.as_of)
+    merged.alerts.sort_by_as_of()
     merged.lookups = sorted(lookups)
     merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}
     merged.rule_errors = list(errors.items())

@@ -39,7 +39,7 @@ def test_a_block_makes_the_alerts_its_columns_say() -> None:
 OPS = st.lists(
     st.tuples(
         st.sampled_from(["block", "append", "extend", "extend_seq", "iadd", "get", "slice", "set",
-                         "set_slice", "del", "sort", "eq", "insert", "pop"]),
+                         "set_slice", "del", "sort", "sort_as_of", "eq", "insert", "pop"]),
         st.integers(0, 40),
         st.integers(0, 5),
         st.booleans(),
@@ -99,11 +99,27 @@ def test_an_alert_seq_is_the_list_of_its_alerts(ops: list[tuple[str, int, int, b
         elif op == "sort":
             seq.sort(key=lambda a: a.as_of, reverse=flag)
             model.sort(key=lambda a: a.as_of, reverse=flag)
+        elif op == "sort_as_of":  # the shards' merge: blocks move whole, stably
+            seq.sort_by_as_of()
+            model.sort(key=lambda a: a.as_of)
         elif op == "eq":
             assert seq == model and model == seq and seq == AlertSeq(model)
         assert len(seq) == len(model) and bool(seq) == bool(model)
         assert list(seq) == model
+        assert [a.values for a in seq] == [a.values for a in model]  # (not in Alert's ==)
     assert seq == model
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 9), st.integers(0, 8), st.booleans(), st.lists(st.booleans(), min_size=8, max_size=8))
+def test_a_compressed_block_is_the_alerts_the_mask_keeps(
+    i: int, n: int, labelled: bool, mask: list[bool]
+) -> None:
+    b = _block(i, n, labelled)
+    got = b.compress(mask[:n])
+    want = [a for a, m in zip(b.alerts(), mask, strict=False) if m]
+    assert got.alerts() == want and [a.values for a in got.alerts()] == [a.values for a in want]
+    assert len(b) == n and b.compress(mask[:n]) is not b  # the block itself is left as it was
 
 
 def test_a_batch_output_keeps_its_alerts_as_a_seq() -> None:
