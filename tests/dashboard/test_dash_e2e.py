@@ -456,7 +456,7 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
         if sidebar.count():  # the old page: interact (again, until the tab has reconnected)
             try:
                 sidebar.click(timeout=5_000)
-            except PlaywrightTimeout:  # Streamlit's "Connection error" covers the page meanwhile
+            except PlaywrightTimeout:  # the old page may not take clicks while the tab reconnects
                 pass
         time.sleep(1.0)
         return False

@@ -4,9 +4,10 @@ The scenario of tests/engine/test_engine_integration.py with ``engine_shards`` =
 of ``SHARD_RULES`` (the scenario's, a ROWS, a historical, a FILTER and a dst_ip rule, every
 RULES.md example and a random mix of 24): the alert log in PostgreSQL must equal
 ``tidewatch backtest`` on the same good events, the alerts in Kafka must
-be the same, once each, every bad record dead-lettered once; then (``restart``) the engine is
-stopped and started again on its checkpoint and a rule added (PSoup): every shard is rebuilt from
-Spark's state store and the new rule is answered from the history the shards hold.
+be the same, once each, every bad record dead-lettered once; then (``restart``), once every
+shard's snapshot is named in Spark's state store, the engine is stopped and started again on its
+checkpoint and a rule added (PSoup): every shard is rebuilt from Spark's state store (its snapshot
+file and the batches after it) and the new rule is answered from the history the shards hold.
 
 ``chaos``: called in a thread once the events are produced, with the running engine (e.g. to
 SIGKILL executors); the scenario's checks must hold all the same.
@@ -14,7 +15,9 @@ SIGKILL executors); the scenario's checks must hold all the same.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -91,6 +94,8 @@ def run_sharded_scenario(
         if chaos_thread is not None:
             chaos_thread.join(timeout_s)
         assert app.batches_done >= 3
+        if restart:
+            _await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
     info["rebuilds_first_run"] = dict(app.rebuilds)
     sid = None
     if restart:
@@ -133,3 +138,33 @@ def run_sharded_scenario(
     assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
     info["alerts"] = len(log)
     return info
+
+
+def _await_snapshots_named(
+    app: Any, q: Any, bootstrap: str, topic: str, shards: int, timeout_s: float
+) -> None:
+    """Until every shard's snapshot is named in Spark's state store by a batch Spark committed.
+
+    A snapshot is named by the shard's next batch in the Python worker that wrote it
+    (:meth:`engine.shards.processor.ShardProcessor._snapshot`); when the shards' tasks move
+    between workers -- Spark's local mode gives a task any free worker -- that can take more
+    batches than the events make.  Batches are made here by pausing a subscription that does not
+    exist (every shard reads it, nothing changes); once every shard names one, one more batch is
+    delivered, so Spark has committed the batch that named them."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    named_at = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert q.isActive, q.exception()
+        metas = dict(app.metas)
+        if named_at is None and len(metas) == shards and all(m.snapshot_of >= 0 for m in metas.values()):
+            named_at = app.batches_done
+        if named_at is not None and app.batches_done > named_at:
+            return
+        nobody = str(uuid.uuid4())
+        p.produce(topic, key=nobody.encode(), value=json.dumps({"id": nobody, "op": "pause"}).encode())
+        p.flush()
+        time.sleep(1.5)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for every shard's snapshot to be named")
