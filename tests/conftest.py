@@ -26,6 +26,9 @@ from tidewatch.settings import PROJECT_ROOT, Settings, get_settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+#: SIGTERM (``timeout``, a CI runner's stop) tears the fixtures down as Ctrl-C does
+pytest_plugins = ("tests.sigterm_plugin",)
+
 
 # --- containers ------------------------------------------------------------------------------
 
