@@ -223,7 +223,13 @@ def test_engine_publishes_alerts_reads_streams_and_nothing_else(
         bad.publish(0, [alert])
     # told apart by its code (the records' own refusal), so it was not retried
     assert refused(refusal.value), refusal.value
-    bad.producer.abort_transaction(30)
+    # the refused transaction's producer is only thrown away (the engine stops on a refusal).  Its
+    # abort can itself fail, fatally: in 1 clean-clone run of ~10 the coordinator answered the
+    # EndTxn with INVALID_TXN_STATE (no partition of it had been added), and nothing else
+    try:
+        bad.producer.abort_transaction(30)
+    except KafkaException as exc:
+        assert exc.args[0].code() == KafkaError.INVALID_TXN_STATE, exc
     bad.close()
 
 
