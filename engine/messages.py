@@ -23,9 +23,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from engine.dead_letter import DeadLetters
+
+if TYPE_CHECKING:
+    from engine.sinks.alert_columns import AlertColumns
 
 #: the kind of the alert cap's record (:mod:`engine.cap`): a subscription's alerts at one lookup
 #: time past ``engine_alert_cap_per_lookup`` were withheld from the alert log
@@ -125,15 +128,17 @@ class AlertSeq:
     assignment, ``sort``, ``==`` with a list); a reader that iterates gets Alert objects made
     block by block, and any access by position first turns the whole sequence into one list of
     Alert objects (kept from then on).  :meth:`blocks` is what the sinks read as columns
-    (:meth:`engine.sinks.alert_columns.AlertColumns.of`), with no per-alert Python."""
+    (:meth:`engine.sinks.alert_columns.AlertColumns.of`), with no per-alert Python.  A block can
+    also be an :class:`~engine.sinks.alert_columns.AlertColumns` of many subscriptions and lookup
+    times (a sharded batch's merged alerts, :func:`engine.shards.step.merge_outputs`)."""
 
     def __init__(self, alerts: Iterable[Alert] = ()) -> None:
         rows = list(alerts)
-        self._blocks: list[AlertBlock | list[Alert]] = [rows] if rows else []
+        self._blocks: list[AlertBlock | list[Alert] | AlertColumns] = [rows] if rows else []
         self._n = len(rows)
 
     # ---------------------------------------------------------------- building
-    def add_block(self, block: AlertBlock) -> None:
+    def add_block(self, block: AlertBlock | AlertColumns) -> None:
         if len(block):
             self._blocks.append(block)
             self._n += len(block)
@@ -163,7 +168,7 @@ class AlertSeq:
         self.extend(alerts)
         return self
 
-    def blocks(self) -> list[AlertBlock | list[Alert]]:
+    def blocks(self) -> list[AlertBlock | list[Alert] | AlertColumns]:
         """The blocks, in order (read only)."""
         return self._blocks
 
@@ -214,13 +219,16 @@ class AlertSeq:
 
     def sort_by_as_of(self) -> None:
         """``sort(key=as_of)`` (stable) without making the blocks' Alert objects: a block is one
-        lookup time, so it moves whole; the Alert objects of the runs move one by one."""
+        lookup time, so it moves whole; the Alert objects of the runs move one by one (a block
+        of columns, of many lookup times, is made into Alert objects first)."""
         items: list[AlertBlock | Alert] = []
         for b in self._blocks:
             if isinstance(b, list):
                 items.extend(b)
-            else:
+            elif isinstance(b, AlertBlock):
                 items.append(b)
+            else:
+                items.extend(b.alerts())
         times = [it.as_of for it in items]
         if times == sorted(times):  # in order already (e.g. one shard's)
             return

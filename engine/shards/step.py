@@ -17,7 +17,11 @@ What a shard changes after :meth:`EngineCore.process` (:func:`run_shard`):
   removed keys are dropped; the owner's are exact.
 
 The output crosses from the executors to the driver in the snapshot format
-(:mod:`engine.runtime.state_codec`: versioned, runs no code when read).
+(:mod:`engine.runtime.state_codec`: versioned, runs no code when read), its alerts as two Arrow
+tables of columns made in the shard's task (:meth:`AlertColumns.to_tables
+<engine.sinks.alert_columns.AlertColumns.to_tables>`: the values' JSON text and doubles computed
+there): the driver reads them without an object per alert or per block, and merges the shards'
+by Arrow and NumPy (:func:`merge_outputs`).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import pyarrow as pa
 from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
-from engine.messages import AlertBlock, AlertSeq, BatchOutput
+from engine.errors import SnapshotUnreadable
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput
 from engine.runtime import state_codec
 from engine.shards.route import PRIMARY, shard_of, split_span
+from engine.sinks.alert_columns import AlertColumns
 from engine.sources.readers import split_topics, subscription_changes
 
 log = logging.getLogger("tidewatch.engine")
@@ -125,7 +131,10 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
     brings them; for the others every key a shard holds is its own, and nothing is dropped: the
     alerts are not looked at when no active rule reads such a stream)."""
     if out.alerts and multi_key_rules:
-        blocks = out.alerts.blocks()
+        blocks: list[AlertBlock | list[Alert]] = []
+        for b in out.alerts.blocks():
+            assert not isinstance(b, AlertColumns)  # the core makes none
+            blocks.append(b)
         of_block = [b.keys if isinstance(b, AlertBlock) else [a.key for a in b] for b in blocks]
         mine = (shard_of(list(chain.from_iterable(of_block)), n) == shard).tolist()
         if not all(mine):
@@ -144,13 +153,27 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
 
 
 def encode_output(out: BatchOutput, meta: ShardMeta) -> bytes:
-    """A shard's output for the driver, in the snapshot format (no pickle)."""
-    return state_codec.dumps({"out": out, "meta": meta})
+    """A shard's output for the driver, in the snapshot format (no pickle); its alerts as the
+    two tables of :meth:`AlertColumns.to_tables` (the cached columns of ``out.alerts`` are
+    reused, the output itself is left as it was)."""
+    alerts = AlertColumns.of(out.alerts).to_tables() if out.alerts else None
+    body = BatchOutput(**{**vars(out), "alerts": AlertSeq()})
+    return state_codec.dumps({"out": body, "meta": meta, "alerts": alerts})
 
 
 def decode_output(data: bytes) -> tuple[BatchOutput, ShardMeta]:
+    """What :func:`encode_output` wrote: the output's alerts one block of columns
+    (:meth:`AlertColumns.from_tables`); :class:`~engine.errors.SnapshotUnreadable` when damaged."""
     doc = state_codec.loads(data)
-    return doc["out"], doc["meta"]
+    out: BatchOutput = doc["out"]
+    if doc.get("alerts") is not None:
+        try:
+            cols = AlertColumns.from_tables(*doc["alerts"])
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            raise SnapshotUnreadable(f"a shard's alerts that do not fit together ({exc})") from exc
+        out.alerts = AlertSeq()
+        out.alerts.add_block(cols)
+    return out, doc["meta"]
 
 
 def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: str, pid: int) -> ShardMeta:
@@ -177,8 +200,12 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
     lookups: set[int] = set()
     errors: dict[str, str] = {}
     keys: dict[str, set[str]] = {}
+    columns: list[AlertColumns] = []
     for out in outs:
-        merged.alerts.extend(out.alerts)
+        if out.alerts and all(isinstance(b, AlertColumns) for b in out.alerts.blocks()):
+            columns.extend(b for b in out.alerts.blocks() if isinstance(b, AlertColumns))
+        else:
+            merged.alerts.extend(out.alerts)
         merged.dead.extend(out.dead)
         lookups.update(out.lookups)
         for sid in out.removed:
@@ -191,7 +218,13 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
             merged.events[s] = merged.events.get(s, 0) + k
         for sid, text in out.rule_errors:
             errors.setdefault(sid, text)
-    merged.alerts.sort_by_as_of()
+    if columns:  # the shards' tables: joined and stably sorted by Arrow and NumPy
+        if merged.alerts:
+            columns.append(AlertColumns.of(merged.alerts, slot="merge"))
+        merged.alerts = AlertSeq()
+        merged.alerts.add_block(AlertColumns.concat(columns).sorted_by_as_of())
+    else:
+        merged.alerts.sort_by_as_of()
     merged.lookups = sorted(lookups)
     merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}
     merged.rule_errors = list(errors.items())

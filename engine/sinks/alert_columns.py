@@ -143,7 +143,9 @@ class AlertColumns:
     #: the values' entries per alert, their labels (``None``: a label that is not a ``str``) and values
     counts: np.ndarray
     value_labels: pa.Array | None
-    value_items: list[Any]
+    #: None when built from a shard's tables (:meth:`from_tables`): its derived columns
+    #: (:attr:`values_json`, :attr:`value_floats`) came with them
+    value_items: list[Any] | None
     #: each alert's values dict (for the rare entries the columns cannot say); empty when built
     #: from the core's blocks (:meth:`_from_seq`: their labels are ``str``, the columns say all)
     values: list[dict[str, Any]]
@@ -181,11 +183,14 @@ class AlertColumns:
         subscription at one lookup time) by list operations done in C -- its fields repeated,
         its keys and kinds appended, its labels repeated, its value columns interleaved alert by
         alert -- and each run of Alert objects as :meth:`_build` reads them."""
+        if any(isinstance(b, AlertColumns) for b in seq.blocks()):
+            return cls._from_chunks(seq)
         f: list[list[Any]] = [[], [], [], [], [], []]  # subscription, rule, stream, key, kind, as_of
         counts: list[int] = []
         labels: list[Any] = []
         items: list[Any] = []
         for b in seq.blocks():
+            assert not isinstance(b, AlertColumns)
             if isinstance(b, list):
                 *fields, vals = _fields(b)
                 for col, got in zip(f, fields, strict=True):
@@ -210,6 +215,27 @@ class AlertColumns:
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
             return cls._build(list(seq))
         return cls._make(f, np.asarray(counts, np.int64), value_labels, items, [])
+
+    @classmethod
+    def _from_chunks(cls, seq: AlertSeq) -> AlertColumns:
+        """The columns of a sequence holding columns already (a sharded batch's merged alerts,
+        :func:`engine.shards.step.merge_outputs`): the runs of other chunks between them read as
+        :meth:`_from_seq` reads them, all joined in order by :meth:`concat`."""
+        parts: list[AlertColumns] = []
+        run = AlertSeq()
+        for b in seq.blocks():
+            if isinstance(b, AlertColumns):
+                if len(run):
+                    parts.append(cls._from_seq(run))
+                    run = AlertSeq()
+                parts.append(b)
+            elif isinstance(b, list):
+                run.extend(b)
+            else:
+                run.add_block(b)
+        if len(run):
+            parts.append(cls._from_seq(run))
+        return cls.concat(parts)
 
     @classmethod
     def _build(cls, alerts: Sequence[Alert] | Sequence[dict[str, Any]]) -> AlertColumns:
@@ -307,6 +333,7 @@ class AlertColumns:
     def value_floats(self) -> tuple[np.ndarray, np.ndarray]:
         """``(bits uint64, null bool)`` of the flattened values as doubles (COUNTs as doubles)."""
         vals = self.value_items
+        assert vals is not None  # else given by from_tables
         try:
             arr = pa.array(vals, pa.float64())
         except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError, ValueError, OverflowError):
@@ -321,6 +348,7 @@ class AlertColumns:
         n = len(self)
         if self.value_labels is None:  # labels json would convert: per alert, as before
             return pa.array([values_json(v) for v in self.values], _S)
+        assert self.value_items is not None  # else given by from_tables
         labels = self.value_labels.dictionary_encode()
         label_json = pa.array([values_json(s) for s in labels.dictionary.to_pylist()], _S)
         lj = label_json.take(labels.indices)
@@ -335,6 +363,96 @@ class AlertColumns:
         np.cumsum(self.counts, out=offs[1:])
         joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offs), entries), pa.scalar(", ", _S))
         return pc.binary_join_element_wise(pa.scalar("{", _S), joined, pa.scalar("}", _S), pa.scalar("", _S))
+
+    # ---------------------------------------------------------------- as tables (a shard's output)
+    def to_tables(self) -> tuple[pa.Table, pa.Table]:
+        """The columns as two Arrow tables, what a shard sends the driver
+        (:func:`engine.shards.step.encode_output`): one row per alert (its string fields,
+        ``as_of``, its value entries' count and the values' JSON text) and one per value entry
+        (its label, the value as a double's bits, null); the derived columns are computed where
+        this is called -- in a shard's task, not in the driver."""
+        vbits, vnull = self.value_floats
+        labels = self.value_labels
+        if labels is None:  # labels that are not str: as str, as the Avro records have them
+            labels = pa.array([str(k) for v in self.values for k in v], _S)
+        rows = pa.table(
+            {
+                "subscription_id": self.subscription_id, "rule_name": self.rule_name,
+                "stream": self.stream, "key": self.key, "kind": self.kind,
+                "as_of": pa.array(self.as_of, pa.int64()), "counts": pa.array(self.counts, pa.int64()),
+                "values_json": self.values_json,
+            }
+        )  # fmt: skip
+        items = pa.table({"label": labels, "bits": pa.array(vbits, pa.uint64()), "null": pa.array(vnull)})
+        return rows, items
+
+    @classmethod
+    def from_tables(cls, rows: pa.Table, items: pa.Table) -> AlertColumns:
+        """The columns :meth:`to_tables` wrote (their derived columns as they came: no per-alert
+        work); ValueError when the two tables do not fit together."""
+
+        def col(t: pa.Table, name: str) -> pa.Array:
+            return t.column(name).combine_chunks()
+
+        counts = np.asarray(col(rows, "counts"), np.int64)
+        if int(counts.sum()) != items.num_rows or (counts < 0).any():
+            raise ValueError(f"{int(counts.sum())} value entries counted, {items.num_rows} given")
+        out = cls(
+            subscription_id=large_utf8(col(rows, "subscription_id"), "subscription_id"),
+            rule_name=large_utf8(col(rows, "rule_name"), "rule_name"),
+            stream=large_utf8(col(rows, "stream"), "stream"),
+            key=large_utf8(col(rows, "key"), "key"),
+            kind=large_utf8(col(rows, "kind"), "kind"),
+            as_of=np.asarray(col(rows, "as_of"), np.int64),
+            counts=counts,
+            value_labels=large_utf8(col(items, "label"), "value label"),
+            value_items=None,
+            values=[],
+        )
+        # the cached derived columns, as computed where the tables were written
+        out.__dict__["values_json"] = large_utf8(col(rows, "values_json"), "values")
+        out.__dict__["value_floats"] = (
+            np.asarray(col(items, "bits"), np.uint64),
+            np.asarray(col(items, "null"), np.bool_),
+        )
+        return out
+
+    @classmethod
+    def concat(cls, parts: Sequence[AlertColumns]) -> AlertColumns:
+        """``parts`` one after another, as one (through :meth:`to_tables`)."""
+        if len(parts) == 1:
+            return parts[0]
+        tables = [p.to_tables() for p in parts]
+        if not tables:
+            return cls._build([])
+        return cls.from_tables(
+            pa.concat_tables([r for r, _ in tables]), pa.concat_tables([i for _, i in tables])
+        )
+
+    def sorted_by_as_of(self) -> AlertColumns:
+        """The alerts stably sorted by ``as_of`` (``self`` when in order already): each key's
+        changes keep their order.  By NumPy and Arrow, no per-alert Python."""
+        t = self.as_of
+        if len(t) < 2 or not bool((t[1:] < t[:-1]).any()):
+            return self
+        perm = np.argsort(t, kind="stable")
+        rows, items = self.to_tables()
+        offs = np.zeros(len(t) + 1, np.int64)
+        np.cumsum(self.counts, out=offs[1:])
+        lens = self.counts[perm]
+        starts = np.repeat(offs[:-1][perm] - (np.cumsum(lens) - lens), lens)
+        at = starts + np.arange(int(lens.sum()), dtype=np.int64)
+        return AlertColumns.from_tables(rows.take(pa.array(perm)), items.take(pa.array(at)))
+
+    def alerts(self) -> list[Alert]:
+        """The :class:`~engine.messages.Alert` objects (values read back from their JSON text);
+        for a reader that asks one by one, not the sinks' path."""
+        f = [c.to_pylist() for c in (self.subscription_id, self.rule_name, self.stream, self.key, self.kind)]
+        vals = self.values or [json.loads(v) for v in self.values_json.to_pylist()]
+        return [
+            Alert(sid, name, stream, key, kind, t, v)
+            for sid, name, stream, key, kind, t, v in zip(*f, self.as_of.tolist(), vals, strict=True)
+        ]
 
 
 #: per slot, the last list :meth:`AlertColumns.of` was given and its columns

@@ -11,8 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.messages import Alert, AlertBlock, AlertSeq
+from engine.runtime import state_codec
 from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid
 
 SUBS = [str(uuid.UUID(int=7)), "not-a-uuid", str(uuid.UUID(int=9)).upper(), "déjà vu"]
@@ -136,3 +139,61 @@ def test_blocks_beside_a_label_that_is_not_a_string_are_read_as_alerts() -> None
     got = AlertColumns.of(seq, slot="probe")
     assert got.values == [a.values for a in seq]  # built from the Alert objects, as before
     assert got.values_json.to_pylist() == [json.dumps(a.values) for a in seq]
+
+
+@st.composite
+def _shard_outputs(draw: st.DrawFn) -> list[AlertSeq]:
+    """Alert sequences as shards' cores make them: blocks of one subscription at one lookup
+    time (lookup times ascending within a shard), runs of Alert objects among them."""
+    taus = sorted(draw(st.lists(st.integers(0, 6), min_size=1, max_size=8)))
+    labels = ["COUNT(*) OVER LAST 10 SECONDS", "AVG(price)", "MAX(x)"]
+    value = st.one_of(st.none(), st.integers(-(10**6), 10**6), st.floats(allow_nan=False, width=64))
+    shards = []
+    for _ in range(draw(st.integers(1, 3))):
+        seq = AlertSeq()
+        for tau in taus:
+            if draw(st.booleans()):
+                continue
+            n, m = draw(st.integers(1, 4)), draw(st.integers(0, 3))
+            sid = draw(st.sampled_from(SUBS))
+            vals = [[draw(value) for _ in range(n)] for _ in range(m)]
+            keys = [draw(st.sampled_from(["a", "b", "", 'ü,"'])) for _ in range(n)]
+            kinds = [draw(st.sampled_from(["ENTER", "EXIT"])) for _ in range(n)]
+            seq.add_block(AlertBlock(sid, f"r-{sid[:3]}", "trades", tau, keys, kinds, labels[:m], vals))
+            if draw(st.booleans()):
+                seq.append(Alert(sid, "loose", "trades", "z", "EXIT", tau, {"n": draw(value)}))
+        shards.append(seq)
+    return shards
+
+
+@given(_shard_outputs())
+@settings(max_examples=150, deadline=None)
+def test_shards_tables_merged_and_sorted_are_the_columns_of_the_alerts_sorted(shards: list[AlertSeq]) -> None:
+    """What a sharded batch's driver does -- each shard's columns to two Arrow tables, through the
+    wire format, joined and stably sorted by ``as_of`` -- against the brute force: the shards'
+    Alert objects one after another, sorted by ``as_of`` with Python's stable sort."""
+    want = sorted((a for seq in shards for a in seq), key=lambda a: a.as_of)
+    parts = []
+    for seq in shards:
+        if not len(seq):
+            continue
+        back = state_codec.loads(state_codec.dumps(AlertColumns.of(seq, slot="probe").to_tables()))
+        parts.append(AlertColumns.from_tables(*back))
+    got = AlertColumns.concat(parts).sorted_by_as_of()
+    assert len(got) == len(want)
+    if want:
+        _same_columns(got, AlertColumns.of(want, slot="probe"))
+    made = got.alerts()
+    assert made == want  # every field but the values (not compared by Alert's ==) ...
+    assert [json.dumps(a.values) for a in made] == [json.dumps(a.values) for a in want]  # ... and these
+    merged = AlertSeq()
+    merged.add_block(got)
+    assert list(merged) == want
+    if want:  # the sinks read the block as it is
+        assert AlertColumns.of(merged, slot="probe") is got
+
+
+def test_tables_that_do_not_fit_together_are_refused() -> None:
+    rows, items = AlertColumns.of(_alerts()[:5], slot="probe").to_tables()
+    with pytest.raises(ValueError, match="value entries"):
+        AlertColumns.from_tables(rows, items.slice(1))
