@@ -6,9 +6,9 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
 
 * ``snapshot`` (value state): the batch, file name and size of the shard's last snapshot: its
   whole :class:`engine.core.EngineCore` in the snapshot format (versioned, no pickle, CRC-32), a
-  file of the engine's checkpoint directory (``tidewatch/shards/shard-<s>/<batch>.bin``), due
-  every ``snapshot_every_batches`` batches, written by a child the task forks and named by the
-  shard's next batch in that worker (:meth:`ShardProcessor._snapshot`).  A file, not the value
+  file of the engine's checkpoint directory (``tidewatch/shards/shard-<s>/<batch>.<run>.bin``),
+  due every ``snapshot_every_batches`` batches, written by a child the task forks and named by
+  the shard's next batch in any worker (:meth:`ShardProcessor._snapshot`).  A file, not the value
   itself: a value of hundreds of MB through the state server ran the executor's JVM out of heap
   (10,000 rules over 100,000 keys, ≈ 350 MB per shard: docs/measurements/engine.md);
 * ``log`` (list state): each batch since ``snapshot``: its Kafka offset ranges and its span (a few
@@ -158,13 +158,19 @@ class ShardProcessor(StatefulProcessor):
     def _snapshot(self, shard: int, batch: int, core: EngineCore) -> tuple[int, float, int]:
         """Take the shard's snapshot when due, so no task serializes a whole shard: when due, the
         shard's :class:`SnapshotWriter` of this worker snapshots the core to a file of the
-        checkpoint directory (``shard-<s>/<batch>.bin``, :meth:`EngineCore.capture` format) -- by
-        a forked child (``engine_snapshot_fork``, the default: the task waits for the fork only)
-        or captured by the task and written by a thread; a later batch of the shard in this worker
-        names the written file in ``snapshot`` and keeps only the logged batches after it.  Until
-        then ``log`` goes on growing, so the state store always rebuilds the shard; a snapshot
-        written by a worker that does not run the shard again is never named (the next one is due
-        at once).  Files of batches before the snapshot the committed state names are deleted.
+        checkpoint directory (``shard-<s>/<batch>.<run>.bin``, :meth:`EngineCore.capture` format)
+        -- by a forked child (``engine_snapshot_fork``, the default: the task waits for the fork
+        only) or captured by the task and written by a thread; a later batch of the shard names
+        the written file in ``snapshot`` and keeps only the logged batches after it.  That batch
+        may run in another Python worker (Spark gives a task any idle one): a complete file of
+        *this run of the query* (its run id in the name; written to a temporary file and renamed
+        when whole, so a file under its final name is whole) of a batch after the named one and
+        before this one is the shard's state after that batch -- the core is deterministic, and
+        within one run a batch's state has one lineage -- so any worker names it (its size read
+        from the file).  A file of an earlier run is never named (after a restart Spark may run
+        its batch on other offsets).  Until one is named ``log`` goes on growing, so the state
+        store always rebuilds the shard.  Files of batches before the snapshot the committed
+        state names are deleted.
         Returns the batch of the snapshot the state store names now (-1: none), the seconds this
         task spent starting one (0.0 when none was due) and the size in bytes of the snapshot it
         named (0: none named by this batch)."""
@@ -176,24 +182,38 @@ class ShardProcessor(StatefulProcessor):
             _WRITERS[key] = (self.run, writer)
             remove_stale_temporaries(self._snapshot_dir(shard))  # of writers killed mid-write
         start_s, named = 0.0, 0
-        done = [w for w in writer.written if w[0] > since] if not writer.busy else []
+        done = [w[:3] for w in writer.written if w[0] > since] if not writer.busy else []
+        done += self._written_elsewhere(shard, since, batch)
         if done:
-            b_snap, path, size, _ = done[-1]
+            b_snap, path, size = max(done, key=lambda w: int(w[0]))
             self.snapshot.update((b_snap, path.name, size))
             kept = [e for e in self.log.get() if int(e[0]) > b_snap] if self.log.exists() else []
             self.log.clear()
             if kept:
                 self.log.put(kept)
             for old in self._snapshot_dir(shard).glob("*.bin"):  # older than the committed one
-                if int(old.stem) < since:
+                if int(old.name.split(".")[0]) < since:
                     old.unlink(missing_ok=True)
             writer.written = [w for w in writer.written if w[0] >= b_snap]
             since, named = b_snap, size
         if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and not writer.busy:
             t0 = time.perf_counter()
-            writer.write(batch, self._snapshot_dir(shard) / f"{batch:012d}.bin", core.capture)
+            writer.write(batch, self._snapshot_dir(shard) / f"{batch:012d}.{self.run}.bin", core.capture)
             start_s = time.perf_counter() - t0
         return since, start_s, named
+
+    def _written_elsewhere(self, shard: int, since: int, batch: int) -> list[tuple[int, Path, int]]:
+        """``(batch, path, bytes)`` of the whole snapshot files of this run of the query, of
+        batches after ``since`` and before ``batch``, whichever worker wrote them."""
+        out = []
+        for path in self._snapshot_dir(shard).glob(f"*.{self.run}.bin"):
+            b = int(path.name.split(".")[0])
+            if since < b < batch:
+                try:
+                    out.append((b, path, path.stat().st_size))
+                except FileNotFoundError:  # deleted meanwhile (a later snapshot was named)
+                    continue
+        return out
 
     def _restore(self, shard: int) -> EngineCore:
         """The core of the snapshot file ``snapshot`` names (checked: there, and of its size)."""

@@ -145,10 +145,9 @@ def _await_snapshots_named(
 ) -> None:
     """Until every shard's snapshot is named in Spark's state store by a batch Spark committed.
 
-    A snapshot is named by the shard's next batch in the Python worker that wrote it
-    (:meth:`engine.shards.processor.ShardProcessor._snapshot`); when the shards' tasks move
-    between workers -- Spark's local mode gives a task any free worker -- that can take more
-    batches than the events make.  Batches are made here by pausing a subscription that does not
+    A snapshot is named by the shard's next batch after its file is whole
+    (:meth:`engine.shards.processor.ShardProcessor._snapshot`), which can take more batches than
+    the scenario's events make.  Batches are made here by pausing a subscription that does not
     exist (every shard reads it, nothing changes); once every shard names one, one more batch is
     delivered, so Spark has committed the batch that named them."""
     from confluent_kafka import Producer

@@ -96,11 +96,11 @@ def test_a_written_snapshot_is_named_by_the_next_batch(tmp_path: Path, fork: boo
         time.sleep(0.05)
     assert writer.written and writer.written[-1][0] == 5
     since, start_s, named = p._snapshot(0, 6, core)
-    size = (folder / f"{5:012d}.bin").stat().st_size
+    size = (folder / f"{5:012d}.run-1.bin").stat().st_size
     assert since == 5 and named == size > 1000 and start_s == 0.0
-    assert p.snapshot.get() == (5, f"{5:012d}.bin", size)
+    assert p.snapshot.get() == (5, f"{5:012d}.run-1.bin", size)
     assert [int(e[0]) for e in p.log.get()] == [6]  # the batches after the snapshot
-    assert sorted(f.name for f in folder.glob("*.bin")) == [f"{3:012d}.bin", f"{5:012d}.bin"]
+    assert sorted(f.name for f in folder.glob("*.bin")) == [f"{3:012d}.bin", f"{5:012d}.run-1.bin"]
     restored = p._restore(0)
     assert restored.last_batch == core.last_batch == 5 and len(restored.rules) == len(core.rules)
     nxt = scenario_batches()[0][6]  # both go on the same
@@ -125,3 +125,33 @@ def test_a_missing_or_cut_snapshot_file_is_refused(tmp_path: Path) -> None:
         p._restore(0)
     path.write_bytes(data)
     assert p._restore(0).last_batch == core.last_batch
+
+
+def test_a_snapshot_written_in_another_worker_of_the_run_is_named_and_none_of_another_run(
+    tmp_path: Path,
+) -> None:
+    """Spark runs a shard's next batch in any idle Python worker: the file another worker of the
+    same run wrote (whole: under its final name) is named by it; a file of an earlier run of the
+    query, or of the batch running now or later, is not."""
+    s = _settings(False)
+    core = _core(s, 6)
+    folder = tmp_path / "shards" / "shard-0"
+    folder.mkdir(parents=True)
+    data = core.to_bytes()
+    (folder / f"{4:012d}.run-1.bin").write_bytes(data)  # the other worker's, of batch 4
+    (folder / f"{5:012d}.run-0.bin").write_bytes(b"an earlier run's")
+    (folder / f"{6:012d}.run-1.bin").write_bytes(b"this batch's: not before it")
+    (folder / f"{4:012d}.run-1.bin.123.tmp").write_bytes(b"half")  # a temporary: never named
+    log = [(b, b"{}", b"") for b in (2, 3, 4, 5)]
+    p = _processor(s, tmp_path, (1, f"{1:012d}.bin", 10), log)
+    _WRITERS.pop((p.engine, 0), None)  # this worker wrote nothing
+    since, _, named = p._snapshot(0, 6, core)
+    assert (since, named) == (4, len(data))
+    assert p.snapshot.get() == (4, f"{4:012d}.run-1.bin", len(data))
+    assert [int(e[0]) for e in p.log.get()] == [5]
+    assert p._restore(0).last_batch == core.last_batch
+    # no file of this run after the named one and before the batch: nothing else named
+    other = _processor(s, tmp_path, (4, f"{4:012d}.run-1.bin", len(data)), [(5, b"{}", b"")])
+    other.run = "run-2"
+    _WRITERS.pop((other.engine, 0), None)
+    assert other._snapshot(0, 7, core)[:1] == (4,) and other.snapshot.get()[0] == 4
