@@ -219,16 +219,23 @@ class AlertSeq:
 
     def sort_by_as_of(self) -> None:
         """``sort(key=as_of)`` (stable) without making the blocks' Alert objects: a block is one
-        lookup time, so it moves whole; the Alert objects of the runs move one by one (a block
-        of columns, of many lookup times, is made into Alert objects first)."""
+        lookup time, so it moves whole; the Alert objects of the runs move one by one.  A
+        sequence holding blocks of columns of many lookup times (a sharded batch's, from its
+        shards' tables) becomes one block of columns, joined and sorted by Arrow and NumPy
+        (:meth:`AlertColumns.sorted_by_as_of <engine.sinks.alert_columns.AlertColumns.sorted_by_as_of>`)."""
+        if not all(isinstance(b, list | AlertBlock) for b in self._blocks):
+            from engine.sinks.alert_columns import AlertColumns  # it imports this module
+
+            cols = AlertColumns.of(self, slot=None).sorted_by_as_of()
+            self._blocks, self._n = ([cols] if len(cols) else []), len(cols)
+            return
         items: list[AlertBlock | Alert] = []
         for b in self._blocks:
             if isinstance(b, list):
                 items.extend(b)
-            elif isinstance(b, AlertBlock):
-                items.append(b)
             else:
-                items.extend(b.alerts())
+                assert isinstance(b, AlertBlock)
+                items.append(b)
         times = [it.as_of for it in items]
         if times == sorted(times):  # in order already (e.g. one shard's)
             return

@@ -182,8 +182,7 @@ class ShardProcessor(StatefulProcessor):
             _WRITERS[key] = (self.run, writer)
             remove_stale_temporaries(self._snapshot_dir(shard))  # of writers killed mid-write
         start_s, named = 0.0, 0
-        done = [w[:3] for w in writer.written if w[0] > since] if not writer.busy else []
-        done += self._written_elsewhere(shard, since, batch)
+        done = self._whole_files(shard, since, batch)  # of this worker's writer or another's
         if done:
             b_snap, path, size = max(done, key=lambda w: int(w[0]))
             self.snapshot.update((b_snap, path.name, size))
@@ -202,9 +201,10 @@ class ShardProcessor(StatefulProcessor):
             start_s = time.perf_counter() - t0
         return since, start_s, named
 
-    def _written_elsewhere(self, shard: int, since: int, batch: int) -> list[tuple[int, Path, int]]:
+    def _whole_files(self, shard: int, since: int, batch: int) -> list[tuple[int, Path, int]]:
         """``(batch, path, bytes)`` of the whole snapshot files of this run of the query, of
-        batches after ``since`` and before ``batch``, whichever worker wrote them."""
+        batches after ``since`` and before ``batch``, whichever worker wrote them (a file is under
+        its final name only once whole)."""
         out = []
         for path in self._snapshot_dir(shard).glob(f"*.{self.run}.bin"):
             b = int(path.name.split(".")[0])

@@ -26,6 +26,7 @@ by Arrow and NumPy (:func:`merge_outputs`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -157,7 +158,7 @@ def encode_output(out: BatchOutput, meta: ShardMeta) -> bytes:
     two tables of :meth:`AlertColumns.to_tables` (the cached columns of ``out.alerts`` are
     reused, the output itself is left as it was)."""
     alerts = AlertColumns.of(out.alerts).to_tables() if out.alerts else None
-    body = BatchOutput(**{**vars(out), "alerts": AlertSeq()})
+    body = dataclasses.replace(out, alerts=AlertSeq())
     return state_codec.dumps({"out": body, "meta": meta, "alerts": alerts})
 
 
@@ -194,18 +195,14 @@ def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: st
 def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
     """The batch's output from its shards' (every shard ran the same lookups and rule changes):
     alerts stably by lookup time (each key's changes stay in order: a key is one shard's; the
-    shards' blocks of columns move whole, :meth:`AlertSeq.sort_by_as_of`), dead
+    shards' tables joined and sorted by Arrow and NumPy, :meth:`AlertSeq.sort_by_as_of`), dead
     letters, events summed, removed subscriptions and rule errors once each."""
     merged = BatchOutput(batch_id)
     lookups: set[int] = set()
     errors: dict[str, str] = {}
     keys: dict[str, set[str]] = {}
-    columns: list[AlertColumns] = []
     for out in outs:
-        if out.alerts and all(isinstance(b, AlertColumns) for b in out.alerts.blocks()):
-            columns.extend(b for b in out.alerts.blocks() if isinstance(b, AlertColumns))
-        else:
-            merged.alerts.extend(out.alerts)
+        merged.alerts.extend(out.alerts)
         merged.dead.extend(out.dead)
         lookups.update(out.lookups)
         for sid in out.removed:
@@ -218,13 +215,7 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
             merged.events[s] = merged.events.get(s, 0) + k
         for sid, text in out.rule_errors:
             errors.setdefault(sid, text)
-    if columns:  # the shards' tables: joined and stably sorted by Arrow and NumPy
-        if merged.alerts:
-            columns.append(AlertColumns.of(merged.alerts, slot="merge"))
-        merged.alerts = AlertSeq()
-        merged.alerts.add_block(AlertColumns.concat(columns).sorted_by_as_of())
-    else:
-        merged.alerts.sort_by_as_of()
+    merged.alerts.sort_by_as_of()
     merged.lookups = sorted(lookups)
     merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}
     merged.rule_errors = list(errors.items())

@@ -160,21 +160,23 @@ class AlertColumns:
     def of(
         cls,
         alerts: AlertColumns | AlertSeq | Sequence[Alert] | Sequence[dict[str, Any]],
-        slot: str = "alerts",
+        slot: str | None = "alerts",
     ) -> AlertColumns:
         """The columns of ``alerts`` (the core's :class:`~engine.messages.AlertSeq`, read block by
         block with no per-alert Python: :meth:`_from_seq`; Alert objects; or alert rows of
         :meth:`engine.sinks.store.Store.alerts_of_batch`: dicts without rule or stream); the
         columns of the last list given are kept and returned again for the same list (a batch's
         alerts are not changed once its output is made: the sinks only read them).  One list is
-        kept per ``slot`` (``"withheld"``: :attr:`engine.messages.BatchOutput.withheld`'s)."""
+        kept per ``slot`` (``"withheld"``: :attr:`engine.messages.BatchOutput.withheld`'s); none
+        for ``slot=None`` (a sequence about to change: :meth:`engine.messages.AlertSeq.sort_by_as_of`)."""
         if isinstance(alerts, AlertColumns):
             return alerts
-        last = _LAST.get(slot)
+        last = _LAST.get(slot) if slot is not None else None
         if last is not None and last[0] is alerts and len(last[1]) == len(alerts):
             return last[1]
         cols = cls._from_seq(alerts) if isinstance(alerts, AlertSeq) else cls._build(alerts)
-        _LAST[slot] = (alerts, cols)
+        if slot is not None:
+            _LAST[slot] = (alerts, cols)
         return cols
 
     @classmethod
