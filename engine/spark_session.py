@@ -24,6 +24,9 @@ What it sets, and why:
   connector jars go to the executors with ``spark.jars`` (the driver serves them);
 * the RocksDB state store provider (needed by ``transformWithState``; keeps state off-heap);
 * a small shuffle-partition count and quiet logs, for local mode on a few cores;
+* no byte limit on the Arrow batches sent to Python workers (:data:`ARROW_NO_BYTE_LIMIT`): with
+  one, Spark asks the Arrow writer its size after every row, and for our small rows the row limit
+  (``spark.sql.execution.arrow.maxRecordsPerBatch``, 10,000) closes every batch first anyway;
 * last, ``settings.spark_extra_conf`` (e.g. ``spark.executor.memory``, ``spark.cores.max``).
 """
 
@@ -40,6 +43,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+#: ``spark.sql.execution.arrow.maxBytesPerBatch`` = ``Int.MaxValue``: the one value for which
+#: Spark's ``BatchedPythonArrowInput.writeSizedBatch`` skips ``ArrowWriter.sizeInBytes()`` after
+#: each row.  With the default (64 MB) that walk of the batch's vectors was 8.5 % of the Spark
+#: tasks' samples in a live run (Java Flight Recorder), and ``bench/arrow_batch_probe.py`` moves
+#: Kafka-shaped rows through ``mapInArrow`` ≈ 2× faster without it (figures in
+#: docs/measurements/engine.md, "Spark's Arrow batches without a byte limit").  The batches stay
+#: bounded by ``maxRecordsPerBatch`` rows (10,000 records of ≈ 100 bytes: ≈ 1 MB).
+ARROW_NO_BYTE_LIMIT = "2147483647"
 
 
 def spark_packages(settings: Settings) -> list[str]:
@@ -114,6 +126,7 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.maxBytesPerBatch": ARROW_NO_BYTE_LIMIT,
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Spark's offset and commit logs written through Hadoop's FileSystem API (write to a
         # temporary file, rename: atomic on a local disk and on HDFS, where the checkpoint lives)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.spark_session import ROCKSDB_PROVIDER, is_local_master, network_conf, spark_conf, spark_packages
+from engine.spark_session import (
+    ARROW_NO_BYTE_LIMIT,
+    ROCKSDB_PROVIDER,
+    is_local_master,
+    network_conf,
+    spark_conf,
+    spark_packages,
+)
 from tidewatch.settings import get_settings
 
 
@@ -39,6 +46,18 @@ def test_python_workers_and_state_store(tmp_path: Path) -> None:
     assert conf["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB_PROVIDER
     assert conf["spark.master"] == "local[2]"
     assert conf["spark.app.name"] == "tidewatch-x"
+
+
+def test_arrow_batches_to_python_have_no_byte_limit(tmp_path: Path) -> None:
+    """Exactly ``Int.MaxValue``: the one value for which Spark skips its per-row size check (any
+    other value, however large, keeps it); a user's extra conf still overrides it."""
+    conf = spark_conf(_settings(tmp_path), "t")
+    assert conf["spark.sql.execution.arrow.maxBytesPerBatch"] == ARROW_NO_BYTE_LIMIT == str(2**31 - 1)
+    assert "spark.sql.execution.arrow.maxRecordsPerBatch" not in conf  # Spark's 10,000 rows bound them
+    s = _settings(tmp_path).model_copy(
+        update={"spark_extra_conf": {"spark.sql.execution.arrow.maxBytesPerBatch": "32m"}}
+    )
+    assert spark_conf(s, "t")["spark.sql.execution.arrow.maxBytesPerBatch"] == "32m"
 
 
 def test_a_local_master_keeps_the_driver_on_the_loopback(tmp_path: Path) -> None:
