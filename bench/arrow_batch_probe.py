@@ -13,7 +13,8 @@ limit always closes a batch long before the byte limit: the check costs time and
 The probe: ``--rows`` rows shaped like the Kafka source's (``value`` binary, ``partition``,
 ``offset``, ``timestamp``, ``topic``), cached, sent through a ``mapInArrow`` that counts them; the
 two settings alternate, ``--repeat`` times each, after one warm-up run of each; the medians and
-their ratio are printed.  Same JVM, same Python workers, same data.
+their ratio are printed.  Same JVM, same Python workers, same data; the session is the engine's
+(:func:`engine.spark_session.build_spark`), the byte limit the only thing that changes.
 
     .venv/bin/python bench/arrow_batch_probe.py --rows 4000000 --repeat 5
 """
@@ -30,7 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.spark_session import ARROW_NO_BYTE_LIMIT  # noqa: E402
+from engine.spark_session import ARROW_NO_BYTE_LIMIT, build_spark  # noqa: E402
+from tidewatch.settings import get_settings  # noqa: E402
 
 KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 SPARK_DEFAULT = "64m"
@@ -52,18 +54,7 @@ def main() -> None:
     ap.add_argument("--value-bytes", type=int, default=60, help="size of each row's value")
     a = ap.parse_args()
 
-    import os
-
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    spark = build_spark(get_settings().model_copy(update={"spark_master": "local[2]"}), "arrow-batch-probe")
     spark.sparkContext.setLogLevel("ERROR")
     df = (
         spark.range(0, a.rows, numPartitions=2)

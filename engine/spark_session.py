@@ -48,7 +48,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 #: Spark's ``BatchedPythonArrowInput.writeSizedBatch`` skips ``ArrowWriter.sizeInBytes()`` after
 #: each row.  With the default (64 MB) that walk of the batch's vectors was 8.5 % of the Spark
 #: tasks' samples in a live run (Java Flight Recorder), and ``bench/arrow_batch_probe.py`` moves
-#: Kafka-shaped rows through ``mapInArrow`` 2.56× faster without it (figures in
+#: Kafka-shaped rows through ``mapInArrow`` 1.73–2.56× faster without it (figures in
 #: docs/measurements/engine.md, "Spark's Arrow batches without a byte limit").  The batches stay
 #: bounded by ``maxRecordsPerBatch`` rows (10,000 records of ≈ 100 bytes: ≈ 1 MB).  Even with
 #: records at Kafka's size limit the byte limit bounded little: the worker's
