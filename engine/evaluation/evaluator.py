@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from engine.algorithms import RInt
+from engine.evaluation import alert_values
 from engine.evaluation.batches import (
     EMPTY,
     SHIFT,
@@ -84,7 +85,7 @@ from engine.evaluation.batches import (
 from engine.evaluation.history import History, RowsKeep
 from engine.evaluation.lookup import Lookup
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate, pane_of
-from engine.evaluation.rules import Changes, Group, Rule, extra_atoms, unique_ids
+from engine.evaluation.rules import Changes, Group, Rule, extra_atoms
 from engine.evaluation.state import KeyState, Structure, set_name
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
@@ -725,47 +726,9 @@ class Evaluator:
         of ``labels[j]`` for ``wanted[rule][i]`` being ``columns[j][i]`` (a text twice in a rule: its
         last value at its first place, as ``dict(zip(...))``).  Rules reading the same aggregate
         (structure, function, window) share one computation over the union of their keys: one
-        structure read per distinct aggregate at a lookup, not one per rule."""
-        ctx = Lookup(self, now)
-        reqs: list[tuple[Rule, list[str]]] = []
-        # aggregate signature -> (structure, spec, [(request, atom position)], [key ids])
-        sigs: dict[tuple[Any, ...], tuple[Structure, AggSpec, list[tuple[int, int]], list[np.ndarray]]] = {}
-        for name, keys in wanted.items():
-            rule = self.rules[name]
-            st = rule.state
-            n_ids = len(st.interner)
-            ids = np.fromiter((st._ids.get(k, n_ids) for k in keys), np.int64, len(keys))
-            for j, spec in enumerate(rule.plan.aggs):
-                s = rule.agg_structs[spec.id]
-                ent = sigs.setdefault((id(s), spec.func, spec.window), (s, spec, [], []))
-                ent[2].append((len(reqs), j))
-                ent[3].append(ids)
-            reqs.append((rule, keys))
-        # per signature one structure read, gather and conversion; a rule's column: a slice of it
-        cols: list[list[list[Any]]] = [[[] for _ in rule.plan.aggs] for rule, _ in reqs]
-        for s, spec, members, lists in sigs.values():
-            allids = np.concatenate(lists)
-            u, inv = unique_ids(allids)  # key ids: non-negative, dense
-            v = ctx._agg(spec, s, u) if u.shape[0] else np.zeros(0)
-            x = np.asarray(v, np.float64)[inv.reshape(-1)]
-            nan = np.isnan(x)
-            integral = spec.func in ("COUNT", "DISTINCT")  # COUNTs as int
-            if nan.any():  # NULL (e.g. AVG of an empty window) as None
-                o = (np.where(nan, 0, x).astype(np.int64) if integral else x).astype(object)
-                o[nan] = None
-                flat = o.tolist()
-            else:
-                flat = x.astype(np.int64).tolist() if integral else x.tolist()
-            pos = 0
-            for (ri, j), ids in zip(members, lists, strict=True):
-                n = ids.shape[0]
-                cols[ri][j] = flat[pos : pos + n]
-                pos += n
-        out: dict[str, tuple[list[str], list[list[Any]]]] = {}
-        for (rule, _keys), rc in zip(reqs, cols, strict=True):
-            at = {spec.text: j for j, spec in enumerate(rule.plan.aggs)}
-            out[rule.name] = (list(at), [rc[j] for j in at.values()])
-        return out
+        structure read per distinct aggregate at a lookup, not one per rule
+        (:func:`engine.evaluation.alert_values.value_columns`)."""
+        return alert_values.value_columns(self.rules, wanted, now)
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,142 @@
+"""The values alerts carry, for every rule with alerts at one lookup, in one vectorized pass.
+
+An alert says which aggregates made its rule fire and what they were at the lookup time (PSoup's
+"results with their data", read from the shared structures of Arasu & Widom, section 4: one
+structure per aggregate, read for many keys at once).  A lookup of 10,000 rules changes the
+results of thousands of them by a key or two each, so what costs is not the alerts but the
+rules: :func:`value_columns` does per rule only what its output needs (a slice per label), and
+everything else over all the lookup's alerts at once --
+
+* the keys to key ids: one ``dict.get`` pass (in C) over the keys of every rule of a key state;
+* each (alert, aggregate) pair to its *signature* (structure, function, window): a table of the
+  rules' signatures indexed by each alert's rule;
+* each signature read once, for the distinct key ids of all its pairs
+  (:func:`engine.evaluation.lookup.aggregate_at`), converted to Python numbers once (COUNT and
+  COUNT DISTINCT as ``int``, NULL -- NaN -- as ``None``) and scattered into one object matrix.
+
+The result is what :meth:`engine.evaluation.evaluator.Evaluator.value_columns` promises; the brute
+force it is checked against (one rule and one key at a time) is in
+``tests/engine/evaluation/test_alert_values.py``.
+"""
+
+from __future__ import annotations
+
+from itertools import chain, repeat
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engine.evaluation.lookup import aggregate_at
+from engine.evaluation.rules import unique_ids
+
+if TYPE_CHECKING:
+    from engine.evaluation.rules import Rule
+    from engine.evaluation.state import Structure
+    from subscriptions.compiler import AggSpec
+
+#: ``{rule: (labels, columns)}``: the value of ``labels[j]`` for the i-th key asked is ``columns[j][i]``
+ValueColumns = dict[str, tuple[list[str], list[list[Any]]]]
+
+
+def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) -> ValueColumns:
+    """The values of the aggregates of each rule of ``wanted`` (``{rule name: keys}``) for its keys
+    at ``now``, read from the structures as they are (call right after the lookup at ``now``).
+
+    Per rule: its distinct aggregate texts as labels, in first-appearance order, each with the
+    value of its *last* occurrence (``dict(zip(texts, values))``), and one column per label, row
+    ``i`` for ``wanted[rule][i]``.  A key the rule's state never saw reads as an empty window.
+    Rules reading the same aggregate share one read over the union of their keys."""
+    names = list(wanted)
+    if not names:
+        return {}
+    rs = [rules[n] for n in names]
+    lens = np.fromiter(map(len, wanted.values()), np.int64, len(names))
+    starts = np.zeros(len(names) + 1, np.int64)
+    np.cumsum(lens, out=starts[1:])
+    ids = _key_ids(rs, wanted, starts)
+    sig_of, sigs = _signatures(rs)
+    width = sig_of.shape[1]
+    values = np.empty((int(starts[-1]), width), dtype=object)
+    if values.size:
+        pair_sig = sig_of[np.repeat(np.arange(len(rs)), lens)].ravel()  # (alert, aggregate) -> signature
+        if len(sigs) < 2**15:  # NumPy's stable sort of 16-bit integers is a radix sort: O(pairs)
+            pair_sig = pair_sig.astype(np.int16)
+        order = np.argsort(pair_sig, kind="stable")
+        # sorted, signature g's pairs are order[cut[g]:cut[g + 1]] (the padding, -1, first)
+        cut = np.cumsum(np.bincount(pair_sig.astype(np.intp) + 1, minlength=len(sigs) + 1))
+        flat = values.reshape(-1)
+        for g, (s, spec) in enumerate(sigs):
+            pos = order[cut[g] : cut[g + 1]]
+            if pos.shape[0]:
+                flat[pos] = _read(spec, s, ids[pos // width], now)
+    out: ValueColumns = {}
+    for i, (name, rule) in enumerate(zip(names, rs, strict=True)):
+        aggs = rule.plan.aggs
+        block = values[starts[i] : starts[i + 1]]
+        if len(aggs) == 1:
+            out[name] = ([aggs[0].text], [block[:, 0].tolist()])
+            continue
+        at = {spec.text: j for j, spec in enumerate(aggs)}
+        columns = block.T.tolist()
+        out[name] = (list(at), [columns[j] for j in at.values()])
+    return out
+
+
+def _key_ids(rs: list[Rule], wanted: dict[str, list[str]], starts: np.ndarray) -> np.ndarray:
+    """Each wanted key's id in its rule's key state (the state's size for a key never seen), in
+    the order of ``wanted``: one ``dict.get`` pass per key state over all its rules' keys."""
+    ids = np.empty(int(starts[-1]), np.int64)
+    lists = list(wanted.values())
+    by_state: dict[int, list[int]] = {}
+    for i, r in enumerate(rs):
+        by_state.setdefault(id(r.state), []).append(i)
+    for members in by_state.values():
+        st = rs[members[0]].state
+        keys = chain.from_iterable(lists[i] for i in members)
+        n = int(sum(len(lists[i]) for i in members))
+        got = np.fromiter(map(st._ids.get, keys, repeat(len(st.interner))), np.int64, n)
+        if len(by_state) == 1:
+            ids[:] = got
+        else:
+            at = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members])
+            ids[at] = got
+    return ids
+
+
+def _signatures(rs: list[Rule]) -> tuple[np.ndarray, list[tuple[Structure, AggSpec]]]:
+    """``(sig_of, sigs)``: ``sig_of[i, j]`` the signature of rule ``i``'s aggregate ``j`` (-1 past
+    its last), an index of ``sigs`` -- one (structure, spec) per distinct (structure, aggregate
+    text): rules reading the same aggregate share its read.  The structure fixes what is
+    aggregated (kind, row predicate, attribute), the text the function and the window; two texts
+    of one aggregate (``60 SECONDS``, ``1 MINUTES``) are read twice, equal."""
+    width = max(len(r.plan.aggs) for r in rs)
+    index: dict[tuple[int, str], int] = {}
+    sigs: list[tuple[Structure, AggSpec]] = []
+    flat: list[int] = []
+    for r in rs:
+        aggs, structs = r.plan.aggs, r.agg_structs
+        for spec in aggs:
+            s = structs[spec.id]
+            key = (id(s), spec.text)  # the text says the function and the window (its hash is kept)
+            g = index.get(key)
+            if g is None:
+                g = index[key] = len(sigs)
+                sigs.append((s, spec))
+            flat.append(g)
+        if len(aggs) < width:
+            flat.extend(repeat(-1, width - len(aggs)))
+    return np.asarray(flat, np.int64).reshape(len(rs), width), sigs
+
+
+def _read(spec: AggSpec, s: Structure, ids: np.ndarray, now: int) -> np.ndarray:
+    """The aggregate ``spec`` of structure ``s`` for key ids ``ids`` at ``now`` as an object array
+    of Python numbers: COUNT / COUNT DISTINCT as ``int``, others as ``float``, NULL as ``None``;
+    read once per distinct id."""
+    u, inv = unique_ids(ids)
+    x = np.asarray(aggregate_at(spec, s, u, now), np.float64)[inv.reshape(-1)]
+    nan = np.isnan(x)
+    integral = spec.func in ("COUNT", "DISTINCT")
+    o: np.ndarray = (np.where(nan, 0, x).astype(np.int64) if integral else x).astype(object)
+    if nan.any():
+        o[nan] = None
+    return o

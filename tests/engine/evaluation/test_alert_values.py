@@ -1,0 +1,103 @@
+"""``engine.evaluation.alert_values.value_columns``: the values alerts carry, for many rules in
+one vectorized pass, against a brute force over the raw events (one rule, one key, one aggregate
+at a time), for rules of two key states (src_ip, dst_ip), rules sharing aggregates, an
+aggregate twice in one rule, keys never seen and rules asked for no key."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.evaluation.evaluator import Evaluator
+from subscriptions.compiler import compile_rule
+from tidewatch.settings import get_settings
+
+AGGS = ["COUNT(*)", "SUM(length)", "AVG(length)", "MIN(length)", "MAX(length)"]
+WINDOWS = [2, 5, 10]
+SRC = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+DST = ["10.9.9.1", "10.9.9.2"]
+NOW = 20_000
+
+
+def _brute(agg: str, window_s: int, key_field: str, key: str, ev: dict[str, np.ndarray]) -> Any:
+    """The aggregate over the raw events of ``key`` with ``NOW - window < ts <= NOW`` (no event
+    lies on a window's edge: the events' times are never whole seconds)."""
+    m = (ev[key_field] == key) & (ev["ts"] > NOW - window_s * 1000) & (ev["ts"] <= NOW)
+    length = ev["length"][m].astype(np.float64)
+    if agg == "COUNT(*)":
+        return int(m.sum())
+    if agg == "SUM(length)":
+        return float(length.sum())
+    if not m.any():
+        return None  # NULL: no row in the window
+    return float({"AVG(length)": np.mean, "MIN(length)": np.min, "MAX(length)": np.max}[agg](length))
+
+
+def _same(got: Any, want: Any) -> bool:
+    if want is None or isinstance(want, int):
+        return got == want and type(got) is type(want)
+    return isinstance(got, float) and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+
+
+rule_st = st.tuples(
+    st.sampled_from(["src_ip", "dst_ip"]),
+    st.lists(st.tuples(st.sampled_from(AGGS), st.sampled_from(WINDOWS)), min_size=1, max_size=3),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rules=st.lists(rule_st, min_size=1, max_size=8),
+    n_events=st.integers(0, 80),
+    seed=st.integers(0, 2**16),
+    pane_ms=st.sampled_from([None, 1000]),
+)
+def test_value_columns_equal_a_brute_force_over_the_events(
+    rules: list[tuple[str, list[tuple[str, int]]]], n_events: int, seed: int, pane_ms: int | None
+) -> None:
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, NOW // 1000, n_events) * 1000 + rng.integers(1, 1000, n_events))
+    ev = {
+        "src_ip": rng.choice(np.array(SRC, dtype=object), n_events),
+        "dst_ip": rng.choice(np.array(DST, dtype=object), n_events),
+        "ts": ts.astype(np.int64),
+        "src_port": rng.integers(1024, 65000, n_events).astype(np.int64),
+        "dst_port": rng.integers(1, 1024, n_events).astype(np.int64),
+        "protocol": np.array(["TCP"] * n_events, dtype=object),
+        "length": rng.integers(40, 1500, n_events).astype(np.int64),
+        "tcp_flags": np.array(["S"] * n_events, dtype=object),
+    }
+    e = Evaluator("shared", ci_p=2, pane_ms=pane_ms)
+    texts: dict[str, tuple[str, list[tuple[str, int]]]] = {}
+    for i, (field, aggs) in enumerate(rules):
+        having = " AND ".join(f"{a} OVER LAST {w} SECONDS > -1" for a, w in aggs)
+        e.add_rule(
+            f"r{i}",
+            compile_rule(f"SELECT {field} FROM packets GROUP BY {field} HAVING {having}", get_settings()),
+        )
+        texts[f"r{i}"] = (field, aggs)
+    half = n_events // 2
+    e.apply("packets", {k: v[:half] for k, v in ev.items()})
+    e.apply("packets", {k: v[half:] for k, v in ev.items()})
+    wanted: dict[str, list[str]] = {}
+    for name, (field, _) in texts.items():
+        domain = (SRC if field == "src_ip" else DST) + ["never-seen"]
+        wanted[name] = [str(k) for k in rng.choice(domain, int(rng.integers(0, 4)), replace=False)]
+    got = e.value_columns(wanted, NOW)
+    assert list(got) == list(wanted)
+    for name, keys in wanted.items():
+        field, aggs = texts[name]
+        labels, columns = got[name]
+        want_labels = list(dict.fromkeys(f"{a} OVER LAST {w} SECONDS" for a, w in aggs))
+        assert labels == want_labels
+        assert len(columns) == len(labels) and all(len(c) == len(keys) for c in columns)
+        for label, column in zip(labels, columns, strict=True):
+            agg, window = label.split(" OVER LAST ")
+            for key, value in zip(keys, column, strict=True):
+                want = _brute(agg, int(window.split()[0]), field, key, ev)
+                assert _same(value, want), (name, key, label, value, want)
+    assert e.value_columns({}, NOW) == {}
