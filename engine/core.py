@@ -630,19 +630,26 @@ class EngineCore:
         changes = ev.step(tau, skip) if skip else ev.step(tau)
         self._new.clear()
         by_rule: dict[str, tuple[list[str], list[str]]] = {}
+        fresh, rules, current = self._fresh, self.rules, self.current
         for names, keys, kind in changes.parts:
+            enter = kind == ENTER
             for sid, ks in _runs(names, keys):
-                if sid in self._fresh or sid not in self.rules:
+                if sid in fresh or sid not in rules:
                     continue
-                cur, got = self.current.setdefault(sid, set()), set(ks)
-                if kind == ENTER:
-                    got -= cur
-                    cur |= got
+                cur = current.get(sid)
+                if cur is None:
+                    cur = current[sid] = set()
+                if enter:
+                    got = set(ks).difference(cur)
+                    cur.update(got)
                 else:
-                    got &= cur
-                    cur -= got
+                    got = cur.intersection(ks)
+                    cur.difference_update(got)
                 if got:
-                    by_rule.setdefault(sid, ([], []))[0 if kind == ENTER else 1].extend(got)
+                    both = by_rule.get(sid)
+                    if both is None:
+                        both = by_rule[sid] = ([], [])
+                    both[0 if enter else 1].extend(got)
         self._emit({sid: _in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
