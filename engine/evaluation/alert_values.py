@@ -8,8 +8,8 @@ rules: :func:`value_columns` does per rule only what its output needs (a slice p
 everything else over all the lookup's alerts at once --
 
 * the keys to key ids: one ``dict.get`` pass (in C) over the keys of every rule of a key state;
-* each (alert, aggregate) pair to its *signature* (structure, function, window): a table of the
-  rules' signatures indexed by each alert's rule;
+* each (alert, aggregate) pair to its *signature* (structure, aggregate text): a table of the
+  rules' signatures indexed by each alert's rule, the pairs grouped by a radix sort;
 * each signature read once, for the distinct key ids of all its pairs
   (:func:`engine.evaluation.lookup.aggregate_at`), converted to Python numbers once (COUNT and
   COUNT DISTINCT as ``int``, NULL -- NaN -- as ``None``) and scattered into one object matrix.

@@ -725,7 +725,7 @@ class Evaluator:
         """:meth:`values_many` as columns, no per-key Python: ``{rule: (labels, columns)}``, the value
         of ``labels[j]`` for ``wanted[rule][i]`` being ``columns[j][i]`` (a text twice in a rule: its
         last value at its first place, as ``dict(zip(...))``).  Rules reading the same aggregate
-        (structure, function, window) share one computation over the union of their keys: one
+        (structure, aggregate text) share one computation over the union of their keys: one
         structure read per distinct aggregate at a lookup, not one per rule
         (:func:`engine.evaluation.alert_values.value_columns`)."""
         return alert_values.value_columns(self.rules, wanted, now)
