@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from tidewatch.settings import Settings
@@ -16,6 +16,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` ports free now and distinct from each other (all bound at once, then released): for
+    daemons started one after another, where a port picked for a later one must not be one an
+    earlier one has not bound yet (a worker's web UI on the port picked for the master's)."""
+    with ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 @contextmanager

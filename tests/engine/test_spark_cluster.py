@@ -33,7 +33,7 @@ import psutil
 import pytest
 from confluent_kafka import Producer
 
-from tests.services import free_port
+from tests.services import free_ports
 from tidewatch.settings import PROJECT_ROOT
 
 # in the default run again since Nov 27 (its Nov 25 failure -- alerts of the first events missing --
@@ -115,7 +115,7 @@ def two_worker_cluster(
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(tmp_path),
     }
-    port, webui = free_port(), free_port()
+    port, webui, *worker_ui = free_ports(4)  # distinct: a worker's UI never on the master's port
     master_url = f"spark://127.0.0.1:{port}"
     with ExitStack() as stack:
         master = stack.enter_context(
@@ -129,7 +129,7 @@ def two_worker_cluster(
             stack.enter_context(
                 spark_daemon(
                     ["org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
-                     "--cores", "1", "--memory", worker_memory, "--webui-port", str(free_port()),
+                     "--cores", "1", "--memory", worker_memory, "--webui-port", str(worker_ui[i]),
                      "--work-dir", str(tmp_path / f"work-{i}")],
                     tmp_path / f"worker-{i}.log", env,
                 )
@@ -173,7 +173,7 @@ def test_executors_are_processes_of_the_workers_and_the_engine_runs_there(
     with two_worker_cluster(tmp_path, worker_memory="1g") as (master, workers, master_url, _):
         t_cluster = time.monotonic()
 
-        driver_port, bm_port = free_port(), free_port()
+        driver_port, bm_port = free_ports(2)
         job_env = {
             **os.environ,
             "TIDEWATCH_SPARK_MASTER": master_url,
