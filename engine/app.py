@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
 from engine.rule_evaluator import rule_compiler
+from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
@@ -486,8 +488,6 @@ class EngineApp:
     def _submit(self, batch: dict[str, Any] | _Preaggregated, batch_id: int) -> None:
         """Hand a batch to the evaluation thread (pipelined mode; nothing else is in flight)."""
         if self._worker is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-batch")
             self._out_worker = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-output")
         self._inflight = self._worker.submit(self._handle_pipelined, batch, batch_id, self.read_s)
@@ -685,9 +685,7 @@ class EngineApp:
         self.recover()
         starting = self._align_checkpoint()
         freeze_state()
-        if self.executors:  # the Python workers' start-up paid now, not by the first batch
-            took = warm_up(spark, self.core.batch_params(self.topics))
-            log.info("Spark's Python workers started (warm-up) in %.1f s", took)
+        self._warm_up(spark)
         self.charts.start(lambda: self.core)  # answers the key page's chart requests
         max_offsets_per_trigger = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
@@ -713,6 +711,21 @@ class EngineApp:
             writer.option("checkpointLocation", str(self.checkpoint / "spark"))
             .queryName(f"tidewatch-engine-{self.engine_id}")
             .start()
+        )
+
+    def _warm_up(self, spark: Any) -> None:
+        """What the first micro-batch would otherwise pay, paid before the stream starts: the
+        driver's kernels loaded by a throwaway core (:mod:`engine.runtime.driver_warmup`), in a
+        thread while Spark starts its Python workers (executors mode,
+        :mod:`engine.executors.warmup`) -- the one waits on Spark, the other computes."""
+        with ThreadPoolExecutor(1, thread_name_prefix="tidewatch-warm-up") as pool:
+            driver = pool.submit(warm_driver, self._core_factory, self.topics, executors=self.executors)
+            if self.executors:  # the Python workers' start-up paid now, not by the first batch
+                took = warm_up(spark, self.core.batch_params(self.topics))
+                log.info("Spark's Python workers started (warm-up) in %.1f s", took)
+            took, alerts = driver.result()
+        log.info(
+            "the driver's kernels loaded (warm-up: %d alerts of a throwaway core) in %.1f s", alerts, took
         )
 
     def close(self) -> None:

@@ -382,8 +382,10 @@ def as_keys(key_ids: np.ndarray | list[int] | int) -> np.ndarray:
 
 
 def broadcast_i64(x: object, m: int) -> np.ndarray:
-    """Scalar or per-key array as a contiguous int64 array of length m."""
-    return np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.int64), (m,)))  # type: ignore[call-overload]
+    """Scalar or per-key array as a contiguous, writable int64 array of length m (a copy: always
+    the same array type, so the kernels taking it are compiled once -- a broadcast view is
+    read-only, and ``ascontiguousarray`` keeps it so when it is already contiguous)."""
+    return np.array(np.broadcast_to(np.asarray(x, dtype=np.int64), (m,)), dtype=np.int64)  # type: ignore[call-overload]
 
 
 def order_batch(key_ids: np.ndarray, ts: np.ndarray, last_ts: np.ndarray) -> np.ndarray | None:

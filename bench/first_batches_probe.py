@@ -1,0 +1,111 @@
+"""The driver's first batches with and without its warm-up (engine.runtime.driver_warmup).
+
+Each side runs in a fresh interpreter (what the warm-up changes is what a process has loaded):
+a core of the default settings subscribes ``--rules`` rules of the live bench's mix
+(``engine_bench.make_mixed_rules``: COUNT / SUM thresholds with AVG / MIN / MAX conditions,
+windows of 1 minute to 3 hours), then takes ``--batches`` batches of ``--events`` trades each
+(the live run's 50,000 trades/s at a 0.5 s trigger: 25,000) through the engine's mode's path --
+in executors mode the executors' pure function run in the process and merged, as a replay does.
+Printed per side: the warm-up's seconds (before the first batch, where the engine pays it), then
+each batch's seconds (the driver's evaluation, lookups and alerts' values included).  The two
+sides alternate ``--repeat`` times::
+
+    .venv/bin/python bench/first_batches_probe.py --rules 10000 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def side(a: argparse.Namespace) -> None:
+    """One side, in this (fresh) interpreter: JSON of the warm-up's and each batch's seconds."""
+    from bench.engine_bench import make_events, make_mixed_rules
+    from engine.core import default_core
+    from engine.executors.merge import merge_output
+    from engine.executors.preagg import preaggregate
+    from engine.messages import SubscriptionChange
+    from engine.runtime.driver_warmup import _no_history, kafka_records_of, warm_driver
+    from engine.sinks.alert_columns import AlertColumns
+    from tidewatch.settings import get_settings
+
+    s = get_settings()
+    topics = {"trades": s.topic_trades}
+    executors = s.engine_preaggregate == "executors"
+    rate = a.events / a.trigger
+    now = int(time.time() * 1000)
+    sample = make_events("trades", int(rate * 60), a.keys, rate, now, seed=99)
+    rules = [
+        SubscriptionChange(f"r{i}", "upsert", f"m{i}", text)
+        for i, text in enumerate(make_mixed_rules(a.rules, "trades", sample, 60))
+    ]
+    ev = make_events("trades", a.events * a.batches, a.keys, rate, now, seed=1)
+    warm = warm_driver(lambda: default_core(s), topics, executors=executors)[0] if a.warm else 0.0
+    core = default_core(s)
+    out = {"warm_up_s": warm, "batches_s": [], "alerts": []}
+    for b in range(a.batches + 1):
+        lo, hi = (b - 1) * a.events, b * a.events
+        recs = kafka_records_of(topics["trades"], "trades", {k: v[lo:hi] for k, v in ev.items()}, lo)
+        recs = recs if b else recs.slice(0, 0)
+        t0 = time.perf_counter()
+        if executors:
+            params = core.batch_params(topics)
+            eb = merge_output(preaggregate(recs, params), params, batch=b)
+            res = core.process_preaggregated(b, eb, params, rules if b == 0 else [], history=_no_history)
+        else:
+            res = core.process(b, {"trades": recs}, rules if b == 0 else [])
+        if res.alerts:
+            c = AlertColumns.of(res.alerts)
+            c.ids, c.subscription_uuid_text, c.values_json, c.value_floats, c.present  # noqa: B018
+        if b:
+            out["batches_s"].append(time.perf_counter() - t0)
+            out["alerts"].append(len(res.alerts))
+    print(json.dumps(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rules", type=int, default=10_000)
+    ap.add_argument("--keys", type=int, default=5_000)
+    ap.add_argument("--events", type=int, default=25_000, help="trades per batch")
+    ap.add_argument("--trigger", type=float, default=0.5, help="seconds of event time per batch")
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--side", choices=["warm", "cold"], help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.side:
+        a.warm = a.side == "warm"
+        return side(a)
+    args = [f"--rules={a.rules}", f"--keys={a.keys}", f"--events={a.events}", f"--trigger={a.trigger}",
+            f"--batches={a.batches}"]  # fmt: skip
+    got: dict[str, list[dict[str, list[float]]]] = {"cold": [], "warm": []}
+    for r in range(a.repeat):
+        for name in ("cold", "warm"):
+            res = subprocess.run(
+                [sys.executable, __file__, *args, f"--side={name}"], cwd=ROOT, capture_output=True, text=True
+            )
+            if res.returncode:
+                sys.exit(res.stderr[-3000:])
+            d = json.loads(res.stdout.strip().splitlines()[-1])
+            got[name].append(d)
+            bs = " ".join(f"{x:.2f}" for x in d["batches_s"])
+            print(f"run {r + 1} {name:4s}: warm-up {d['warm_up_s']:.2f} s; batches (s): {bs}", flush=True)
+    for name, runs in got.items():
+        first = statistics.median(sum(d["batches_s"][:2]) for d in runs)
+        rest = statistics.median(statistics.median(d["batches_s"][2:]) for d in runs)
+        print(
+            f"{name}: first two batches {first:.2f} s (median of runs), the batches after, median {rest:.2f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
