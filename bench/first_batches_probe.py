@@ -4,10 +4,13 @@ Each side runs in a fresh interpreter (what the warm-up changes is what a proces
 a core of the default settings subscribes ``--rules`` rules of the live bench's mix
 (``engine_bench.make_mixed_rules``: COUNT / SUM thresholds with AVG / MIN / MAX conditions,
 windows of 1 minute to 3 hours), then takes ``--batches`` batches of ``--events`` trades each
-(the live run's 50,000 trades/s at a 0.5 s trigger: 25,000) through the engine's mode's path --
+(the live run's 50,000 trades/s at a 0.5 s trigger: 25,000; its 500 ms lateness, so lookups
+from the second batch on) through the engine's mode's path --
 in executors mode the executors' pure function run in the process and merged, as a replay does.
 Printed per side: the warm-up's seconds (before the first batch, where the engine pays it), then
-each batch's seconds (the driver's evaluation, lookups and alerts' values included).  The two
+each batch's seconds (the driver's evaluation, lookups and alerts' values included); at the end,
+per side, the medians over runs of the first batch, of the first batch that ran a lookup (made
+alerts) and of the lookup batches after it.  The two
 sides alternate ``--repeat`` times::
 
     .venv/bin/python bench/first_batches_probe.py --rules 10000 --repeat 3
@@ -38,7 +41,7 @@ def side(a: argparse.Namespace) -> None:
     from engine.sinks.alert_columns import AlertColumns
     from tidewatch.settings import get_settings
 
-    s = get_settings()
+    s = get_settings().model_copy(update={"allowed_lateness_ms": a.lateness_ms})
     topics = {"trades": s.topic_trades}
     executors = s.engine_preaggregate == "executors"
     rate = a.events / a.trigger
@@ -78,7 +81,10 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=5_000)
     ap.add_argument("--events", type=int, default=25_000, help="trades per batch")
     ap.add_argument("--trigger", type=float, default=0.5, help="seconds of event time per batch")
-    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument(
+        "--lateness-ms", type=int, default=500, help="the live run's (lookups from the 2nd batch on)"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--side", choices=["warm", "cold"], help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -86,7 +92,7 @@ def main() -> None:
         a.warm = a.side == "warm"
         return side(a)
     args = [f"--rules={a.rules}", f"--keys={a.keys}", f"--events={a.events}", f"--trigger={a.trigger}",
-            f"--batches={a.batches}"]  # fmt: skip
+            f"--batches={a.batches}", f"--lateness-ms={a.lateness_ms}"]  # fmt: skip
     got: dict[str, list[dict[str, list[float]]]] = {"cold": [], "warm": []}
     for r in range(a.repeat):
         for name in ("cold", "warm"):
@@ -100,10 +106,17 @@ def main() -> None:
             bs = " ".join(f"{x:.2f}" for x in d["batches_s"])
             print(f"run {r + 1} {name:4s}: warm-up {d['warm_up_s']:.2f} s; batches (s): {bs}", flush=True)
     for name, runs in got.items():
-        first = statistics.median(sum(d["batches_s"][:2]) for d in runs)
-        rest = statistics.median(statistics.median(d["batches_s"][2:]) for d in runs)
+        firsts, lookups, later = [], [], []
+        for d in runs:
+            looked = [i for i, n in enumerate(d["alerts"]) if n]  # the batches that ran a lookup
+            firsts.append(d["batches_s"][0])
+            if looked:
+                lookups.append(d["batches_s"][looked[0]])
+                later += [d["batches_s"][i] for i in looked[1:]]
         print(
-            f"{name}: first two batches {first:.2f} s (median of runs), the batches after, median {rest:.2f} s"
+            f"{name}: first batch {statistics.median(firsts):.2f} s, first batch with a lookup "
+            f"{statistics.median(lookups) if lookups else float('nan'):.2f} s (medians of runs), "
+            f"the lookup batches after it {statistics.median(later) if later else float('nan'):.2f} s"
         )
 
 

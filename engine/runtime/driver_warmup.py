@@ -24,8 +24,11 @@ no state, only what the process has loaded.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -142,6 +145,29 @@ def kafka_records(
     )
 
 
+class _OtherThreads(logging.Filter):
+    """Drops the records logged by the thread that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The engine's log without this thread's records meanwhile: the throwaway core's "subscription
+    warm-up-3 (...) is active" would read as the engine's own (other threads still log)."""
+    logger, only = logging.getLogger("tidewatch.engine"), _OtherThreads()
+    logger.addFilter(only)
+    try:
+        yield
+    finally:
+        logger.removeFilter(only)
+
+
 def _no_history(stream: str, _index: Any, _lo: int | None, _hi: int | None) -> Decoded:
     """No event before the warm-up's first batch (an :data:`engine.core.EventSource`)."""
     return empty(stream)
@@ -152,7 +178,15 @@ def warm_driver(
 ) -> tuple[float, int]:
     """Run a throwaway core of ``core_factory`` through :data:`BATCHES` batches of synthetic
     events (see the module docstring); ``topics``: stream -> topic, as the engine's.  Returns the
-    seconds it took and the alerts the throwaway core made (> 0: its lookups ran)."""
+    seconds it took and the alerts the throwaway core made (> 0: its lookups ran).  What the
+    throwaway core logs is not logged (:func:`_quiet`)."""
+    with _quiet():
+        return _warm_driver(core_factory, topics, executors=executors)
+
+
+def _warm_driver(
+    core_factory: Callable[[], EngineCore], topics: Mapping[str, str], *, executors: bool
+) -> tuple[float, int]:
     from engine.executors.merge import merge_output
     from engine.executors.preagg import preaggregate
     from engine.sinks.alert_columns import AlertColumns

@@ -119,3 +119,35 @@ def test_the_warm_up_loads_every_kernel_a_rule_mix_uses(mode: str) -> None:
     real = _loaded("rules", mode)
     assert len(real) > 20  # the mix did run the kernels
     assert real <= warm, f"not loaded by the warm-up: {sorted(real - warm)}"
+
+
+def test_the_throwaway_core_logs_nothing_other_threads_still_do(caplog: pytest.LogCaptureFixture) -> None:
+    """The throwaway core's subscriptions are not announced in the engine's log (they would
+    read as the engine's own); a record another thread logs meanwhile still is."""
+    import logging
+    import threading
+
+    log = logging.getLogger("tidewatch.engine")
+    real = log.info
+    done = threading.Event()
+
+    def info_and_other(msg: str, *args: object) -> None:  # the first record: another thread logs
+        real(msg, *args)
+        if not done.is_set():
+            done.set()
+            t = threading.Thread(target=real, args=("from another thread",))
+            t.start()
+            t.join()
+
+    with caplog.at_level(logging.INFO, logger="tidewatch.engine"):
+        real("subscription before (b) on trades is active")  # this thread, before: kept
+        log.info = info_and_other  # type: ignore[method-assign]
+        try:
+            warm_driver(lambda: _core(1000, 0, None), TOPICS, executors=False)
+        finally:
+            del log.info
+    messages = [r.getMessage() for r in caplog.records]
+    assert done.is_set()  # the throwaway core did log
+    assert "subscription before (b) on trades is active" in messages
+    assert "from another thread" in messages
+    assert not [m for m in messages if "warm-up" in m]
