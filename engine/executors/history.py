@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from engine.dead_letter import DeadLetters
 from engine.decode import Decoded, column_numpy, empty, finish, predecode
+from engine.runtime.gc_tuning import freeze_worker
 
 BATCH = "__batch"  #: the column of :func:`spark_history`'s output naming each event's batch
 
@@ -173,6 +174,7 @@ class HistoryTask:
         self.lo, self.hi, self.max_future_ms = lo, hi, max_future_ms
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_worker()  # PySpark's collection after the task: over this task's objects only
         tbl = pa.Table.from_batches(list(batches))
         if tbl.num_rows == 0:
             return

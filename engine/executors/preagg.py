@@ -102,6 +102,7 @@ import pyarrow.compute as pc
 from engine.dead_letter import DeadLetters
 from engine.decode import Decoded, finish, kafka_ts_ms, predecode
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate
+from engine.runtime.gc_tuning import freeze_worker
 from tidewatch.schema import STREAMS as STREAM_FIELDS
 
 KAFKA_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
@@ -385,6 +386,7 @@ class Preaggregator:
         self.params = params
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_worker()  # PySpark's collection after the task: over this task's objects only
         pending: list[pa.RecordBatch] = []
         n = 0
         for b in batches:

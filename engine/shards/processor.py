@@ -50,6 +50,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
+from engine.runtime.gc_tuning import freeze_worker
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
@@ -235,6 +236,7 @@ class ShardProcessor(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
+        freeze_worker()  # PySpark's collection after the task: not over the shard's whole state
         t_in = time.perf_counter()
         label = int(key[0])
         shard = self.labels.index(label)

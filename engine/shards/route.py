@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.decode import STREAMS, predecode
+from engine.runtime.gc_tuning import freeze_worker
 from engine.sources.readers import RECORD_COLUMNS, offset_ranges
 
 log = logging.getLogger("tidewatch.engine")
@@ -294,6 +295,7 @@ class Router:
         return pa.concat_tables([span, extra])
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_worker()  # PySpark's collection after the task: over this task's objects only
         chunks = [b for b in batches if b.num_rows]
         if not chunks:
             return

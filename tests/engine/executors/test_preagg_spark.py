@@ -99,3 +99,31 @@ def test_map_in_arrow_runs_in_python_workers_and_equals_the_driver_path(spark: S
         zip(*np.unique(out.column("kind").to_numpy(zero_copy_only=False), return_counts=True), strict=True)
     )
     assert set(kinds) <= {"pane", "distinct", "dead", "partition", "event", "record"}
+
+
+def test_a_task_freezes_the_workers_heap_and_the_driver_does_not(spark: SparkSession) -> None:
+    """PySpark's daemon collects garbage over the whole worker after every task: the engine's
+    worker functions freeze what is alive as a task starts (engine.runtime.gc_tuning), so each
+    task of the Preaggregator leaves its worker with the modules and kernels frozen; run in the
+    driver (a replay) it freezes nothing there."""
+    import gc
+
+    from engine.executors.preagg import Preaggregator, preaggregate
+
+    tbl = _records(300, seed=5)
+    p = params()
+
+    def frozen_after(batches: Any) -> Any:
+        for _ in Preaggregator(p)(batches):
+            pass
+        import gc as worker_gc
+
+        yield pa.RecordBatch.from_pydict({"frozen": [worker_gc.get_freeze_count()], "pid": [os.getpid()]})
+
+    df = spark.createDataFrame(tbl.to_pandas()).repartition(2)
+    got = df.mapInArrow(frozen_after, "frozen long, pid long").collect()
+    assert len(got) == 2 and all(r.pid != os.getpid() for r in got)
+    assert min(r.frozen for r in got) > 10_000  # NumPy, Arrow, Numba and the engine's modules
+    before = gc.get_freeze_count()
+    preaggregate(tbl, p)
+    assert gc.get_freeze_count() == before
