@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.sides import alternate  # noqa: E402
 
 
 def side(a: argparse.Namespace) -> None:
@@ -93,18 +94,10 @@ def main() -> None:
         return side(a)
     args = [f"--rules={a.rules}", f"--keys={a.keys}", f"--events={a.events}", f"--trigger={a.trigger}",
             f"--batches={a.batches}", f"--lateness-ms={a.lateness_ms}"]  # fmt: skip
-    got: dict[str, list[dict[str, list[float]]]] = {"cold": [], "warm": []}
-    for r in range(a.repeat):
-        for name in ("cold", "warm"):
-            res = subprocess.run(
-                [sys.executable, __file__, *args, f"--side={name}"], cwd=ROOT, capture_output=True, text=True
-            )
-            if res.returncode:
-                sys.exit(res.stderr[-3000:])
-            d = json.loads(res.stdout.strip().splitlines()[-1])
-            got[name].append(d)
-            bs = " ".join(f"{x:.2f}" for x in d["batches_s"])
-            print(f"run {r + 1} {name:4s}: warm-up {d['warm_up_s']:.2f} s; batches (s): {bs}", flush=True)
+    got = alternate(
+        __file__, args, ("cold", "warm"), a.repeat,
+        lambda d: f"warm-up {d['warm_up_s']:.2f} s; batches (s): " + " ".join(f"{x:.2f}" for x in d["batches_s"]),
+    )  # fmt: skip
     for name, runs in got.items():
         firsts, lookups, later = [], [], []
         for d in runs:

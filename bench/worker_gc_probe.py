@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.sides import alternate  # noqa: E402
 
 
 def _thawed(params: Any) -> Any:
@@ -116,21 +117,11 @@ def main() -> None:
     if a.side:
         return side(a)
     args = [f"--records={a.records}", f"--tasks={a.tasks}", f"--jobs={a.jobs}"]
-    got: dict[str, list[dict[str, float]]] = {"thawed": [], "frozen": []}
-    for r in range(a.repeat):
-        for name in got:
-            res = subprocess.run(
-                [sys.executable, __file__, *args, f"--side={name}"], cwd=ROOT, capture_output=True, text=True
-            )
-            if res.returncode:
-                sys.exit(res.stderr[-3000:])
-            d = json.loads(res.stdout.strip().splitlines()[-1])
-            got[name].append(d)
-            print(
-                f"run {r + 1} {name:6s}: Python workers {d['worker_ms_per_task']:.1f} ms CPU per task, "
-                f"JVM {d['jvm_ms_per_job']:.0f} ms CPU per job, {d['wall_ms_per_job']:.0f} ms wall per job",
-                flush=True,
-            )
+    got = alternate(
+        __file__, args, ("thawed", "frozen"), a.repeat,
+        lambda d: f"Python workers {d['worker_ms_per_task']:.1f} ms CPU per task, JVM {d['jvm_ms_per_job']:.0f} ms "
+        f"CPU per job, {d['wall_ms_per_job']:.0f} ms wall per job",
+    )  # fmt: skip
     for name, runs in got.items():
         med = {k: statistics.median(d[k] for d in runs) for k in runs[0]}
         print(
