@@ -12,8 +12,8 @@ alerts and a backlog for the batches after them: the start's tail.
 
 :func:`warm_driver` pays it at engine start instead.  A throwaway core made by the engine's own
 factory subscribes :data:`RULES` (every aggregate of every stream, integer and float fields,
-predicates, FILTER, a historical window, ROWS windows) and takes :data:`BATCHES` small batches of synthetic
-events of both streams through the path of the engine's mode -- in executors mode the executors'
+predicates, FILTER, a historical window, ROWS windows) and takes :data:`BATCHES` small batches of
+synthetic events of both streams through the path of the engine's mode -- in executors mode the executors'
 pure function (:func:`engine.executors.preagg.preaggregate`) run in this process and merged
 (:func:`engine.executors.merge.merge_output`), as a replay does -- so that lookups happen,
 results enter and leave, and the alerts' values are read.  Its alerts are made into the columns
@@ -198,7 +198,7 @@ def _warm_driver(
         SubscriptionChange(f"warm-up-{i}", "upsert", f"warm-up {i}", text)
         for i, text in enumerate(rules_for(core.g))
     ]
-    empty = kafka_records(streams, 0, 1, 0).slice(0, 0)
+    no_records = kafka_records(streams, 0, 1, 0).slice(0, 0)
     # event times ending a minute ago, each batch's span past the lateness and two lookup periods
     span = core.lateness + 2 * core.L
     start = (int(time.time() * 1000) - 60_000 - BATCHES * span) // core.L * core.L
@@ -208,7 +208,9 @@ def _warm_driver(
         # are expired (the index's reset of a key and the recompute of its blocks)
         n_keys = KEYS if b <= BATCHES - 2 else KEYS // 2
         recs = (
-            empty if b == 0 else kafka_records(streams, start + (b - 1) * span, start + b * span, b, n_keys)
+            no_records
+            if b == 0
+            else kafka_records(streams, start + (b - 1) * span, start + b * span, b, n_keys)
         )
         changes = rules if b == 0 else []
         out: BatchOutput
