@@ -35,11 +35,9 @@ def side(a: argparse.Namespace) -> None:
     """One side, in this (fresh) interpreter: JSON of the warm-up's and each batch's seconds."""
     from bench.engine_bench import make_events, make_mixed_rules
     from engine.core import default_core
-    from engine.executors.merge import merge_output
-    from engine.executors.preagg import preaggregate
+    from engine.executors.warmup import kafka_records_of
     from engine.messages import SubscriptionChange
-    from engine.runtime.driver_warmup import _no_history, kafka_records_of, warm_driver
-    from engine.sinks.alert_columns import AlertColumns
+    from engine.runtime.driver_warmup import read_alerts, warm_batch, warm_driver
     from tidewatch.settings import get_settings
 
     s = get_settings().model_copy(update={"allowed_lateness_ms": a.lateness_ms})
@@ -61,15 +59,8 @@ def side(a: argparse.Namespace) -> None:
         recs = kafka_records_of(topics["trades"], "trades", {k: v[lo:hi] for k, v in ev.items()}, lo)
         recs = recs if b else recs.slice(0, 0)
         t0 = time.perf_counter()
-        if executors:
-            params = core.batch_params(topics)
-            eb = merge_output(preaggregate(recs, params), params, batch=b)
-            res = core.process_preaggregated(b, eb, params, rules if b == 0 else [], history=_no_history)
-        else:
-            res = core.process(b, {"trades": recs}, rules if b == 0 else [])
-        if res.alerts:
-            c = AlertColumns.of(res.alerts)
-            c.ids, c.subscription_uuid_text, c.values_json, c.value_floats, c.present  # noqa: B018
+        res = warm_batch(core, b, recs, topics, rules if b == 0 else [], executors=executors)
+        read_alerts(res)
         if b:
             out["batches_s"].append(time.perf_counter() - t0)
             out["alerts"].append(len(res.alerts))

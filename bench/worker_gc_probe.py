@@ -55,7 +55,7 @@ def side(a: argparse.Namespace) -> None:
         SetSpec,
         batch_params,
     )
-    from engine.runtime.driver_warmup import kafka_records_of
+    from engine.executors.warmup import kafka_records_of
     from engine.spark_session import build_spark
     from tidewatch.settings import get_settings
 

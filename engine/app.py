@@ -42,8 +42,8 @@ from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
 from engine.executors.history import records_source, spark_history
-from engine.executors.merge import ExecutorBatch, merge_output
-from engine.executors.preagg import BatchParams, preaggregate, spark_preaggregate
+from engine.executors.merge import ExecutorBatch, merge_output, preaggregate_here
+from engine.executors.preagg import BatchParams, spark_preaggregate
 from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
@@ -92,7 +92,7 @@ log = logging.getLogger("tidewatch.engine")
 
 @dataclass
 class _Preaggregated:
-    """A batch through the executors (or :func:`preaggregate` in process, on replay): the
+    """A batch through the executors (or :func:`preaggregate_here` in process, on replay): the
     parameters it was made with and its merged output (``engine_preaggregate = "executors"``)."""
 
     params: BatchParams
@@ -372,7 +372,7 @@ class EngineApp:
         if not self.executors:
             return tbl
         params = self.core.batch_params(self.topics)
-        return _Preaggregated(params, merge_output(preaggregate(tbl, params), params, batch=batch_id))
+        return _Preaggregated(params, preaggregate_here(tbl, params, batch=batch_id))
 
     def _process(
         self,

@@ -65,6 +65,7 @@ from engine.executors.preagg import (
     SetSpec,
     event_schema,
     ipc_table,
+    preaggregate,
 )
 
 _PANE, _DISTINCT = KINDS.index("pane"), KINDS.index("distinct")
@@ -708,3 +709,10 @@ def merge_output(tbl: pa.Table, params: BatchParams, batch: int = 0) -> Executor
 
     records = payloads("record", RECORD_SCHEMA)
     return ExecutorBatch(panes, dead, events, part_max, ts_min, offsets, raw, records, pids)
+
+
+def preaggregate_here(records: pa.Table, params: BatchParams, batch: int = 0) -> ExecutorBatch:
+    """The executors' pure function (:func:`engine.executors.preagg.preaggregate`) run on
+    ``records`` in this process, merged (:func:`merge_output`): what a micro-batch's tasks
+    would have sent, for the batches the driver re-reads (a replay) and the driver's warm-up."""
+    return merge_output(preaggregate(records, params), params, batch=batch)

@@ -15,12 +15,14 @@ while, so a feed that starts minutes later may pay part of it again.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from engine.executors.preagg import KAFKA_COLUMNS, BatchParams, spark_preaggregate
+from engine.executors.preagg import BatchParams, spark_preaggregate
 from tidewatch.wire.avro import encode_batch
 
 #: one valid record of each stream (its ``ts`` set at warm-up)
@@ -38,32 +40,35 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }
 
 
+def kafka_records_of(topic: str, stream: str, events: Mapping[str, Any], offset: int) -> pa.Table:
+    """Kafka rows (:data:`~engine.executors.preagg.KAFKA_COLUMNS`) of ``events`` (columns of
+    ``stream``, Avro-encoded as the ingest writes them) on ``topic``'s partition 0 from
+    ``offset`` on, each Kafka timestamp at its event's time."""
+    n = len(events["ts"])
+    stamps = [datetime.fromtimestamp(int(t) / 1000, UTC) for t in events["ts"]]
+    return pa.table(
+        {
+            "topic": pa.array([topic] * n, pa.string()),
+            "partition": pa.array(np.zeros(n, np.int32)),
+            "offset": pa.array(np.arange(offset, offset + n, dtype=np.int64)),
+            "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            "key": pa.array([b"warm-up"] * n, pa.binary()),
+            "value": pa.array(encode_batch(stream, events).messages() if n else [], pa.binary()),
+        }
+    )
+
+
 def warm_up_records(params: BatchParams, tasks: int, now_ms: int) -> pa.Table:
     """``tasks`` copies of one record of each event stream of ``params`` (Kafka rows,
-    :data:`KAFKA_COLUMNS`), with event time ``now_ms``."""
-    rows: dict[str, list[Any]] = {c: [] for c in KAFKA_COLUMNS}
-    stamp = datetime.fromtimestamp(now_ms / 1000, UTC)
-    for stream, topic in params.topics:
-        if stream not in SAMPLES:
-            continue
-        value = encode_batch(
-            stream, {f: [v] for f, v in {**SAMPLES[stream], "ts": now_ms}.items()}
-        ).messages()[0]
-        for i in range(tasks):
-            for c, v in zip(KAFKA_COLUMNS, (topic, i, i, stamp, b"warm-up", value), strict=True):
-                rows[c].append(v)
-    return pa.table(
-        rows,
-        schema=pa.schema(
-            [
-                ("topic", pa.string()),
-                ("partition", pa.int32()),
-                ("offset", pa.int64()),
-                ("timestamp", pa.timestamp("us", tz="UTC")),
-                ("key", pa.binary()),
-                ("value", pa.binary()),
-            ]
-        ),
+    :func:`kafka_records_of`), with event time ``now_ms``."""
+    return pa.concat_tables(
+        [
+            kafka_records_of(
+                topic, stream, {f: [v] * tasks for f, v in {**SAMPLES[stream], "ts": now_ms}.items()}, 0
+            )
+            for stream, topic in params.topics
+            if stream in SAMPLES
+        ]
     )
 
 

@@ -13,11 +13,11 @@ alerts and a backlog for the batches after them: the start's tail.
 :func:`warm_driver` pays it at engine start instead.  A throwaway core made by the engine's own
 factory subscribes :data:`RULES` (every aggregate of every stream, integer and float fields,
 predicates, FILTER, a historical window, ROWS windows) and takes :data:`BATCHES` small batches of
-synthetic events of both streams through the path of the engine's mode -- in executors mode the executors'
-pure function (:func:`engine.executors.preagg.preaggregate`) run in this process and merged
-(:func:`engine.executors.merge.merge_output`), as a replay does -- so that lookups happen,
+synthetic events of both streams through the path of the engine's mode (:func:`warm_batch`) --
+in executors mode the executors' pure function run in this process and merged
+(:func:`engine.executors.merge.preaggregate_here`), as a replay does -- so that lookups happen,
 results enter and leave, and the alerts' values are read.  Its alerts are made into the columns
-both sinks read (:class:`engine.sinks.alert_columns.AlertColumns`).  Nothing is read from or
+both sinks read (:func:`read_alerts`).  Nothing is read from or
 written to Kafka or PostgreSQL, and the engine's own core is not touched: the warm-up changes
 no state, only what the process has loaded.
 """
@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ import pyarrow as pa
 
 from engine.core import EngineCore
 from engine.decode import Decoded, empty
+from engine.executors.warmup import kafka_records_of
 from engine.messages import BatchOutput, SubscriptionChange
 
 #: the rules of the throwaway core: each aggregate on integer and float fields of both streams,
@@ -107,26 +107,6 @@ def _events(
     }
 
 
-def kafka_records_of(topic: str, stream: str, events: Mapping[str, Any], offset: int) -> pa.Table:
-    """Kafka rows (``topic, partition, offset, timestamp, key, value``) of ``events`` (columns of
-    ``stream``, Avro-encoded as the ingest writes them) on ``topic``'s partition 0 from
-    ``offset`` on, each Kafka timestamp at its event's time."""
-    from tidewatch.wire.avro import encode_batch
-
-    n = len(events["ts"])
-    stamps = [datetime.fromtimestamp(int(t) / 1000, UTC) for t in events["ts"]]
-    return pa.table(
-        {
-            "topic": pa.array([topic] * n, pa.string()),
-            "partition": pa.array(np.zeros(n, np.int32)),
-            "offset": pa.array(np.arange(offset, offset + n, dtype=np.int64)),
-            "timestamp": pa.array(stamps, pa.timestamp("us", tz="UTC")),
-            "key": pa.array([b"warm-up"] * n, pa.binary()),
-            "value": pa.array(encode_batch(stream, events).messages() if n else [], pa.binary()),
-        }
-    )
-
-
 def kafka_records(
     topics: Mapping[str, str], lo_ms: int, hi_ms: int, seed: int, n_keys: int = KEYS
 ) -> pa.Table:
@@ -184,13 +164,45 @@ def warm_driver(
         return _warm_driver(core_factory, topics, executors=executors)
 
 
+def warm_batch(
+    core: EngineCore,
+    batch: int,
+    records: pa.Table,
+    topics: Mapping[str, str],
+    changes: list[SubscriptionChange],
+    *,
+    executors: bool,
+) -> BatchOutput:
+    """One batch of Kafka ``records`` (of the event streams of ``topics``, nothing before them)
+    through ``core`` by the path of the engine's mode: the executors' pure function run here and
+    merged (:func:`engine.executors.merge.preaggregate_here`, as a replay does), or the driver's
+    decode."""
+    if executors:
+        from engine.executors.merge import preaggregate_here
+
+        params = core.batch_params(dict(topics))
+        eb = preaggregate_here(records, params, batch=batch)
+        # rules new at this batch with nothing pending before it: the events read again for
+        # their pane specs (the engine's Kafka history) are none
+        return core.process_preaggregated(batch, eb, params, changes, history=_no_history)
+    by_stream = {s: records.filter(pa.compute.equal(records.column("topic"), t)) for s, t in topics.items()}
+    return core.process(batch, by_stream, changes)
+
+
+def read_alerts(out: BatchOutput) -> int:
+    """Make ``out``'s alerts into the columns both sinks read
+    (:class:`engine.sinks.alert_columns.AlertColumns`); how many there were."""
+    from engine.sinks.alert_columns import AlertColumns
+
+    if out.alerts:
+        cols = AlertColumns.of(out.alerts)
+        cols.ids, cols.subscription_uuid_text, cols.values_json, cols.value_floats, cols.present  # noqa: B018
+    return len(out.alerts)
+
+
 def _warm_driver(
     core_factory: Callable[[], EngineCore], topics: Mapping[str, str], *, executors: bool
 ) -> tuple[float, int]:
-    from engine.executors.merge import merge_output
-    from engine.executors.preagg import preaggregate
-    from engine.sinks.alert_columns import AlertColumns
-
     t0 = time.perf_counter()
     core = core_factory()
     streams = {s: t for s, t in topics.items() if s in ("trades", "packets")}
@@ -212,21 +224,7 @@ def _warm_driver(
             if b == 0
             else kafka_records(streams, start + (b - 1) * span, start + b * span, b, n_keys)
         )
-        changes = rules if b == 0 else []
-        out: BatchOutput
-        if executors:
-            params = core.batch_params(streams)
-            eb = merge_output(preaggregate(recs, params), params, batch=b)
-            # the rules' pane specs are new at batch 0, with nothing pending before it: the
-            # events read again for them (the engine's Kafka history) are none
-            out = core.process_preaggregated(b, eb, params, changes, history=_no_history)
-        else:
-            by_stream = {
-                s: recs.filter(pa.compute.equal(recs.column("topic"), t)) for s, t in streams.items()
-            }
-            out = core.process(b, by_stream, changes)
-        if out.alerts:
-            alerts += len(out.alerts)
-            cols = AlertColumns.of(out.alerts)
-            cols.ids, cols.subscription_uuid_text, cols.values_json, cols.value_floats, cols.present  # noqa: B018
+        alerts += read_alerts(
+            warm_batch(core, b, recs, streams, rules if b == 0 else [], executors=executors)
+        )
     return time.perf_counter() - t0, alerts

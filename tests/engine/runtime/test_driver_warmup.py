@@ -54,7 +54,7 @@ _LOADED = textwrap.dedent(
     import json, sys, time
     from numba.core.registry import CPUDispatcher
     from engine.core import default_core
-    from engine.runtime.driver_warmup import warm_driver, kafka_records, _no_history
+    from engine.runtime.driver_warmup import kafka_records, read_alerts, warm_batch, warm_driver
     from tidewatch.settings import get_settings
 
     s = get_settings()
@@ -63,10 +63,7 @@ _LOADED = textwrap.dedent(
     if sys.argv[1] == "warm-up":
         warm_driver(lambda: default_core(s), topics, executors=executors)
     else:  # a rule mix of every aggregate and window form, 20 batches of both streams
-        from engine.executors.merge import merge_output
-        from engine.executors.preagg import preaggregate
         from engine.messages import SubscriptionChange
-        from engine.sinks.alert_columns import AlertColumns
         from tests.engine.rule_mix import RULES_MD_MIX, random_rules
 
         texts = list(random_rules(300, seed=7).values()) + list(RULES_MD_MIX)
@@ -76,17 +73,7 @@ _LOADED = textwrap.dedent(
         for b in range(21):
             recs = kafka_records(topics, start + (b - 1) * 2000, start + b * 2000, 100 + b)
             recs = recs if b else recs.slice(0, 0)
-            if executors:
-                params = core.batch_params(topics)
-                eb = merge_output(preaggregate(recs, params), params, batch=b)
-                out = core.process_preaggregated(b, eb, params, rules if b == 0 else [], history=_no_history)
-            else:
-                import pyarrow.compute as pc
-                by = {st: recs.filter(pc.equal(recs.column("topic"), t)) for st, t in topics.items()}
-                out = core.process(b, by, rules if b == 0 else [])
-            if out.alerts:
-                c = AlertColumns.of(out.alerts)
-                c.ids, c.subscription_uuid_text, c.values_json, c.value_floats, c.present
+            read_alerts(warm_batch(core, b, recs, topics, rules if b == 0 else [], executors=executors))
     loaded = sorted(
         {
             (f"{v.py_func.__module__}.{v.py_func.__qualname__}", str(sig))
