@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from engine.decode import Decoded
 from engine.evaluation.panes import PaneSpec, aggregate
-from engine.executors.merge import PanePartial, merge_output
+from engine.executors.merge import PanePartial, merge_output, preaggregate_here
 from engine.executors.preagg import OUTPUT_SCHEMA, Preaggregator, column_sets, preaggregate
 from engine.executors.reference import _batch_view, driver_path
 from tests.engine.executors.support import (
@@ -182,10 +182,7 @@ def test_first_last_ties_across_batches_put_the_older_batch_first() -> None:
     p = params()
     t1 = kafka_table([("trades", 1, 5, 0, 0, 1, False, 9)], seed=1)
     t2 = kafka_table([("trades", 0, 5, 0, 3, 1, False, 9)], next_offsets(t1), seed=2)
-    parts = [
-        merge_output(preaggregate(t, p), p, batch=b).panes[("trades", "symbol")]
-        for b, t in enumerate((t1, t2))
-    ]
+    parts = [preaggregate_here(t, p, batch=b).panes[("trades", "symbol")] for b, t in enumerate((t1, t2))]
     got = PanePartial.merge(parts[::-1]).pane_rows()
     d = _concat(driver_path(t1, p).decoded["trades"], driver_path(t2, p).decoded["trades"])
     assert_pane_rows_equal(got, _aggregate(d, TRADE_SPEC))
@@ -234,7 +231,7 @@ def test_late_and_watermark_are_the_batch_start_constants(late: int | None) -> N
     recs = [("trades", 0, i, 0, 0, 1, False, 9) for i in range(16)]
     tbl = kafka_table(recs)
     p = params(late_until=late, watermark=None if late is None else late + 5)
-    got = merge_output(preaggregate(tbl, p), p)
+    got = preaggregate_here(tbl, p)
     want = driver_path(tbl, p)
     assert_dead_equal(got.dead, want.dead)
     n_late = got.dead.reason.count("late")
@@ -257,7 +254,7 @@ def test_pending_rows_take_a_new_spec_from_a_rerun_over_the_same_events(
     runs = []
     for ks in (old, new_sets):
         p = dataclasses.replace(params(), panes=(ks,))
-        runs.append(merge_output(preaggregate(tbl, p), p).panes[("trades", "symbol")])
+        runs.append(preaggregate_here(tbl, p).panes[("trades", "symbol")])
     pending, extra = runs
     p_all = params()
     want = driver_path(tbl, p_all).panes[("trades", "symbol")]

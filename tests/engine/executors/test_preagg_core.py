@@ -15,8 +15,7 @@ from engine.core import EngineCore
 from engine.decode import STREAMS
 from engine.evaluation.evaluator import Evaluator
 from engine.executors.history import records_source
-from engine.executors.merge import merge_output
-from engine.executors.preagg import preaggregate
+from engine.executors.merge import preaggregate_here
 from engine.messages import SubscriptionChange
 from engine.rule_evaluator import rule_compiler
 from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows
@@ -129,7 +128,7 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: 
         want = driver.process(b, _split(tbl), _changes(b))
         params = ahead or execs.batch_params(dict(TOPICS))
         raw_asked.append(params.raw_streams)
-        eb = merge_output(preaggregate(tbl, params), params, batch=b)
+        eb = preaggregate_here(tbl, params, batch=b)
         if pipelined:
             ahead = execs.params_after(dict(TOPICS), eb, None)
         got = execs.process_preaggregated(b, eb, params, _changes(b), history=source)
@@ -182,13 +181,13 @@ def test_a_batch_made_for_another_late_bound_is_refused() -> None:
         tbl = _batch(b, rng, offs)
         log.append(tbl)
         params = core.batch_params(dict(TOPICS))
-        eb = merge_output(preaggregate(tbl, params), params, batch=b)
+        eb = preaggregate_here(tbl, params, batch=b)
         core.process_preaggregated(b, eb, params, _changes(b), history=source)
     assert core.applied_until is not None
     tbl = _batch(4, rng, offs)
     params = replace(core.batch_params(dict(TOPICS)), late_until=core.applied_until - G)
     with pytest.raises(BatchParamsMismatch):
-        core.process_preaggregated(4, merge_output(preaggregate(tbl, params), params, batch=4), params, [])
+        core.process_preaggregated(4, preaggregate_here(tbl, params, batch=4), params, [])
     assert core.last_batch == 3  # nothing of the batch was taken
 
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from engine.decode import Decoded, empty
 from engine.evaluation.evaluator import Evaluator
-from engine.executors.merge import PanePartial, merge_output
-from engine.executors.preagg import batch_params, key_specs, preaggregate
+from engine.executors.merge import PanePartial, preaggregate_here
+from engine.executors.preagg import batch_params, key_specs
 from engine.executors.reference import driver_path
 from subscriptions.compiler import compile_rule
 from tests.engine.executors.support import (
@@ -124,7 +124,7 @@ def test_apply_panes_of_the_executor_path_equals_raw_events(
             raw_streams=raw_streams,
         )
         ref = driver_path(tbl, p)
-        out = merge_output(preaggregate(tbl, p), p, batch=b)
+        out = preaggregate_here(tbl, p, batch=b)
         for s in TOPICS:
             pend_raw[s] = _sorted(_concat(pend_raw[s], ref.decoded[s]))
         for ks in specs:

@@ -4,8 +4,7 @@ micro-batch needs are the ones the warm-up loaded."""
 
 from __future__ import annotations
 
-from engine.executors.merge import merge_output
-from engine.executors.preagg import preaggregate
+from engine.executors.merge import preaggregate_here
 from engine.executors.warmup import warm_up_records
 from tests.engine.executors.support import BASE, TOPICS, params
 
@@ -13,7 +12,7 @@ from tests.engine.executors.support import BASE, TOPICS, params
 def test_warm_up_records_are_valid_events_of_every_stream() -> None:
     p = params()
     tbl = warm_up_records(p, 2, BASE + 1_000)
-    eb = merge_output(preaggregate(tbl, p), p)
+    eb = preaggregate_here(tbl, p)
     assert not len(eb.dead), eb.dead.reason
     assert eb.events == {"trades": 2, "packets": 2}
     assert eb.panes, "no pane rows: the aggregation kernels did not run"
