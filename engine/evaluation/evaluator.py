@@ -638,7 +638,7 @@ class Evaluator:
     def _lookup_group(self, g: Group, now: int, changes: Changes, held: np.ndarray | None = None) -> None:
         """One index lookup at the group's loosest range, one exact pass, per-rule ranges by
         bisection; the members of uids ``held`` (sorted) keep their previous pairs."""
-        if g.arrays is None:
+        if g.arrays is None or (g.extras and g.extra_checks is None):  # (a state from before ExtraChecks)
             g.prepare()
         assert g.arrays is not None
         names, los, his, lo_strict, hi_strict, uids, (loosest_lo, ls, hi_arg, hs) = g.arrays
@@ -660,9 +660,9 @@ class Evaluator:
             if g.extras and pairs.shape[0]:
                 ctx = Lookup(self, now)
                 uid_of, key_of = pairs >> SHIFT, pairs & np.int64(0xFFFFFFFF)
-                drop = [d for t in g.extra_tables or [] if (d := t.check(ctx, uid_of, key_of)) is not None]
-                if drop:
-                    pairs = np.delete(pairs, np.concatenate(drop))
+                drop = g.extra_checks.check(ctx, uid_of, key_of) if g.extra_checks else None
+                if drop is not None and drop.shape[0]:
+                    pairs = np.delete(pairs, drop)
             if held is not None:
                 pairs = g.carry(pairs, held)
             pairs, enter, exit_ = pair_diff(np.ascontiguousarray(pairs), g.prev_pairs)
