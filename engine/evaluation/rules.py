@@ -42,29 +42,13 @@ class Rule:
     group: tuple[Any, ...] | None = None
 
 
-@dataclass
-class _ExtraTable:
-    """The extra threshold atoms of a group's members that read one aggregate (structure,
-    function, window): per member (sorted by rule uid, at most one atom each) the operator, the
-    constant, which side the aggregate is on and whether the atom is negated."""
-
-    struct: Structure
-    spec: AggSpec
-    uids: np.ndarray  # sorted rule uids
-    ops: np.ndarray  # object array of "<", "<=", ">", ">=", "=", "!="
-    consts: np.ndarray  # float64
-    agg_left: np.ndarray  # bool: aggregate op constant (else constant op aggregate)
-    negated: np.ndarray  # bool
-
-
 #: the comparison operators of threshold atoms; an atom's operator is stored as its index here
 OPS = ("<", "<=", ">", ">=", "=", "!=")
 
 
 @dataclass
 class ExtraChecks:
-    """Every extra atom of a group's members (all its :class:`_ExtraTable` rows) as one flat
-    table, checked on the group's (rule, key) pairs in one pass per lookup: the entries ordered
+    """Every extra atom of a group's members as one flat table, checked on the group's (rule, key) pairs in one pass per lookup: the entries ordered
     by the aggregate they read, so each distinct aggregate is read once for the distinct keys of
     all its entries' pairs, and the comparisons made once per operator for the whole group --
     not a dozen NumPy calls per table (with 10,000 rules, 180 tables of 10-20 members each took
@@ -80,22 +64,34 @@ class ExtraChecks:
     negated: np.ndarray  # bool
 
     @classmethod
-    def of(cls, tables: list[_ExtraTable]) -> ExtraChecks:
-        """The tables' rows, those reading one aggregate (structure, function, window) together."""
-        by_agg: dict[tuple[Any, ...], list[_ExtraTable]] = {}
-        for t in tables:
-            by_agg.setdefault((id(t.struct), t.spec.func, t.spec.window), []).append(t)
-        ordered = [t for ts in by_agg.values() for t in ts]
-        sizes = [sum(t.uids.shape[0] for t in ts) for ts in by_agg.values()]
-        cat = lambda f, dt: np.concatenate([f(t) for t in ordered]).astype(dt) if ordered else np.zeros(0, dt)  # noqa: E731
+    def of(
+        cls, extras: dict[str, list[tuple[Structure, AggSpec, Atom]]], uids: dict[str, int]
+    ) -> ExtraChecks:
+        """The table of a group's :attr:`Group.extras` (rule name -> its extra atoms, each with
+        the aggregate it reads) and its members' uids: the atoms reading one aggregate
+        (structure, function, window) together, in the order the aggregates first occur; within
+        one, by (the atom's rank among its rule's atoms on that aggregate, rule uid)."""
+        by_agg: dict[tuple[Any, ...], list[tuple[int, int, Atom]]] = {}
+        agg_of: dict[tuple[Any, ...], tuple[Structure, AggSpec]] = {}
+        for name, items in extras.items():
+            seen: dict[tuple[Any, ...], int] = {}
+            for s, spec, atom in items:
+                sig = (id(s), spec.func, spec.window)
+                k = seen.get(sig, 0)
+                seen[sig] = k + 1
+                by_agg.setdefault(sig, []).append((k, uids[name], atom))
+                agg_of.setdefault(sig, (s, spec))
+        rows = [r for sig in by_agg for r in sorted(by_agg[sig], key=lambda r: (r[0], r[1]))]
+        sides = [_const_side(a) for _, _, a in rows]
+        sizes = [len(v) for v in by_agg.values()]
         return cls(
-            aggs=[(ts[0].struct, ts[0].spec) for ts in by_agg.values()],
+            aggs=[agg_of[sig] for sig in by_agg],
             bounds=np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64),
-            uids=cat(lambda t: t.uids, np.int64),
-            codes=cat(lambda t: np.array([OPS.index(str(o)) for o in t.ops], np.int8), np.int8),
-            consts=cat(lambda t: t.consts, np.float64),
-            agg_left=cat(lambda t: t.agg_left, bool),
-            negated=cat(lambda t: t.negated, bool),
+            uids=np.array([u for _, u, _ in rows], np.int64),
+            codes=np.array([OPS.index(str(a.op)) for _, _, a in rows], np.int8),
+            consts=np.array([c for c, _ in sides], np.float64),
+            agg_left=np.array([left for _, left in sides], bool),
+            negated=np.array([a.negated for _, _, a in rows], bool),
         )
 
     def check(self, ctx: Lookup, uid_of: np.ndarray, key_of: np.ndarray) -> np.ndarray | None:
@@ -158,36 +154,6 @@ def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     present[ids] = True
     rank = np.cumsum(present, dtype=np.int64) - 1
     return np.flatnonzero(present), rank[ids]
-
-
-def _extra_tables(
-    extras: dict[str, list[tuple[Structure, AggSpec, Atom]]], uids: dict[str, int]
-) -> list[_ExtraTable]:
-    """Group the extra atoms of a group's members into tables, one per aggregate read (a rule
-    with two atoms on the same aggregate puts the second into a second table)."""
-    rows: dict[tuple[Any, ...], list[tuple[int, Structure, AggSpec, Atom]]] = {}
-    for name, items in extras.items():
-        seen: dict[tuple[Any, ...], int] = {}
-        for s, spec, atom in items:
-            sig = (id(s), spec.func, spec.window)
-            k = seen.get(sig, 0)
-            seen[sig] = k + 1
-            rows.setdefault((*sig, k), []).append((uids[name], s, spec, atom))
-    out = []
-    for table in rows.values():
-        table.sort(key=lambda r: r[0])
-        out.append(
-            _ExtraTable(
-                struct=table[0][1],
-                spec=table[0][2],
-                uids=np.array([r[0] for r in table], np.int64),
-                ops=np.array([r[3].op for r in table], dtype=object),
-                consts=np.array([_const_side(r[3])[0] for r in table], np.float64),
-                agg_left=np.array([_const_side(r[3])[1] for r in table], bool),
-                negated=np.array([r[3].negated for r in table], bool),
-            )
-        )
-    return out
 
 
 def _const_side(atom: Atom) -> tuple[float, bool]:
@@ -259,7 +225,7 @@ class Group:
         order = np.argsort(uids)
         self._uid_sorted = uids[order]
         self._name_sorted = np.array(names, dtype=object)[order]
-        self.extra_checks = ExtraChecks.of(_extra_tables(self.extras, self.uids))
+        self.extra_checks = ExtraChecks.of(self.extras, self.uids)
         self.__dict__.pop("extra_tables", None)  # their list before ExtraChecks, in older snapshots
 
     def carry(self, pairs: np.ndarray, held: np.ndarray) -> np.ndarray:
