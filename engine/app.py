@@ -41,9 +41,10 @@ from engine.core import EngineCore, default_core
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
+from engine.executors.collect import collect_preaggregated
 from engine.executors.history import records_source, spark_history
 from engine.executors.merge import ExecutorBatch, merge_output, preaggregate_here
-from engine.executors.preagg import BatchParams, spark_preaggregate
+from engine.executors.preagg import BatchParams
 from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
@@ -434,7 +435,7 @@ class EngineApp:
     def on_batch_executors(self, df: Any, batch_id: int, blog: BatchLog) -> None:
         """:meth:`on_batch` with ``engine_preaggregate = "executors"``: the batch's records
         decoded and pre-aggregated by Spark's tasks with the batch's parameters
-        (:func:`spark_preaggregate`), only their output collected and merged
+        (:func:`collect_preaggregated`), only their output collected and merged
         (:func:`merge_output`); its offset ranges (from that output, the format
         :func:`offset_ranges` writes) logged durably, then evaluated and delivered.
 
@@ -451,7 +452,7 @@ class EngineApp:
         if params is None:
             self.drain()
             params = self.core.batch_params(self.topics)
-        eb = merge_output(spark_preaggregate(df, params).toArrow(), params, batch=batch_id)
+        eb = merge_output(collect_preaggregated(df, params), params, batch=batch_id)
         self.read_s = time.perf_counter() - t0
         self.executor_pids |= eb.pids
         blog.ranges = eb.offsets

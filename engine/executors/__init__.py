@@ -5,6 +5,9 @@
   records to rows of one schema (:data:`~engine.executors.preagg.OUTPUT_SCHEMA`): partial pane
   rows, dead letters, per-partition event-time maxima, raw events when asked, and the records
   of topics that are not event streams (the subscriptions);
+* :mod:`engine.executors.collect` -- the engine's read of a micro-batch through them:
+  :func:`~engine.executors.collect.collect_preaggregated` (one ``mapInArrow`` function per
+  Spark context, the batch's parameters as a task-local property, checked by a token);
 * :mod:`engine.executors.merge` -- the driver's side: the exact merge of the partial pane rows of
   several tasks and batches (:class:`~engine.executors.merge.PanePartial`) into the
   :class:`engine.evaluation.panes.PaneRows` that ``Evaluator.apply_panes`` takes, and the rest of

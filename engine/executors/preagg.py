@@ -90,7 +90,9 @@ source, one task per topic-partition.
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +103,7 @@ import pyarrow.compute as pc
 
 from engine.dead_letter import DeadLetters
 from engine.decode import Decoded, finish, kafka_ts_ms, predecode
+from engine.errors import BatchParamsMismatch
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate
 from engine.runtime.gc_tuning import freeze_worker
 from tidewatch.schema import STREAMS as STREAM_FIELDS
@@ -380,13 +383,24 @@ def column_sets(ks: KeySpec, mask: Callable[[Any], np.ndarray | None]) -> tuple[
 # ---------------------------------------------------------------- the mapInArrow function
 class Preaggregator:
     """``mapInArrow`` function: Kafka record batches -> :data:`OUTPUT_SCHEMA` batches (module
-    docstring).  Picklable (a module-level class holding frozen dataclasses)."""
+    docstring).  Picklable (a module-level class holding frozen dataclasses).
 
-    def __init__(self, params: BatchParams) -> None:
+    ``params`` None: the function of :func:`engine.executors.collect.collect_preaggregated`, made
+    once per Spark context;
+    each task reads its batch's parameters from the task's local property
+    :data:`PARAMS_PROPERTY` and writes the token that came with them into the schema metadata
+    (:data:`TOKEN_KEY`) of its payloads."""
+
+    def __init__(self, params: BatchParams | None, token: str = "") -> None:
         self.params = params
+        self.token = token
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_worker()  # PySpark's collection after the task: over this task's objects only
+        if self.params is None:
+            token, params = _task_params()
+            yield from Preaggregator(params, token)(batches)
+            return
         pending: list[pa.RecordBatch] = []
         n = 0
         for b in batches:
@@ -406,7 +420,8 @@ class Preaggregator:
         if records.num_rows == 0:
             return
         p = self.params
-        out = _Out(os.getpid())
+        assert p is not None
+        out = _Out(os.getpid(), self.token)
         yield out.offsets(records)
         topic = records.column("topic")
         for stream, name in p.topics:
@@ -421,6 +436,7 @@ class Preaggregator:
 
     def _stream(self, out: _Out, stream: str, records: pa.Table) -> Iterator[pa.RecordBatch]:
         p = self.params
+        assert p is not None
         pre = predecode(stream, records, max_future_ms=p.max_future_ms)
         dead = DeadLetters()
         d = finish(pre, late_until=p.late_until, dead=dead, watermark=p.watermark)
@@ -448,6 +464,7 @@ class Preaggregator:
                     cs.name, cs.predicate, cs.sums, cs.minmax, (*cs.firstlast, ROW), cs.distinct
                 )
         sets.append(ColumnSet(_ARRIVAL, None, minmax=(ROW,)))
+        assert self.params is not None
         rows = aggregate(cols, PaneSpec(ks.key, tuple(sets)), self.params.pane_ms)
         yield from out.panes(i, ks, d, rows)
 
@@ -476,10 +493,12 @@ def _lists(mat: np.ndarray, typ: pa.DataType) -> pa.Array | None:
 
 
 class _Out:
-    """Builds :data:`OUTPUT_SCHEMA` record batches (absent columns null)."""
+    """Builds :data:`OUTPUT_SCHEMA` record batches (absent columns null); ``token``: written
+    into the schema metadata of every payload (:data:`TOKEN_KEY`) when not empty."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, token: str = "") -> None:
         self.pid = pid
+        self.token = token
 
     def batch(self, kind: str, nrows: int, /, **cols: Any) -> pa.RecordBatch:
         arrays = []
@@ -505,6 +524,8 @@ class _Out:
     def blob(self, kind: str, stream: str | None, tbl: pa.Table) -> pa.RecordBatch:
         """One row carrying ``tbl`` as an Arrow IPC ``payload`` (the low-volume kinds: no
         column of theirs widens the rows every pane row travels in)."""
+        if self.token:  # which call's parameters made it (collect_preaggregated checks it)
+            tbl = tbl.replace_schema_metadata({TOKEN_KEY: self.token})
         return self.batch(kind, 1, stream=stream, payload=ipc_bytes(tbl))
 
     def offsets(self, records: pa.Table) -> pa.RecordBatch:
@@ -659,7 +680,35 @@ def preaggregate(records: pa.Table | Iterable[pa.RecordBatch], params: BatchPara
 
 
 def spark_preaggregate(df: Any, params: BatchParams) -> Any:
-    """``df`` (Spark's Kafka source, batch or micro-batch DataFrame) through the executors:
-    ``mapInArrow(Preaggregator(params), OUTPUT_DDL)``; ``.toArrow()`` of it is what
-    :func:`engine.executors.merge.merge_output` takes."""
+    """``df`` (Spark's Kafka source, batch or micro-batch DataFrame) through the executors with
+    a function made for this call: ``mapInArrow(Preaggregator(params), OUTPUT_DDL)``, lazy.
+    The engine uses :func:`engine.executors.collect.collect_preaggregated` (the same output,
+    one function per Spark context);
+    this form stays for the benchmarks and probes that compare the two."""
     return df.select(*KAFKA_COLUMNS).mapInArrow(Preaggregator(params), OUTPUT_DDL)
+
+
+# ---------------------------------------------------------------- one function per context
+#: the task-local property (``SparkContext.setLocalProperty``) carrying a batch's parameters
+#: to the tasks of :func:`engine.executors.collect.collect_preaggregated`'s function:
+#: ``token`` ``:`` base64(pickle)
+PARAMS_PROPERTY = "tidewatch.preagg.params"
+#: the schema-metadata key of a payload holding the token of the parameters it was made with
+TOKEN_KEY = b"tidewatch.params_token"
+
+
+def _task_params() -> tuple[str, BatchParams]:
+    """(token, parameters) of the running task: its local property :data:`PARAMS_PROPERTY`."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    raw = tc.getLocalProperty(PARAMS_PROPERTY) if tc is not None else None
+    if not raw:
+        raise BatchParamsMismatch(
+            f"a task of the shared pre-aggregation ran without its parameters (no {PARAMS_PROPERTY!r} "
+            "local property): run it through engine.executors.collect.collect_preaggregated"
+        )
+    token, _, body = raw.partition(":")
+    params = pickle.loads(base64.b64decode(body))
+    assert isinstance(params, BatchParams)
+    return token, params

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from engine.executors.preagg import BatchParams, spark_preaggregate
+from engine.executors.collect import collect_preaggregated
+from engine.executors.preagg import BatchParams
 from tidewatch.wire.avro import encode_batch
 
 #: one valid record of each stream (its ``ts`` set at warm-up)
@@ -79,5 +80,5 @@ def warm_up(spark: Any, params: BatchParams) -> float:
     slots = max(1, int(spark.sparkContext.defaultParallelism))
     tbl = warm_up_records(params, slots, int(time.time() * 1000))
     df = spark.createDataFrame(tbl.to_pandas()).repartition(slots)
-    spark_preaggregate(df, params).toArrow()
+    collect_preaggregated(df, params)
     return time.perf_counter() - t0

@@ -3,7 +3,9 @@
 The DataFrame is built from in-memory Kafka rows (no Kafka needed) with the Kafka source's
 columns and types, repartitioned so several tasks each see part of every partition; the
 Python workers run :class:`engine.executors.preagg.Preaggregator` (their pids are not the
-driver's) and the driver's merge equals today's driver path on the same records.
+driver's) and the driver's merge equals today's driver path on the same records -- with a
+function made per call (``spark_preaggregate``) and with the engine's one function per context
+whose tasks read each call's parameters from a local property (``collect_preaggregated``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from engine.executors import collect
+from engine.executors.collect import collect_preaggregated
 from engine.executors.merge import merge_output
 from engine.executors.preagg import spark_preaggregate
 from engine.executors.reference import driver_path
@@ -127,3 +131,31 @@ def test_a_task_freezes_the_workers_heap_and_the_driver_does_not(spark: SparkSes
     before = gc.get_freeze_count()
     preaggregate(tbl, p)
     assert gc.get_freeze_count() == before
+
+
+def test_the_shared_function_takes_each_calls_parameters(spark: SparkSession) -> None:
+    """``collect_preaggregated``: one function for every call, each call's tasks with that
+    call's parameters (other ``late`` bounds, watermarks and raw streams give other dead letters
+    and events: a task that kept the first call's would fail the second comparison)."""
+    tbl = _records(3000, 12)
+    df = spark.createDataFrame(tbl.to_pandas()).repartition(3)
+    calls = [
+        params(late_until=BASE + 1000, watermark=BASE + 1500, raw=("trades",)),
+        params(late_until=BASE + 4000, watermark=BASE + 4200),
+        params(),
+    ]
+    made = []
+    for p in calls:
+        got = merge_output(collect_preaggregated(df, p), p, batch=0)
+        made.append(collect._SHARED[0][1])
+        want = driver_path(tbl, p)
+        assert got.pids and os.getpid() not in got.pids
+        for ks in (TRADE_SPEC, *PACKET_SPECS):
+            assert_pane_rows_equal(
+                got.panes[(ks.stream, ks.key)].pane_rows(), want.panes[(ks.stream, ks.key)], ks.key
+            )
+        assert_dead_equal(got.dead, want.dead)
+        assert set(got.raw) == set(p.raw_streams)
+    assert len({id(f) for f in made}) == 1, "one function for all calls"
+    assert len({len(merge_output(collect_preaggregated(df, p), p, batch=0).dead) for p in calls}) == 3
+    assert spark.sparkContext.getLocalProperty(collect.PARAMS_PROPERTY) is None  # removed after
