@@ -5,7 +5,9 @@
 # bench that OLD lacks is copied into it from the working tree.  Numba's on-disk cache is per
 # tree: the copy compiles its kernels on first use, so a bench whose start matters (--live) needs
 # RUNS >= 2 and its first run left out.  AB_SAME_BENCH=1 runs the working tree's bench file on
-# both trees.
+# both trees.  PYTHONPATH is each side's tree, so that Spark's Python workers (started by the JVM,
+# which passes the driver's PYTHONPATH on) import that tree's modules too: without it they took
+# the project's editable install, the working tree, on both sides (before 2026-11-29, 21:30 UTC).
 #
 #   bench/ab_trees.sh OLD RUNS BENCH [ARGS...]
 #   bench/ab_trees.sh 52c964f 2 bench/engine_bench.py --core-only --events 1500000 \
@@ -29,6 +31,6 @@ for i in $(seq 1 "$runs"); do
     tree=$root
     [ "$side" = old ] && tree=$tmp
     echo "== $side ($([ "$side" = old ] && echo "$old" || echo "working tree")), run $i, $(date -u +%T) UTC, load $(cut -d' ' -f1 /proc/loadavg)"
-    (cd /tmp && "$root/.venv/bin/python" "$tree/$bench" "$@")
+    (cd /tmp && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$root/.venv/bin/python" "$tree/$bench" "$@")
   done
 done
