@@ -48,9 +48,10 @@ OPS = ("<", "<=", ">", ">=", "=", "!=")
 
 @dataclass
 class ExtraChecks:
-    """Every extra atom of a group's members as one flat table, checked on the group's (rule, key) pairs in one pass per lookup: the entries ordered
-    by the aggregate they read, so each distinct aggregate is read once for the distinct keys of
-    all its entries' pairs, and the comparisons made once per operator for the whole group --
+    """Every extra atom of a group's members as one flat table, checked on the group's (rule,
+    key) pairs in one pass per lookup: the entries ordered by the aggregate they read, so each
+    distinct aggregate is read once for the distinct keys of all its entries' pairs, and the
+    comparisons made once per operator for the whole group --
     not a dozen NumPy calls per table (with 10,000 rules, 180 tables of 10-20 members each took
     three quarters of the evaluator's lookup in a profile of the live run, most of it in calls
     on small arrays).  Arasu & Widom 2004, section 4's sharing carried over to the post-check."""

@@ -43,14 +43,15 @@ def collect_preaggregated(df: Any, params: BatchParams) -> pa.Table:
     (``toArrow``): what :func:`engine.executors.merge.merge_output` takes.
 
     The same rows as ``spark_preaggregate(df, params).toArrow()``, but the Python function is
-    made and pickled once per Spark context, not per batch (≈ 18 ms of the driver's CPU a batch
-    in a profile of the live run: cloudpickle and the Py4J calls that register it).  The
-    parameters travel as a task-local property (:data:`PARAMS_PROPERTY`; Spark sends the
-    submitting thread's local properties with each task, and PySpark's workers read them
-    through ``TaskContext.getLocalProperty``), set on the calling thread just before the job
-    and removed after it.  Each call's parameters come with a fresh token that the tasks write
-    into their payloads (every task writes ``partition`` rows); output made with any other parameters (a stale
-    property) is refused with :class:`engine.errors.BatchParamsMismatch`, never merged."""
+    made and pickled once per Spark context, not per batch (cloudpickle and the Py4J calls that
+    register it: ≈ 5 ms of the driver's CPU a call, ≈ 18 ms of the read's time in a profile of
+    the live run; docs/measurements/engine.md).  The parameters travel as a task-local property
+    (:data:`PARAMS_PROPERTY`; Spark sends the submitting thread's local properties with each
+    task, and PySpark's workers read them through ``TaskContext.getLocalProperty``), set on the
+    calling thread just before the job and removed after it.  Each call's parameters come with
+    a fresh token that the tasks write into their payloads (every task writes ``partition``
+    rows); output made with any other parameters (a stale property) is refused with
+    :class:`engine.errors.BatchParamsMismatch`, never merged."""
     from pyspark.sql import DataFrame
     from pyspark.sql.pandas.functions import pandas_udf
     from pyspark.util import PythonEvalType
