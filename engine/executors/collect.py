@@ -27,13 +27,13 @@ from engine.executors.preagg import (
     PARAMS_PROPERTY,
     TOKEN_KEY,
     BatchParams,
-    Preaggregator,
+    TaskParamsPreaggregator,
 )
 
 __all__ = ["collect_preaggregated"]
 
 #: the Spark context's Java object and its ``mapInArrow`` function (a PySpark
-#: ``UserDefinedFunction`` of ``Preaggregator(None)``), made at the first call
+#: ``UserDefinedFunction`` of :class:`TaskParamsPreaggregator`), made at the first call
 _SHARED: list[tuple[Any, Any]] = []
 _TOKENS = itertools.count(1)
 
@@ -60,7 +60,9 @@ def collect_preaggregated(df: Any, params: BatchParams) -> pa.Table:
     sc = spark.sparkContext
     if not _SHARED or _SHARED[0][0] is not sc._jsc:
         fn = pandas_udf(
-            Preaggregator(None), returnType=OUTPUT_DDL, functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF
+            TaskParamsPreaggregator(),
+            returnType=OUTPUT_DDL,
+            functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF,
         )  # type: ignore[call-overload]
         _SHARED[:] = [(sc._jsc, fn)]
     fn = _SHARED[0][1]

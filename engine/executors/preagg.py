@@ -383,24 +383,15 @@ def column_sets(ks: KeySpec, mask: Callable[[Any], np.ndarray | None]) -> tuple[
 # ---------------------------------------------------------------- the mapInArrow function
 class Preaggregator:
     """``mapInArrow`` function: Kafka record batches -> :data:`OUTPUT_SCHEMA` batches (module
-    docstring).  Picklable (a module-level class holding frozen dataclasses).
+    docstring).  Picklable (a module-level class holding frozen dataclasses).  ``token``: written
+    into the schema metadata (:data:`TOKEN_KEY`) of its payloads when not empty."""
 
-    ``params`` None: the function of :func:`engine.executors.collect.collect_preaggregated`, made
-    once per Spark context;
-    each task reads its batch's parameters from the task's local property
-    :data:`PARAMS_PROPERTY` and writes the token that came with them into the schema metadata
-    (:data:`TOKEN_KEY`) of its payloads."""
-
-    def __init__(self, params: BatchParams | None, token: str = "") -> None:
+    def __init__(self, params: BatchParams, token: str = "") -> None:
         self.params = params
         self.token = token
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         freeze_worker()  # PySpark's collection after the task: over this task's objects only
-        if self.params is None:
-            token, params = _task_params()
-            yield from Preaggregator(params, token)(batches)
-            return
         pending: list[pa.RecordBatch] = []
         n = 0
         for b in batches:
@@ -420,7 +411,6 @@ class Preaggregator:
         if records.num_rows == 0:
             return
         p = self.params
-        assert p is not None
         out = _Out(os.getpid(), self.token)
         yield out.offsets(records)
         topic = records.column("topic")
@@ -436,7 +426,6 @@ class Preaggregator:
 
     def _stream(self, out: _Out, stream: str, records: pa.Table) -> Iterator[pa.RecordBatch]:
         p = self.params
-        assert p is not None
         pre = predecode(stream, records, max_future_ms=p.max_future_ms)
         dead = DeadLetters()
         d = finish(pre, late_until=p.late_until, dead=dead, watermark=p.watermark)
@@ -464,7 +453,6 @@ class Preaggregator:
                     cs.name, cs.predicate, cs.sums, cs.minmax, (*cs.firstlast, ROW), cs.distinct
                 )
         sets.append(ColumnSet(_ARRIVAL, None, minmax=(ROW,)))
-        assert self.params is not None
         rows = aggregate(cols, PaneSpec(ks.key, tuple(sets)), self.params.pane_ms)
         yield from out.panes(i, ks, d, rows)
 
@@ -683,8 +671,8 @@ def spark_preaggregate(df: Any, params: BatchParams) -> Any:
     """``df`` (Spark's Kafka source, batch or micro-batch DataFrame) through the executors with
     a function made for this call: ``mapInArrow(Preaggregator(params), OUTPUT_DDL)``, lazy.
     The engine uses :func:`engine.executors.collect.collect_preaggregated` (the same output,
-    one function per Spark context);
-    this form stays for the benchmarks and probes that compare the two."""
+    one function per Spark context); this form stays for the benchmarks and probes that
+    compare the two."""
     return df.select(*KAFKA_COLUMNS).mapInArrow(Preaggregator(params), OUTPUT_DDL)
 
 
@@ -695,6 +683,16 @@ def spark_preaggregate(df: Any, params: BatchParams) -> Any:
 PARAMS_PROPERTY = "tidewatch.preagg.params"
 #: the schema-metadata key of a payload holding the token of the parameters it was made with
 TOKEN_KEY = b"tidewatch.params_token"
+
+
+class TaskParamsPreaggregator:
+    """The ``mapInArrow`` function of :func:`engine.executors.collect.collect_preaggregated`,
+    made once per Spark context: each task reads its batch's parameters and their token from
+    the task's local property :data:`PARAMS_PROPERTY` and runs ``Preaggregator(params, token)``."""
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        token, params = _task_params()
+        yield from Preaggregator(params, token)(batches)
 
 
 def _task_params() -> tuple[str, BatchParams]:

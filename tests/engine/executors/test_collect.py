@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import BatchParamsMismatch
 from engine.executors.collect import _check_token
-from engine.executors.preagg import OUTPUT_SCHEMA, Preaggregator
+from engine.executors.preagg import OUTPUT_SCHEMA, Preaggregator, TaskParamsPreaggregator
 from tests.engine.executors.support import kafka_table, params
 
 
@@ -34,4 +34,4 @@ def test_output_of_this_call_passes_and_any_other_is_refused() -> None:
 def test_the_shared_function_needs_its_parameters() -> None:
     batches = kafka_table([("trades", 0, 0, 1, 3, 2, True, 5)], seed=1).to_batches()
     with pytest.raises(BatchParamsMismatch, match="collect_preaggregated"):
-        list(Preaggregator(None)(batches))
+        list(TaskParamsPreaggregator()(batches))
