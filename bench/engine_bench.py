@@ -752,15 +752,30 @@ def run_core(a: argparse.Namespace) -> None:
     print("command:", " ".join(sys.argv))
 
 
+def subscribed_core(settings: Settings, texts: list[str], allowed_lateness_ms: int) -> Any:
+    """An ``EngineCore`` (the engine's evaluator and rule compiler, no future bound) that has
+    subscribed ``texts`` as ``m0``, ``m1``, ... in its batch 0."""
+    from engine.core import EngineCore
+    from engine.messages import SubscriptionChange
+    from engine.rule_evaluator import make_evaluator, rule_compiler
+
+    core = EngineCore(
+        pane_ms=settings.pane_ms,
+        allowed_lateness_ms=allowed_lateness_ms,
+        max_future_ms=10**12,
+        evaluator_factory=lambda: make_evaluator(settings),
+        compile_rule=rule_compiler(settings),
+    )
+    core.process(0, {}, [SubscriptionChange(f"m{i}", "upsert", f"m{i}", x) for i, x in enumerate(texts)])
+    return core
+
+
 def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -> dict[str, float]:
     import gc
     import resource
 
     import pyarrow as pa
 
-    from engine.core import EngineCore
-    from engine.messages import SubscriptionChange
-    from engine.rule_evaluator import make_evaluator, rule_compiler
     from engine.runtime.gc_tuning import tune_gc
     from tidewatch.wire.avro import encode_batch
 
@@ -781,15 +796,8 @@ def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -
             gc_time["total"] += d
             gc_time["max"] = max(gc_time["max"], d)
 
-    core = EngineCore(
-        pane_ms=settings.pane_ms,
-        allowed_lateness_ms=2000,
-        max_future_ms=10**12,
-        evaluator_factory=lambda: make_evaluator(settings),
-        compile_rule=rule_compiler(settings),
-    )
     t = time.perf_counter()
-    core.process(0, {}, [SubscriptionChange(f"m{i}", "upsert", f"m{i}", x) for i, x in enumerate(texts)])
+    core = subscribed_core(settings, texts, allowed_lateness_ms=2000)
     t_rules = time.perf_counter() - t
     n = len(msgs)
     kafka_ts = int(time.time() * 1000)
