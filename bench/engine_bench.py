@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.spark_baseline import make_rules, run_baseline  # noqa: E402
 
 if TYPE_CHECKING:
+    from engine.core import EngineCore
     from tidewatch.settings import Settings
 
 
@@ -752,7 +753,7 @@ def run_core(a: argparse.Namespace) -> None:
     print("command:", " ".join(sys.argv))
 
 
-def subscribed_core(settings: Settings, texts: list[str], allowed_lateness_ms: int) -> Any:
+def subscribed_core(settings: Settings, texts: list[str], allowed_lateness_ms: int) -> EngineCore:
     """An ``EngineCore`` (the engine's evaluator and rule compiler, no future bound) that has
     subscribed ``texts`` as ``m0``, ``m1``, ... in its batch 0."""
     from engine.core import EngineCore
