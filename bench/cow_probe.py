@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.engine_bench import make_events, make_mixed_rules, subscribed_core  # noqa: E402
+from bench.engine_bench import make_events, make_mixed_rules, record_table, subscribed_core  # noqa: E402
 
 PAGE = 4096
 
@@ -84,14 +84,14 @@ def _arrays(root: Any) -> dict[int, tuple[str, np.ndarray]]:
     return out
 
 
-def _exclusive(lo: int, hi: int, pagemap: Any) -> np.ndarray:
-    """Per page of ``[lo, hi)``: mapped exclusively (bit 56) and present (bit 63)."""
+def _pages(lo: int, hi: int, pagemap: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per page of ``[lo, hi)``: (written since the fork: mapped exclusively, bit 56, and present;
+    present, bit 63)."""
     first, last = lo // PAGE, (hi + PAGE - 1) // PAGE
     pagemap.seek(first * 8)
     raw = np.frombuffer(pagemap.read((last - first) * 8), np.uint64)
-    return ((raw >> np.uint64(56)) & np.uint64(1)).astype(bool) & (
-        (raw >> np.uint64(63)) & np.uint64(1)
-    ).astype(bool)
+    present = ((raw >> np.uint64(63)) & np.uint64(1)).astype(bool)
+    return ((raw >> np.uint64(56)) & np.uint64(1)).astype(bool) & present, present
 
 
 def _heap_exclusive(pagemap: Any) -> tuple[int, int]:
@@ -104,11 +104,8 @@ def _heap_exclusive(pagemap: Any) -> tuple[int, int]:
         if len(parts) >= 6 and parts[5] and not parts[5].startswith("[heap"):
             continue  # file-backed
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        first, last = lo // PAGE, hi // PAGE
-        pagemap.seek(first * 8)
-        raw = np.frombuffer(pagemap.read((last - first) * 8), np.uint64)
-        present = ((raw >> np.uint64(63)) & np.uint64(1)).astype(bool)
-        ex += int((((raw >> np.uint64(56)) & np.uint64(1)).astype(bool) & present).sum())
+        written, present = _pages(lo, hi, pagemap)
+        ex += int(written.sum())
         pr += int(present.sum())
     return ex, pr
 
@@ -138,8 +135,6 @@ def main() -> None:
     )
     a = ap.parse_args()
 
-    import pyarrow as pa
-
     from engine.runtime.gc_tuning import freeze_state, tune_gc
     from tidewatch.settings import get_settings
     from tidewatch.wire.avro import encode_batch
@@ -159,16 +154,7 @@ def main() -> None:
     kafka_ts = int(time.time() * 1000)
 
     def batch(b: int) -> tuple[float, int, int, int]:
-        lo = (b - 1) * a.batch
-        hi = lo + a.batch
-        tbl = pa.table(
-            {
-                "partition": pa.array(np.zeros(hi - lo, np.int32)),
-                "offset": pa.array(np.arange(lo, hi, dtype=np.int64)),
-                "timestamp": pa.array(np.full(hi - lo, kafka_ts, np.int64)),
-                "value": pa.array(msgs[lo:hi], pa.binary()),
-            }
-        )
+        tbl = record_table(msgs, (b - 1) * a.batch, b * a.batch, kafka_ts)
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t = time.perf_counter()
         out = core.process(b, {a.stream: tbl}, [])
@@ -216,7 +202,7 @@ def main() -> None:
             in_arrays = 0
             for path, arr in arrays.values():
                 lo = arr.ctypes.data
-                ex = int(_exclusive(lo, lo + arr.nbytes, pm).sum())
+                ex = int(_pages(lo, lo + arr.nbytes, pm)[0].sum())
                 key = path.replace("[]", "[*]")
                 written[key] += ex
                 sizes[key] += arr.nbytes

@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.spark_baseline import make_rules, run_baseline  # noqa: E402
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from engine.core import EngineCore
     from tidewatch.settings import Settings
 
@@ -771,11 +773,24 @@ def subscribed_core(settings: Settings, texts: list[str], allowed_lateness_ms: i
     return core
 
 
+def record_table(msgs: list[bytes], lo: int, hi: int, kafka_ts: int) -> pa.Table:
+    """Kafka records ``msgs[lo:hi]`` of partition 0 (offsets ``lo`` on, Kafka timestamp
+    ``kafka_ts``) as the Arrow table ``EngineCore.process`` takes for a stream."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "partition": pa.array(np.zeros(hi - lo, np.int32)),
+            "offset": pa.array(np.arange(lo, hi, dtype=np.int64)),
+            "timestamp": pa.array(np.full(hi - lo, kafka_ts, np.int64)),
+            "value": pa.array(msgs[lo:hi], pa.binary()),
+        }
+    )
+
+
 def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -> dict[str, float]:
     import gc
     import resource
-
-    import pyarrow as pa
 
     from engine.runtime.gc_tuning import tune_gc
     from tidewatch.wire.avro import encode_batch
@@ -806,15 +821,7 @@ def _core_replay(a: argparse.Namespace, settings: Settings, gc_threshold: int) -
     gc.callbacks.append(on_gc)
     try:
         for b, lo in enumerate(range(0, n, a.max_offsets), start=1):
-            hi = min(n, lo + a.max_offsets)
-            tbl = pa.table(
-                {
-                    "partition": pa.array(np.zeros(hi - lo, np.int32)),
-                    "offset": pa.array(np.arange(lo, hi, dtype=np.int64)),
-                    "timestamp": pa.array(np.full(hi - lo, kafka_ts, np.int64)),
-                    "value": pa.array(msgs[lo:hi], pa.binary()),
-                }
-            )
+            tbl = record_table(msgs, lo, min(n, lo + a.max_offsets), kafka_ts)
             t = time.perf_counter()
             out = core.process(b, {stream: tbl}, [])
             busy += time.perf_counter() - t
