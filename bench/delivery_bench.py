@@ -1,30 +1,38 @@
-"""The engine's alert delivery, the alert log's schema before and after 0010 side by side in one
-process: µs per alert.
+"""The engine's alert delivery, the alert log written inline and expanded behind the commit side
+by side in one process: µs per alert.
 
-One batch's output goes to PostgreSQL (:meth:`engine.sinks.store.Store.commit`: alert log, current
-results, batch id, metrics in one transaction) and to Kafka (Avro alerts, results, progress marker in
-one transaction), by the overlapped delivery (:meth:`engine.sinks.deliver.Delivery.deliver`: the
+One batch's output goes to PostgreSQL (:meth:`engine.sinks.store.Store.commit`: alerts, batch id,
+metrics in one transaction) and to Kafka (Avro alerts, results, progress marker in one
+transaction), by the overlapped delivery (:meth:`engine.sinks.deliver.Delivery.deliver`: the
 Kafka transaction opened and its records produced on a thread while PostgreSQL commits, the Kafka
 commit after PostgreSQL's).  Each side is timed on the same synthetic batches:
 
-* **old**: the alert log as migrations 0001 -- 0009 made it (Nov 21 -- Nov 28): three indexes,
-  the primary key on the text ``alert_id``, ``ix_alerts_subscription_as_of`` and the unique
-  ``seq``;
-* **new**: the schema at head (0010): the primary key on (subscription_id, as_of, key, kind),
-  which also serves the subscription's queries, and ``seq`` -- one index less per alert.
+* **inline**: the path until Nov 30 -- the commit writes every alert into ``alerts`` (one
+  ``COPY``) and applies the batch's changes to ``current_results`` (:func:`write_direct
+  <engine.sinks.store.write_direct>` inside the commit);
+* **deferred**: the default from migration 0011 -- the commit writes the batch's alerts as ONE
+  ``engine_outputs`` row (:mod:`engine.sinks.output_block`); a thread expands it into ``alerts``
+  and ``current_results`` behind the commit (:meth:`engine.sinks.store.Store.project`, the same
+  :func:`write_direct` in a transaction of its own).
 
-The code is the same on both sides (the columns built once, one ``COPY`` into ``alerts``, the
-Avro kernel, two produce loops).  Columns printed: "PostgreSQL" = from the start until PostgreSQL
-committed (the Kafka records produced meanwhile), "Kafka" = from there until Kafka committed,
-"total" = both.  The comparisons before are this file as of commit 4f2fbaf (sequential against
-overlapped delivery) and 34073b8 (``write_copy`` and the per-alert encoder against the columns).
+Columns printed (median µs per alert): "PostgreSQL" = from the start until PostgreSQL committed
+(the Kafka records produced meanwhile), "Kafka" = from there until Kafka committed, "delivered" =
+both (the batch is in PostgreSQL and in Kafka, exactly once), "expansion" = the deferred side's
+expansion of the batch into the per-alert tables (timed alone: the bench waits for it before the
+next batch; the engine runs it while the next batch is evaluated), "all" = delivered + expansion.
+The inline/deferred ratios are of "delivered" and of "all".  "Kafka alone" is the batch's Kafka
+transaction by itself (:meth:`Publisher.publish <engine.sinks.publish.Publisher.publish>`: the
+columns, the records, the produce loops, the commit; no PostgreSQL, no thread beside it): the floor
+of the "delivered" column.  Earlier comparisons are this file as
+of 7183e43 (the alert log of 0009 against 0010), 4f2fbaf (sequential against overlapped delivery)
+and 34073b8 (``write_copy`` and the per-alert encoder against the columns).
 
-Each side writes to a database of its own (the same alerts, so the tables grow alike) with its own
-transactional id; each delivers its own copy of the batch's alert list (the columns cached for one
-list are not the other's); the two sides alternate, and the median of ``--repeat`` batches per size
-is printed.  Real services: an embedded PostgreSQL and Kafka broker started here
-(:mod:`tidewatch.stack.embedded`, free ports, temporary run dir, stopped by PID at the end), or
-``--database-url`` / ``--bootstrap``.
+Each side writes to a database of its own (the same alerts, so the tables grow alike, at the
+schema of head) with its own transactional id; each delivers its own copy of the batch's alert
+list (the columns cached for one list are not the other's); the two sides alternate, and the
+median of ``--repeat`` batches per size is printed.  Real services: an embedded PostgreSQL and
+Kafka broker started here (:mod:`tidewatch.stack.embedded`, free ports, temporary run dir,
+stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
 
     flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
 
@@ -44,19 +52,24 @@ import socket
 import statistics
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import fresh_database  # noqa: E402
-from engine.messages import Alert, BatchOutput  # noqa: E402
+from engine.messages import Alert, AlertSeq, BatchOutput  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
 
+#: the two sides, and the parts of a delivery timed for each
+SIDES = ("inline", "deferred")
+PARTS = ("pg", "kafka", "delivered", "expansion", "all")
 LABELS = [
     "COUNT(*) OVER LAST 10 SECONDS",
     "SUM(size) OVER LAST 20 SECONDS",
@@ -87,7 +100,7 @@ def make_batch(batch_id: int, n: int, n_subs: int, n_keys: int, seed: int) -> Ba
                 break
         seen.add(a.id)
         alerts.append(a)
-    return BatchOutput(batch_id=batch_id, alerts=alerts, events={"trades": 200_000})
+    return BatchOutput(batch_id=batch_id, alerts=AlertSeq(alerts), events={"trades": 200_000})
 
 
 def _free_port() -> int:
@@ -135,33 +148,33 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-#: the alert log's schema of each side: the migration its database is brought to
-REVISIONS = {"old": "0009", "new": "head"}
-
-
 class Side:
-    """One side: its Store (own database, at the side's schema), its Publisher (own transactional
-    id) and the overlapped delivery over them."""
+    """One side: its Store (own database at head), its Publisher (own transactional id) and the
+    overlapped delivery over them; ``inline``: the commit writes the per-alert tables itself."""
 
     def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
         from engine.sinks.deliver import Delivery
         from engine.sinks.publish import Publisher
-        from engine.sinks.store import Store
+        from engine.sinks.store import Store, write_direct
         from tidewatch.db.session import make_db_engine
 
         self.name = name
-        self.store = Store(make_db_engine(fresh_database(pg_url, REVISIONS[name])))
+        self.store = Store(make_db_engine(fresh_database(pg_url, "head")))
+        if name == "inline":  # the commit as it was: write_direct inside the batch's transaction
+            self.store.commit = partial(self.store.commit, write=write_direct)  # type: ignore[method-assign]
         self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
         self.delivery = Delivery(self.store, self.publisher, 60.0)
         self.next_batch = 0
 
-    def deliver(self, out: BatchOutput) -> tuple[float, float]:
-        """Seconds until PostgreSQL committed ``out`` and from then until Kafka did."""
-        out = BatchOutput(batch_id=self.next_batch, alerts=list(out.alerts), events=out.events)
+    def deliver(self, out: BatchOutput) -> tuple[float, float, float]:
+        """Seconds until PostgreSQL committed ``out``, from then until Kafka did, and of the
+        batch's expansion into the per-alert tables (waited for here: timed alone; 0 inline)."""
+        out = BatchOutput(batch_id=self.next_batch, alerts=AlertSeq(out.alerts), events=out.events)
         self.next_batch += 1
         d = self.delivery.deliver(out, watermark=None, metrics=METRICS)
         assert d.committed
-        return d.pg_s, d.kafka_s
+        expanded = self.delivery.settle() if self.name == "deferred" else 0.0
+        return d.pg_s, d.kafka_s, expanded
 
     def close(self) -> None:
         self.delivery.close()
@@ -181,7 +194,8 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=None, help="Kafka (with --database-url)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args()
-    from engine.sinks.publish import ensure_topics
+    from engine.sinks.alert_columns import AlertColumns
+    from engine.sinks.publish import Publisher, ensure_topics
 
     sizes = [int(x) for x in a.sizes.split(",") if x]
     started = datetime.now(UTC)
@@ -198,46 +212,59 @@ def main() -> None:
             update={f"topic_{t}": f"dbench-{t.replace('_', '-')}-{run}" for t in topics}
         )
         ensure_topics(bootstrap, settings)
-        sides = [Side(n, pg_url, bootstrap, settings) for n in ("old", "new")]
+        sides = [Side(n, pg_url, bootstrap, settings) for n in SIDES]
+        # Kafka's floor: the batch's transaction alone (columns, records, produce, commit), no
+        # PostgreSQL and no other thread beside it
+        alone = Publisher(bootstrap, settings, f"delivery-bench-kafka-{uuid.uuid4().hex[:6]}")
         try:
             warm = make_batch(0, 200, a.subscriptions, a.keys, seed=1)
-            for side in sides:  # connections, the encoder's kernel, the producer, the thread
+            for side in sides:  # connections, the encoder's kernel, the producer, the threads
                 side.deliver(warm)
             k = 0  # batches made: each gets its own as_of range (no alert id repeats)
             for n in sizes:
-                per: dict[str, dict[str, list[float]]] = {
-                    s.name: {"pg": [], "kafka": [], "total": []} for s in sides
-                }
+                per: dict[str, dict[str, list[float]]] = {s.name: {p: [] for p in PARTS} for s in sides}
+                per["kafka alone"] = {"kafka": []}
                 for r in range(a.repeat):
                     k += 1
                     out = make_batch(k, n, a.subscriptions, a.keys, seed=k)
                     order = sides if r % 2 == 0 else sides[::-1]  # alternate who goes first
                     for side in order:
-                        pg_s, kafka_s = side.deliver(out)
-                        per[side.name]["pg"].append(pg_s / n * 1e6)
-                        per[side.name]["kafka"].append(kafka_s / n * 1e6)
-                        per[side.name]["total"].append((pg_s + kafka_s) / n * 1e6)
+                        pg_s, kafka_s, exp_s = side.deliver(out)
+                        got = {"pg": pg_s, "kafka": kafka_s, "delivered": pg_s + kafka_s, "expansion": exp_s}
+                        got["all"] = got["delivered"] + exp_s
+                        for part, sec in got.items():
+                            per[side.name][part].append(sec / n * 1e6)
+                    t0 = time.perf_counter()
+                    alone.publish(k, AlertColumns.of(AlertSeq(out.alerts), slot=None))
+                    per["kafka alone"]["kafka"].append((time.perf_counter() - t0) / n * 1e6)
                 fig = {
                     name: {part: statistics.median(v) for part, v in parts.items()}
                     for name, parts in per.items()
                 }
                 res["sizes"][n] = {"median_us_per_alert": fig, "runs_us_per_alert": per}
                 print(f"batch of {n:,} alerts (median of {a.repeat}), µs per alert "
-                      "(old: the alert log of 0009, new: of 0010):")  # fmt: skip
-                print(f"  {'':8s}{'PostgreSQL':>12s}{'Kafka':>10s}{'total':>10s}")
-                for name in ("old", "new"):
-                    f = fig[name]
-                    print(f"  {name:8s}{f['pg']:12.1f}{f['kafka']:10.1f}{f['total']:10.1f}")
-                old, new = fig["old"], fig["new"]
+                      "(inline: the per-alert tables in the commit; deferred: one row, expanded behind it):")  # fmt: skip
                 print(
-                    f"  old/new {old['pg'] / new['pg']:10.2f}x{old['kafka'] / new['kafka']:9.2f}x"
-                    f"{old['total'] / new['total']:9.2f}x",
+                    f"  {'':10s}{'PostgreSQL':>12s}{'Kafka':>8s}{'delivered':>11s}{'expansion':>11s}{'all':>8s}"
+                )
+                for name in SIDES:
+                    f = fig[name]
+                    print(f"  {name:10s}{f['pg']:12.1f}{f['kafka']:8.1f}{f['delivered']:11.1f}"
+                          f"{f['expansion']:11.1f}{f['all']:8.1f}")  # fmt: skip
+                print(
+                    f"  {'Kafka alone':22s}{fig['kafka alone']['kafka']:8.1f}  (its transaction, nothing beside it)"
+                )
+                old, new = fig["inline"], fig["deferred"]
+                print(
+                    f"  inline/deferred: delivered {old['delivered'] / new['delivered']:.2f}x, "
+                    f"all {old['all'] / new['all']:.2f}x",
                     flush=True,
                 )
         finally:
+            alone.close()
             for side in sides:
                 side.close()
-            del sides, side  # the producers' threads end before the broker does
+            del sides, side, alone  # the producers' threads end before the broker does
             gc.collect()
     load1 = os.getloadavg()
     res["finished_utc"] = datetime.now(UTC).isoformat(timespec="seconds")

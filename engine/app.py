@@ -495,7 +495,7 @@ class EngineApp:
 
     def drain(self, output: bool = False) -> None:
         """Wait for the batch being evaluated (pipelined mode) and, with ``output``, for the
-        output being delivered; re-raise their failure."""
+        output being delivered and expanded into the per-alert tables; re-raise their failure."""
         fut, self._inflight = self._inflight, None
         if fut is not None:
             fut.result()
@@ -503,14 +503,16 @@ class EngineApp:
             out, self._delivering = self._delivering, None
             if out is not None:
                 out.result()
+            self.delivery.settle()
 
     def handle(self, tbl: pa.Table | _Preaggregated, batch_id: int) -> None:
         """Process one batch of Kafka records (Arrow) and deliver its output exactly once (its
         offset log is written already: by :meth:`accept`, or it is where :meth:`recover` read
-        the batch from)."""
+        the batch from); in the per-alert tables too when it returns (the expansion waited for)."""
         done = self._evaluate(tbl, batch_id, self.read_s)
         if done is not None:
             self._deliver(done)
+            self.delivery.settle()
 
     def _handle_pipelined(self, batch: dict[str, Any] | _Preaggregated, batch_id: int, read_s: float) -> None:
         """Evaluation thread: evaluate, wait for the previous batch's output, hand this one's on."""
@@ -580,10 +582,12 @@ class EngineApp:
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
             "done in %.0f ms (read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f "
-            "(Kafka records produced meanwhile), Kafka commit %.0f)",
+            "(Kafka records produced meanwhile), Kafka commit %.0f, the previous batch's expansion "
+            "into the alert log %.0f (waited %.0f))",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), e.rules, total_s * 1000,
             e.read_s * 1000, e.core_s * 1000, (t_pg - e.t0 - e.core_s) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
+            d.expanded_s * 1000, d.waited_s * 1000,
         )  # fmt: skip
 
     def snapshot(self) -> Path:

@@ -101,6 +101,12 @@ def utf8_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return data, offs - offs[0]
 
 
+def table_column(t: pa.Table, name: str) -> pa.Array:
+    """Column ``name`` of ``t`` as one array, a dictionary-encoded one decoded."""
+    got = t.column(name).combine_chunks()
+    return got.dictionary_decode() if pa.types.is_dictionary(got.type) else got
+
+
 def split_bytes(data: np.ndarray, offs: np.ndarray) -> list[bytes]:
     """``[data[offs[i]:offs[i+1]] as bytes]``, the slicing done by Arrow (in C)."""
     n = len(offs) - 1
@@ -389,28 +395,33 @@ class AlertColumns:
         return rows, items
 
     @classmethod
+    def from_rows(cls, rows: pa.Table, items: pa.Table, value_items: list[Any] | None = None) -> AlertColumns:
+        """The columns of ``rows``, one per alert (its string fields, plain or dictionary-encoded,
+        ``as_of`` and ``counts``, its value entries' count), with ``items``, one per value entry
+        (its ``label``), and the entries' Python values when given (else the derived columns are
+        the caller's to set); ValueError when the two tables do not fit together."""
+        counts = np.asarray(table_column(rows, "counts"), np.int64)
+        if int(counts.sum()) != items.num_rows or (counts < 0).any():
+            raise ValueError(f"{int(counts.sum())} value entries counted, {items.num_rows} given")
+        return cls(
+            subscription_id=large_utf8(table_column(rows, "subscription_id"), "subscription_id"),
+            rule_name=large_utf8(table_column(rows, "rule_name"), "rule_name"),
+            stream=large_utf8(table_column(rows, "stream"), "stream"),
+            key=large_utf8(table_column(rows, "key"), "key"),
+            kind=large_utf8(table_column(rows, "kind"), "kind"),
+            as_of=np.asarray(table_column(rows, "as_of"), np.int64),
+            counts=counts,
+            value_labels=large_utf8(table_column(items, "label"), "value label"),
+            value_items=value_items,
+            values=[],
+        )
+
+    @classmethod
     def from_tables(cls, rows: pa.Table, items: pa.Table) -> AlertColumns:
         """The columns :meth:`to_tables` wrote (their derived columns as they came: no per-alert
         work); ValueError when the two tables do not fit together."""
-
-        def col(t: pa.Table, name: str) -> pa.Array:
-            return t.column(name).combine_chunks()
-
-        counts = np.asarray(col(rows, "counts"), np.int64)
-        if int(counts.sum()) != items.num_rows or (counts < 0).any():
-            raise ValueError(f"{int(counts.sum())} value entries counted, {items.num_rows} given")
-        out = cls(
-            subscription_id=large_utf8(col(rows, "subscription_id"), "subscription_id"),
-            rule_name=large_utf8(col(rows, "rule_name"), "rule_name"),
-            stream=large_utf8(col(rows, "stream"), "stream"),
-            key=large_utf8(col(rows, "key"), "key"),
-            kind=large_utf8(col(rows, "kind"), "kind"),
-            as_of=np.asarray(col(rows, "as_of"), np.int64),
-            counts=counts,
-            value_labels=large_utf8(col(items, "label"), "value label"),
-            value_items=None,
-            values=[],
-        )
+        col = table_column
+        out = cls.from_rows(rows, items)
         # the cached derived columns, as computed where the tables were written
         out.__dict__["values_json"] = large_utf8(col(rows, "values_json"), "values")
         out.__dict__["value_floats"] = (

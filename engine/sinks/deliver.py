@@ -16,6 +16,16 @@ PostgreSQL commit fails for good, the open transaction is aborted and the error 
 
 Both steps read the batch's alert columns (:class:`engine.sinks.alert_columns.AlertColumns`),
 built here once, before the threads start.
+
+PostgreSQL's commit writes the batch's alerts as ONE ``engine_outputs`` row (migration 0011); the
+per-alert tables the dashboard reads, ``alerts`` and ``current_results``, are written from it by
+a third thread, behind the commit (:meth:`engine.sinks.store.Store.project`: the row expanded and
+deleted in one transaction, so exactly once).  A batch counts as delivered when both commits are
+done; the next :meth:`Delivery.deliver` first waits for the previous batch's expansion (so the
+per-alert tables are at most one batch behind, and an expansion slower than the batches holds the
+engine back rather than falling behind without bound) and raises its failure.  :meth:`settle`
+waits for the last one.  A crash before an expansion leaves its row: the restarted engine expands
+it before anything else (:meth:`engine.app.EngineApp.recover`).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from engine.cap import republished_results
 from engine.messages import BatchOutput
 from engine.runtime.retry import retry_transient
 from engine.sinks.alert_columns import AlertColumns
+from engine.sinks.output_block import expands, with_columns
 from engine.sinks.publish import KafkaBatch, OpenTransaction, Publisher
 from engine.sinks.store import Store
 
@@ -46,6 +57,10 @@ class Delivered:
     committed: bool
     pg_s: float
     kafka_s: float
+    #: seconds waited for the previous batch's expansion into the per-alert tables, and that
+    #: expansion's own seconds (0 when there was none)
+    waited_s: float = 0.0
+    expanded_s: float = 0.0
 
 
 class Delivery:
@@ -57,6 +72,9 @@ class Delivery:
         self.publisher = publisher
         self.db_retry_s = db_retry_s
         self._producing = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-produce")
+        self._expanding = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-expand")
+        #: the expansion in flight (its future: its seconds), at most one
+        self._expansion: Future[float] | None = None
 
     def deliver(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> Delivered:
         """Deliver ``out`` exactly once: its Kafka records produced while PostgreSQL commits it,
@@ -84,7 +102,27 @@ class Delivery:
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
         t1 = time.perf_counter()
         self.publisher.commit(opened.result())  # only now: PostgreSQL committed the batch
-        return Delivered(committed, t1 - t0, time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        expanded_s = self.settle()
+        if committed and expands(out):
+            cols = alerts if isinstance(alerts, AlertColumns) else None
+            self._expansion = self._expanding.submit(self._expand, with_columns(out, cols))
+        return Delivered(committed, t1 - t0, t2 - t1, time.perf_counter() - t2, expanded_s)
+
+    def _expand(self, out: BatchOutput) -> float:
+        t0 = time.perf_counter()
+        retry_transient(
+            lambda: self.store.project(out.batch_id, out),
+            f"expanding batch {out.batch_id}",
+            deadline_s=self.db_retry_s,
+        )
+        return time.perf_counter() - t0
+
+    def settle(self) -> float:
+        """Wait for the expansion in flight, if any (its seconds; 0.0 when none); raise its failure
+        (the batch's row stays: expanded at the restart)."""
+        fut, self._expansion = self._expansion, None
+        return 0.0 if fut is None else fut.result()
 
     def _abort(self, opened: Future[OpenTransaction], batch_id: int) -> None:
         """Abort the batch's Kafka transaction once its records are produced (PostgreSQL failed)."""
@@ -97,13 +135,26 @@ class Delivery:
         log.info("batch %d: PostgreSQL did not commit it: its Kafka transaction is aborted", batch_id)
 
     def close(self) -> None:
-        """End the producing thread (after the step it runs, if any)."""
+        """End the producing and expanding threads (after the steps they run, if any; an
+        expansion's failure is logged: its row is expanded at the next start)."""
+        try:
+            self.settle()
+        except Exception as exc:  # noqa: BLE001 -- closing: the row stays for the next start
+            log.warning(
+                "expanding the last batch into the alert log failed (%s): done at the next start", exc
+            )
         self._producing.shutdown()
+        self._expanding.shutdown()
 
 
 def republish_committed(store: Store, publisher: Publisher, last: int) -> None:
-    """Publish to Kafka the batches up to ``last`` committed in PostgreSQL whose Kafka transaction
-    never committed (a crash between the two commits), from what PostgreSQL holds of them."""
+    """Expand the committed batches whose ``engine_outputs`` row a stop left
+    (:meth:`Store.project_pending <engine.sinks.store.Store.project_pending>`), then publish to
+    Kafka the batches up to ``last`` committed in PostgreSQL whose Kafka transaction never
+    committed (a crash between the two commits), from what PostgreSQL holds of them."""
+    n = store.project_pending()
+    if n:
+        log.info("expanded %d committed batches into the alert log (the engine stopped before it had)", n)
     published = publisher.last_published()
     for b in range(published + 1, last + 1):
         rows, dead = store.alerts_of_batch(b), store.dead_letters_of_batch(b)

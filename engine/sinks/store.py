@@ -50,7 +50,15 @@ from engine.dead_letter import DeadLetters
 from engine.messages import Alert, AlertSeq, BatchOutput
 from engine.sinks.alert_columns import AlertColumns, subscription_uuid, values_json
 from engine.sinks.alert_columns import uuid_text as _uuid_text
-from tidewatch.db.models import DEFAULT_ENGINE_ID, CurrentResult, EngineBatch, EngineDeadLetter, EngineMetric
+from engine.sinks.output_block import OutputRow, decode, encode, expands
+from tidewatch.db.models import (
+    DEFAULT_ENGINE_ID,
+    CurrentResult,
+    EngineBatch,
+    EngineDeadLetter,
+    EngineMetric,
+    EngineOutput,
+)
 from tidewatch.db.models import Alert as AlertRow
 
 _S = pa.large_string()
@@ -105,10 +113,15 @@ class Store:
         """Write one batch's output atomically; False (nothing written) if this engine committed
         it before.
 
-        ``write`` writes the alerts and the current-result changes inside the transaction:
-        :func:`write_direct` (the default), or the paths it replaced, kept as references of the
-        equivalence test (and of ``bench/delivery_bench.py`` as of commit 34073b8): :func:`write_copy` (staging table) and
-        :func:`_write_unnest` (array-bound statements).
+        By default (``write`` None) the batch's alerts, withheld changes and removed
+        subscriptions are written as ONE ``engine_outputs`` row
+        (:func:`engine.sinks.output_block.encode`; none when there is nothing to expand), which
+        :meth:`project` expands into ``alerts`` and ``current_results`` in a transaction of its
+        own, behind this one (:class:`engine.sinks.deliver.Delivery`; migration 0011).  A
+        ``write`` given writes the alerts and current-result changes inside this transaction
+        instead: :func:`write_direct` (the inline path until Nov 30, ``bench/delivery_bench.py``'s
+        "inline" side), or the paths it replaced, kept as references of the equivalence test:
+        :func:`write_copy` (staging table) and :func:`_write_unnest` (array-bound statements).
 
         The batch's dead letters are written in the same transaction (:func:`write_dead_letters`,
         one statement), and this engine's dead letters of every *earlier* batch are deleted:
@@ -141,7 +154,15 @@ class Store:
             ).first()
             if got is None:
                 return False
-            (write or write_direct)(conn, out, self.engine_id)
+            if write is None:  # the batch's alerts as one row, expanded by :meth:`project`
+                if expands(out):
+                    conn.execute(
+                        insert(EngineOutput).values(
+                            engine_id=self.engine_id, batch_id=out.batch_id, **encode(out).params()
+                        )
+                    )
+            else:
+                write(conn, out, self.engine_id)
             if prune:
                 conn.execute(
                     delete(EngineDeadLetter).where(
@@ -156,6 +177,51 @@ class Store:
             )
         self._dead_stored = len(out.dead) > 0
         return True
+
+    def project(self, batch_id: int, out: BatchOutput | None = None) -> bool:
+        """Expand this engine's committed batch ``batch_id`` from its ``engine_outputs`` row into
+        ``alerts`` and ``current_results`` (:func:`write_direct`) and delete the row, in ONE
+        transaction: each batch is expanded exactly once, whoever asks and however often.
+        ``out``: the batch's output still in memory (the live path: the row is not read back);
+        without it the row is read and decoded (:func:`engine.sinks.output_block.decode`: a
+        batch committed before a restart).  False when there is no row (expanded before, or a
+        batch with nothing to expand)."""
+        o = EngineOutput
+        mine = (o.engine_id == self.engine_id) & (o.batch_id == batch_id)
+        with self.engine.begin() as conn:
+            if out is not None:
+                if conn.execute(delete(o).where(mine).returning(o.batch_id)).first() is None:
+                    return False
+            else:
+                got = conn.execute(
+                    delete(o)
+                    .where(mine)
+                    .returning(o.alert_rows, o.alert_items, o.withheld_rows, o.withheld_items, o.removed)
+                ).first()
+                if got is None:
+                    return False
+                body = [None if b is None else bytes(b) for b in got[:4]]
+                out = decode(batch_id, OutputRow(body[0], body[1], body[2], body[3], list(got[4])))
+            write_direct(conn, out, self.engine_id)
+        return True
+
+    def unexpanded(self) -> list[int]:
+        """This engine's committed batches whose ``engine_outputs`` row is not expanded yet, in order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(EngineOutput.batch_id)
+                .where(EngineOutput.engine_id == self.engine_id)
+                .order_by(EngineOutput.batch_id)
+            ).all()
+        return [int(r[0]) for r in rows]
+
+    def project_pending(self) -> int:
+        """Expand every batch :meth:`unexpanded` lists, in batch order (at a restart, before
+        anything else reads ``alerts`` or ``current_results``); how many there were."""
+        pending = self.unexpanded()
+        for b in pending:
+            self.project(b)
+        return len(pending)
 
     def dead_letters_of_batch(self, batch_id: int) -> DeadLetters:
         """The dead letters of this engine's committed batch ``batch_id``, in their order (to

@@ -7,7 +7,8 @@ Who writes what:
   ``client_cursors``;
 * the outbox relay (:mod:`subscriptions.outbox`): ``outbox.published_at`` and offsets;
 * the engine: ``alerts``, ``current_results``, ``engine_batches``, ``engine_metrics``,
-  ``engine_dead_letters`` -- idempotent per micro-batch: an alert's primary key is its stable id
+  ``engine_dead_letters``, ``engine_outputs`` (a committed batch's alerts as one row, until they
+  are expanded into ``alerts`` and ``current_results``) -- idempotent per micro-batch: an alert's primary key is its stable id
   (subscription, key, kind, as_of), and a batch is keyed by (engine id, batch id), so writing the
   same batch twice changes nothing
   (the design brief's "Delivery" semantics; docs/ARCHITECTURE.md, "Exactly once, end to end").
@@ -320,6 +321,30 @@ class EngineMetric(Base):
     engine_id: Mapped[str] = _engine_id()
 
 
+class EngineOutput(Base):
+    """A committed batch's alerts as ONE row, until they are written into ``alerts`` and
+    ``current_results`` (migration 0011; :mod:`engine.sinks.output_block`).  The engine's commit
+    writes this row in the batch's transaction -- one row however many alerts -- and a second
+    transaction, behind the commit, expands it into the per-alert tables and deletes it
+    (:meth:`engine.sinks.store.Store.project`); a row still here after a restart is expanded before
+    anything else.  The bodies are Arrow IPC streams (zstd), stored uncompressed by PostgreSQL."""
+
+    __tablename__ = "engine_outputs"
+
+    engine_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    #: the batch's alerts: one row each (:meth:`engine.sinks.alert_columns.AlertColumns.to_tables`) ...
+    alert_rows: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: ... and one row per value entry
+    alert_items: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: the changes the alert cap withheld from ``alerts`` (``current_results`` gets them), the same way
+    withheld_rows: Mapped[bytes | None] = mapped_column(LargeBinary)
+    withheld_items: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: the subscriptions the batch removed (their ``current_results`` rows are deleted)
+    removed: Mapped[list[str]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    created_at: Mapped[datetime] = _now()
+
+
 class EngineDeadLetter(Base):
     """The dead letters of an engine's committed batch (:class:`engine.dead_letter.DeadLetters`,
     in order ``ord``), written in the batch's transaction so that a batch committed here whose
@@ -353,6 +378,7 @@ __all__ = [
     "EngineBatch",
     "EngineDeadLetter",
     "EngineMetric",
+    "EngineOutput",
     "LoginAttempt",
     "Outbox",
     "Subscription",

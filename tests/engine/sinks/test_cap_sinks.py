@@ -102,6 +102,8 @@ def test_capped_batches_leave_current_results_exact_and_log_kept_and_capped(rest
         try:
             for out in batches:
                 assert store.commit(out, watermark=T0, metrics=METRICS)
+            # expanded behind the commits, from their engine_outputs rows read back (withheld too)
+            assert store.project_pending() == len(batches)
             with eng.connect() as conn:
                 got[name] = {
                     "current": conn.execute(

@@ -207,3 +207,55 @@ def test_a_failed_kafka_commit_is_retried_after_postgres_committed(sinks: _Sinks
     assert _pg_batches(s) == [0] and s.publisher.last_published() == 0
     ids = _alert_ids(s)
     assert sorted(ids) == sorted(a.id for a in out.alerts)
+
+
+def _logged(s: _Sinks) -> list[str]:
+    with s.store.engine.connect() as conn:
+        return [r[0] for r in conn.execute(text("SELECT alert_id FROM alerts ORDER BY seq"))]
+
+
+def test_the_alert_log_is_expanded_behind_the_commits_at_most_one_batch_behind(sinks: _Sinks) -> None:
+    """PostgreSQL's commit writes a batch as one ``engine_outputs`` row; its expansion into
+    ``alerts`` runs behind it, and the next delivery waits for it first: after each delivery at
+    most that batch is unexpanded; after :meth:`Delivery.settle` every alert is logged once, in
+    batch order, the same ids Kafka got."""
+    s = sinks
+    batches = [_batch(b, 1500) for b in range(4)]
+    for out in batches:
+        d = s.delivery.deliver(out, watermark=None, metrics=METRICS)
+        assert d.committed and s.store.unexpanded() in ([], [out.batch_id])
+        assert out.batch_id == 0 or d.expanded_s > 0  # the previous batch's, waited for
+    s.delivery.settle()
+    assert s.store.unexpanded() == []
+    want = [a.id for b in batches for a in sorted(b.alerts, key=lambda a: a.as_of)]
+    assert _logged(s) == want
+    assert sorted(_alert_ids(s)) == sorted(want)
+
+
+class _Refused(RuntimeError):
+    """An expansion failure that is not retried."""
+
+
+def test_a_failed_expansion_is_raised_by_the_next_delivery_and_its_row_expanded_at_the_restart(
+    sinks: _Sinks,
+) -> None:
+    """The expansion of batch 0 fails for good: the next delivery commits batch 1 (PostgreSQL,
+    then Kafka) and raises it; both rows stay, and the restarted engine's recovery
+    (:func:`engine.sinks.deliver.republish_committed`) expands them, in order, once."""
+    from engine.sinks.deliver import republish_committed
+
+    s = sinks
+    real = s.store.project
+    s.store.project = lambda *a, **kw: (_ for _ in ()).throw(_Refused("no"))  # type: ignore[method-assign]
+    first = _batch(0)
+    assert s.delivery.deliver(first, watermark=None, metrics=METRICS).committed
+    with pytest.raises(_Refused):
+        s.delivery.deliver(_batch(1), watermark=None, metrics=METRICS)
+    assert _pg_batches(s) == [0, 1] and s.publisher.last_published() == 1
+    assert s.store.unexpanded() == [0, 1] and _logged(s) == []
+    s.store.project = real  # type: ignore[method-assign]
+    republish_committed(s.store, s.publisher, s.store.last_committed())  # what recover() runs
+    want = [a.id for b in (first, _batch(1)) for a in b.alerts]
+    assert s.store.unexpanded() == [] and _logged(s) == want
+    republish_committed(s.store, s.publisher, s.store.last_committed())  # a second start: nothing
+    assert _logged(s) == want and sorted(_alert_ids(s)) == sorted(want)

@@ -1,6 +1,7 @@
-"""The engine's batch commit through ``COPY`` -- straight into ``alerts`` (:func:`write_direct`, the
-default) or through a staging table (:func:`write_copy`, before) -- writes, row for row, what the
-array-bound statements it replaced wrote; a re-commit of a batch id writes nothing (real PostgreSQL: the embedded server
+"""The engine's batch commit -- one ``engine_outputs`` row expanded behind it (the default, from
+the columns in memory or read back), ``COPY`` straight into ``alerts`` (:func:`write_direct`) or
+through a staging table (:func:`write_copy`) -- writes, row for row, what the array-bound
+statements it replaced wrote; a re-commit of a batch id writes nothing (real PostgreSQL: the embedded server
 of the ``restartable_pg`` fixture, one fresh database per path)."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 from engine.messages import Alert, BatchOutput
-from engine.sinks.alert_columns import subscription_uuid
+from engine.sinks.alert_columns import AlertColumns, subscription_uuid
+from engine.sinks.output_block import with_columns
 from engine.sinks.store import Store, _write_unnest, write_copy, write_direct
 from tidewatch.settings import Settings
 
@@ -62,14 +64,16 @@ def _batches() -> list[BatchOutput]:
     return out
 
 
-def _tables(eng: Engine) -> dict[str, list[tuple[Any, ...]]]:
+def _tables(eng: Engine, inline: bool = True) -> dict[str, list[tuple[Any, ...]]]:
     """Every row the engine writes, minus the columns that differ by construction (identity
-    numbers, commit times); alerts in ``seq`` order.  Checks created_at / updated_at = commit time."""
+    numbers, commit times); alerts in ``seq`` order.  Checks created_at / updated_at = commit time
+    (``inline``: written in the batch's transaction), else at or after it (expanded behind it)."""
+    at = "=" if inline else ">="
     q = {
         "alerts": "SELECT a.alert_id, a.subscription_id, a.key, a.kind, a.as_of, a.values::text, a.batch_id, "
-        "a.created_at = b.committed_at FROM alerts a JOIN engine_batches b USING (batch_id) ORDER BY a.seq",
+        f"a.created_at {at} b.committed_at FROM alerts a JOIN engine_batches b USING (batch_id) ORDER BY a.seq",
         "current_results": "SELECT subscription_id, key, since, values::text, "
-        "updated_at IN (SELECT committed_at FROM engine_batches) FROM current_results ORDER BY 1, 2",
+        f"updated_at {at} ANY (SELECT committed_at FROM engine_batches) FROM current_results ORDER BY 1, 2",
         "engine_batches": "SELECT batch_id, watermark, events, alerts, removed::text FROM engine_batches ORDER BY 1",
         "engine_metrics": "SELECT batch_id, events_per_s, batch_ms, lag_ms, alerts, dead_letters "
         "FROM engine_metrics ORDER BY batch_id",
@@ -84,7 +88,11 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
     from tests.engine.test_engine_integration import fresh_database
 
     got: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
-    for name, write in (("arrays", _write_unnest), ("copy", write_copy), ("direct", write_direct)):
+    paths: list[tuple[str, Any]] = [("arrays", _write_unnest), ("copy", write_copy), ("direct", write_direct)]
+    # the default: one engine_outputs row per batch, expanded behind the commit -- from the
+    # columns in memory (the live path) or from the row read back (after a restart)
+    paths += [("expanded live", None), ("expanded read back", None)]
+    for name, write in paths:
         # a session time zone other than UTC: the timestamps must not depend on it
         eng = create_engine(
             fresh_database(restartable_pg.sqlalchemy_url),
@@ -94,14 +102,22 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
         try:
             for out in _batches():
                 assert store.commit(out, watermark=T0 + out.batch_id, metrics=METRICS, write=write)
-            got[name] = _tables(eng)
+                if name == "expanded live":
+                    assert store.project(out.batch_id, with_columns(out, AlertColumns.of(out.alerts)))
+                    assert not store.project(out.batch_id)  # once
+            if name == "expanded read back":
+                assert store.unexpanded() == [1, 2, 3, 4]
+                assert store.project_pending() == 4
+            assert store.unexpanded() == []
+            got[name] = _tables(eng, inline=write is not None)
             # the removed subscriptions' keys, for a re-publish of the batch's tombstones
             assert store.removed_of_batch(2) == _batches()[1].removed_keys
             assert store.removed_of_batch(1) == {} and store.removed_of_batch(99) == {}
             # the same batch ids again (a re-run after a crash): nothing is written
             for out in _batches():
                 assert not store.commit(out, watermark=0, metrics=METRICS, write=write)
-            assert _tables(eng) == got[name]
+            assert store.unexpanded() == []
+            assert _tables(eng, inline=write is not None) == got[name]
         finally:
             eng.dispose()
     arrays = got["arrays"]
@@ -110,27 +126,33 @@ def test_copy_writes_what_the_array_path_wrote_and_a_recommit_writes_nothing(
     assert {r[2] for r in arrays["alerts"]} == {*KEYS, "10.0.0.1", "TWICE", "EARLY"}
     assert arrays["current_results"] and len(arrays["engine_metrics"]) == 4
     assert [r[2] for r in arrays["alerts"][-2:]] == ["EARLY", "TWICE"]  # seq in as_of order
-    for name in ("copy", "direct"):
+    for name in ("copy", "direct", "expanded live", "expanded read back"):
         for table in arrays:
             assert got[name][table] == arrays[table], (name, table)
 
 
-def test_the_default_commit_is_copy_and_a_batch_rolls_back_whole(restartable_pg: Settings) -> None:
-    """``Store.commit`` uses :func:`write_direct`; an alert the database refuses fails the batch with
-    SQLAlchemy's error and leaves nothing of it (not even its batch id), on the pool's next use too."""
+@pytest.mark.parametrize("path", ["inline", "default"])
+def test_a_refused_batch_rolls_back_whole(restartable_pg: Settings, path: str) -> None:
+    """An alert the log refuses fails the batch and leaves nothing of it (not even its batch id),
+    on the pool's next use too: inline (:func:`write_direct` in the commit) with the database's
+    error; by default (one ``engine_outputs`` row) before anything is sent, so that no row the
+    expansion would refuse is ever committed."""
     from sqlalchemy.exc import IntegrityError
 
     from tests.engine.test_engine_integration import fresh_database
 
     eng = create_engine(fresh_database(restartable_pg.sqlalchemy_url), pool_size=1)
     store = Store(eng)
+    write = write_direct if path == "inline" else None
     try:
         bad = BatchOutput(batch_id=1, alerts=[Alert(SUBS[1], "r", "trades", "K", "MAYBE", T0, {})])
-        with pytest.raises(IntegrityError):  # CHECK (kind IN ('ENTER', 'EXIT'))
-            store.commit(bad, watermark=T0, metrics=METRICS)
-        assert store.last_committed() == -1
+        # inline: CHECK (kind IN ('ENTER', 'EXIT', 'CAPPED')); default: the same check, in Arrow
+        with pytest.raises(IntegrityError if write else ValueError, match=None if write else "MAYBE"):
+            store.commit(bad, watermark=T0, metrics=METRICS, write=write)
+        assert store.last_committed() == -1 and store.unexpanded() == []
         good = BatchOutput(batch_id=1, alerts=[Alert(SUBS[1], "r", "trades", "K", "ENTER", T0, {"x": 1})])
-        assert store.commit(good, watermark=T0, metrics=METRICS)
+        assert store.commit(good, watermark=T0, metrics=METRICS, write=write)
+        assert store.project_pending() == (0 if write else 1)
         assert [a["key"] for a in store.alerts_of_batch(1)] == ["K"]
         with eng.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM current_results")).scalar() == 1

@@ -30,6 +30,7 @@ TABLES = {
     "engine_metrics",
     "engine_dead_letters",
     "chart_requests",
+    "engine_outputs",
 }
 
 
@@ -175,6 +176,7 @@ def test_0004_keys_batches_by_engine_and_keeps_the_rows_there(scratch_url, old_i
                 batch_id=1, alerts=[Alert(str(uuid.uuid4()), "r", "trades", "X", "ENTER", 0, {})]
             )
             assert store.commit(out, watermark=None, metrics=metrics) is (store is other)
+            assert store.project_pending() == (store is other)  # its alert into alerts (0011)
         with engine.begin() as conn:  # a row written without an engine id: the default engine's
             conn.execute(text("INSERT INTO engine_batches (batch_id) VALUES (9)"))
             assert conn.execute(text("SELECT engine_id FROM engine_batches WHERE batch_id = 9")).scalar() == (
@@ -240,5 +242,37 @@ def test_0010_keys_alerts_by_subscription_time_key_kind(scratch_url):
         assert "ix_alerts_subscription_as_of" in {ix["name"] for ix in insp.get_indexes("alerts")}
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM alerts")).scalar() == 2
+    finally:
+        engine.dispose()
+
+
+def test_0011_engine_outputs_stored_as_given_and_a_downgrade_refuses_unexpanded_rows(scratch_url):
+    """0011: ``engine_outputs`` (a committed batch's alerts as one row) keeps its bodies as given
+    (``STORAGE EXTERNAL``: compressed by the engine, not again by the server); a downgrade refuses
+    while a row is left (its alerts are in no other table yet) and goes through once it is gone."""
+    migrate.upgrade(scratch_url)
+    engine = create_engine(scratch_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            storage = conn.execute(
+                text(
+                    "SELECT attname, attstorage FROM pg_attribute WHERE attrelid = 'engine_outputs'::regclass "
+                    "AND atttypid = 'bytea'::regtype ORDER BY attnum"
+                )
+            ).all()
+            conn.execute(
+                text("INSERT INTO engine_outputs (engine_id, batch_id, alert_rows) VALUES ('e', 7, :b)"),
+                {"b": b"\x00" * 10},
+            )
+        assert [tuple(r) for r in storage] == [
+            (c, "e") for c in ("alert_rows", "alert_items", "withheld_rows", "withheld_items")
+        ]
+        with pytest.raises(RuntimeError, match="1 committed batches"):
+            migrate.downgrade(scratch_url, "0010")
+        assert migrate.current(scratch_url) == migrate.head()
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM engine_outputs"))
+        migrate.downgrade(scratch_url, "0010")
+        assert "engine_outputs" not in _tables(scratch_url)
     finally:
         engine.dispose()

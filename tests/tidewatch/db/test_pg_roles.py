@@ -222,6 +222,8 @@ def test_engine_role_commits_a_batch_through_the_real_store(role_db: RoleDb) -> 
         assert store.commit(out, watermark=1_700_000_000_000, metrics=metrics) is True
         assert store.commit(out, watermark=1_700_000_000_000, metrics=metrics) is False  # idempotent
         assert store.last_committed() == before + 1
+        # the expansion into alerts and current_results, with the engine role's grants (0011)
+        assert store.unexpanded() == [before + 1] and store.project(before + 1)
         assert [a["key"] for a in store.alerts_of_batch(before + 1)] == ["AAPL"]
     finally:
         eng.dispose()
