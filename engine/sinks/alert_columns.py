@@ -174,9 +174,15 @@ class AlertColumns:
         columns of the last list given are kept and returned again for the same list (a batch's
         alerts are not changed once its output is made: the sinks only read them).  One list is
         kept per ``slot`` (``"withheld"``: :attr:`engine.messages.BatchOutput.withheld`'s); none
-        for ``slot=None`` (a sequence about to change: :meth:`engine.messages.AlertSeq.sort_by_as_of`)."""
+        for ``slot=None`` (a sequence about to change: :meth:`engine.messages.AlertSeq.sort_by_as_of`),
+        nor for a sequence of one block of columns (returned as it is: the expansion of the batch
+        before, on its own thread, must not evict the batch being delivered)."""
         if isinstance(alerts, AlertColumns):
             return alerts
+        if isinstance(alerts, AlertSeq):  # columns already (one block): as they are, not cached,
+            blocks = alerts.blocks()  # so another thread's batch keeps its cached columns
+            if len(blocks) == 1 and isinstance(blocks[0], AlertColumns):
+                return blocks[0]
         last = _LAST.get(slot) if slot is not None else None
         if last is not None and last[0] is alerts and len(last[1]) == len(alerts):
             return last[1]

@@ -78,7 +78,10 @@ def test_the_live_path_hands_the_columns_built_for_both_sinks_on_as_they_are() -
     out = BatchOutput(batch_id=3, alerts=alerts, removed=["x"])
     cols = AlertColumns.of(out.alerts)
     live = with_columns(out, cols)
+    nxt = BatchOutput(batch_id=4, alerts=[Alert("s", "r", "trades", "N", "EXIT", 8, {"n": 0})])
+    nxt_cols = AlertColumns.of(nxt.alerts)  # the next batch, being delivered meanwhile
     assert AlertColumns.of(live.alerts) is cols and live.removed == ["x"] and live.batch_id == 3
+    assert AlertColumns.of(nxt.alerts) is nxt_cols  # the expansion did not evict its columns
     assert not expands(BatchOutput(batch_id=4))
 
 
