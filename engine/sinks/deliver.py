@@ -21,9 +21,10 @@ PostgreSQL's commit writes the batch's alerts as ONE ``engine_outputs`` row (mig
 per-alert tables the dashboard reads, ``alerts`` and ``current_results``, are written from it by
 a third thread, behind the commit (:meth:`engine.sinks.store.Store.project`: the row expanded and
 deleted in one transaction, so exactly once).  A batch counts as delivered when both commits are
-done; the next :meth:`Delivery.deliver` first waits for the previous batch's expansion (so the
-per-alert tables are at most one batch behind, and an expansion slower than the batches holds the
-engine back rather than falling behind without bound) and raises its failure.  :meth:`settle`
+done; the next :meth:`Delivery.deliver`, once its own two commits are done, waits for the previous
+batch's expansion (so the per-alert tables are at most one batch behind, and an expansion slower
+than the batches holds the engine back rather than falling behind without bound) and raises its
+failure.  :meth:`settle`
 waits for the last one.  A crash before an expansion leaves its row: the restarted engine expands
 it before anything else (:meth:`engine.app.EngineApp.recover`).
 """

@@ -1,8 +1,10 @@
-"""PostgreSQL side of the engine: the alert log, current results and batch ids in ONE transaction.
+"""PostgreSQL side of the engine: a batch's alerts and batch id in ONE transaction, expanded behind it.
 
 A micro-batch is committed by inserting (engine id, batch id) into ``engine_batches`` in the
-same transaction as its alerts (primary key: the stable alert id), its changes to
-``current_results`` and its dead letters (``engine_dead_letters``); a batch id already present
+same transaction as its alerts -- ONE ``engine_outputs`` row (migration 0011,
+:mod:`engine.sinks.output_block`), expanded into ``alerts`` (primary key: the stable alert id)
+and ``current_results`` by :meth:`Store.project` in a transaction of its own that deletes the row
+(so once) -- and its dead letters (``engine_dead_letters``); a batch id already present
 for this engine means the batch was committed before (a re-run after a crash) and nothing is
 written again (docs/ARCHITECTURE.md, "Exactly once, end to end").  Metrics go to
 ``engine_metrics`` in the same transaction.  Everything keyed by batch id is scoped by the
@@ -17,8 +19,8 @@ keys whose changes the alert cap withheld (:meth:`Store.withheld_of_batch`, from
 ``engine_batches.withheld``; their state from :meth:`Store.current_of`).  Dead letters are only kept until then:
 see :meth:`Store.commit` for when they are deleted.
 
-The alerts of a batch (thousands while many rules' windows fill) are written by
-:func:`write_direct`: the batch's columns (:class:`engine.sinks.alert_columns.AlertColumns`, shared
+The alerts of a batch (thousands while many rules' windows fill) are expanded into the per-alert
+tables by :func:`write_direct`: the batch's columns (:class:`engine.sinks.alert_columns.AlertColumns`, shared
 with the Kafka transaction) in one ``COPY`` straight into ``alerts`` -- the batch id's row makes
 the insert happen at most once, so there is no ``ON CONFLICT`` probe -- and the net change of
 every (subscription, key) in a second ``COPY`` applied to ``current_results``.  The paths it
