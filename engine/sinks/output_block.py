@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,23 +52,14 @@ def _table(body: bytes | memoryview) -> pa.Table:
 
 @dataclass(frozen=True)
 class OutputRow:
-    """The columns of one ``engine_outputs`` row but its keys (``None``: no alerts)."""
+    """The columns of one ``engine_outputs`` row but its keys (``None``: no alerts); its fields
+    are the columns' names (``dataclasses.asdict``: the statement's parameters)."""
 
     alert_rows: bytes | None
     alert_items: bytes | None
     withheld_rows: bytes | None
     withheld_items: bytes | None
     removed: list[str]
-
-    def params(self) -> dict[str, Any]:
-        """The row's columns as statement parameters."""
-        return {
-            "alert_rows": self.alert_rows,
-            "alert_items": self.alert_items,
-            "withheld_rows": self.withheld_rows,
-            "withheld_items": self.withheld_items,
-            "removed": self.removed,
-        }
 
 
 #: an alert value's type -> its tag in the items table (any other type: the JSON text is stored)

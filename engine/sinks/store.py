@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -160,7 +161,7 @@ class Store:
                 if expands(out):
                     conn.execute(
                         insert(EngineOutput).values(
-                            engine_id=self.engine_id, batch_id=out.batch_id, **encode(out).params()
+                            engine_id=self.engine_id, batch_id=out.batch_id, **asdict(encode(out))
                         )
                     )
             else:
