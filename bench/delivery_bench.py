@@ -37,7 +37,11 @@ stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
     flock /tmp/tidewatch-heavy.lock .venv/bin/python bench/delivery_bench.py --sizes 1000,20000
 
 The synthetic alerts have distinct ids within a batch (as the engine's do: one change of a
-subscription's result per key and lookup time).
+subscription's result per key and lookup time), and come as the engine's core hands them over:
+blocks of one subscription at one lookup time (:class:`engine.messages.AlertBlock`; with 10,000
+subscriptions, 20,000 alerts make ≈ 15,700 blocks), not Alert objects (the bench until Nov 30
+gave Alert objects, whose columns are built by one comprehension per field); the garbage
+collector is tuned as the engine tunes it (``engine_gc_threshold``).
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import fresh_database  # noqa: E402
-from engine.messages import Alert, AlertSeq, BatchOutput  # noqa: E402
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput  # noqa: E402
+from engine.runtime.gc_tuning import tune_gc  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
 
 #: the two sides, and the parts of a delivery timed for each
@@ -100,7 +105,33 @@ def make_batch(batch_id: int, n: int, n_subs: int, n_keys: int, seed: int) -> Ba
                 break
         seen.add(a.id)
         alerts.append(a)
-    return BatchOutput(batch_id=batch_id, alerts=AlertSeq(alerts), events={"trades": 200_000})
+    return BatchOutput(batch_id=batch_id, alerts=as_blocks(alerts), events={"trades": 200_000})
+
+
+def as_blocks(alerts: list[Alert]) -> AlertSeq:
+    """``alerts`` as the engine's core hands them to the sinks: an :class:`AlertSeq` of
+    :class:`AlertBlock` (one per subscription and lookup time, in lookup-time order, the
+    subscriptions of a lookup in the order of their first alert; each block's keys in order),
+    not Alert objects (:meth:`engine.core.EngineCore._emit`)."""
+    groups: dict[tuple[int, str], list[Alert]] = {}
+    for a in alerts:
+        groups.setdefault((a.as_of, a.subscription_id), []).append(a)
+    seq = AlertSeq()
+    for (tau, sid), xs in sorted(groups.items(), key=lambda kv: kv[0][0]):  # stable: first alerts first
+        labels = list(xs[0].values)
+        cols = [[a.values[label] for a in xs] for label in labels]
+        seq.add_block(AlertBlock(sid, xs[0].rule_name, xs[0].stream, tau, [a.key for a in xs],
+                                 [a.kind for a in xs], labels, cols))  # fmt: skip
+    return seq
+
+
+def copy_of(alerts: AlertSeq) -> AlertSeq:
+    """A sequence of the same blocks, another object (the columns :meth:`AlertColumns.of
+    <engine.sinks.alert_columns.AlertColumns.of>` caches for one are not the other's)."""
+    seq = AlertSeq()
+    for b in alerts.blocks():
+        seq.add_block(b)  # type: ignore[arg-type]  # blocks only: as_blocks made them
+    return seq
 
 
 def _free_port() -> int:
@@ -169,7 +200,7 @@ class Side:
     def deliver(self, out: BatchOutput) -> tuple[float, float, float]:
         """Seconds until PostgreSQL committed ``out``, from then until Kafka did, and of the
         batch's expansion into the per-alert tables (waited for here: timed alone; 0 inline)."""
-        out = BatchOutput(batch_id=self.next_batch, alerts=AlertSeq(out.alerts), events=out.events)
+        out = BatchOutput(batch_id=self.next_batch, alerts=copy_of(out.alerts), events=out.events)
         self.next_batch += 1
         d = self.delivery.deliver(out, watermark=None, metrics=METRICS)
         assert d.committed
@@ -206,6 +237,7 @@ def main() -> None:
         "sizes": {},
     }
     with services(a) as (pg_url, bootstrap, base):
+        tune_gc(base.engine_gc_threshold)  # as the engine does at its start
         run = uuid.uuid4().hex[:6]
         topics = ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
         settings = base.model_copy(
@@ -235,7 +267,7 @@ def main() -> None:
                         for part, sec in got.items():
                             per[side.name][part].append(sec / n * 1e6)
                     t0 = time.perf_counter()
-                    alone.publish(k, AlertColumns.of(AlertSeq(out.alerts), slot=None))
+                    alone.publish(k, AlertColumns.of(copy_of(out.alerts), slot=None))
                     per["kafka alone"]["kafka"].append((time.perf_counter() - t0) / n * 1e6)
                 fig = {
                     name: {part: statistics.median(v) for part, v in parts.items()}

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.messages import Alert, AlertSeq
+from engine.messages import Alert, AlertBlock, AlertSeq
 
 _S = pa.large_string()
 #: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
@@ -197,8 +197,11 @@ class AlertColumns:
         subscription at one lookup time) by list operations done in C -- its fields repeated,
         its keys and kinds appended, its labels repeated, its value columns interleaved alert by
         alert -- and each run of Alert objects as :meth:`_build` reads them."""
-        if any(isinstance(b, AlertColumns) for b in seq.blocks()):
+        blocks = seq.blocks()
+        if any(isinstance(b, AlertColumns) for b in blocks):
             return cls._from_chunks(seq)
+        if not any(isinstance(b, list) for b in blocks):
+            return cls._from_blocks(seq)
         f: list[list[Any]] = [[], [], [], [], [], []]  # subscription, rule, stream, key, kind, as_of
         counts: list[int] = []
         labels: list[Any] = []
@@ -229,6 +232,38 @@ class AlertColumns:
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
             return cls._build(list(seq))
         return cls._make(f, np.asarray(counts, np.int64), value_labels, items, [])
+
+    @classmethod
+    def _from_blocks(cls, seq: AlertSeq) -> AlertColumns:
+        """The columns of the core's blocks alone (no Alert objects among them), as
+        :meth:`_from_seq` reads them but with one pass per field over all the blocks, not one
+        pass of many steps per block: a storm of many subscriptions makes blocks of one or two
+        alerts, where the steps per block cost more than the alerts (each block's fields given
+        once and repeated by Arrow ``take`` and NumPy ``repeat``; keys, kinds, labels and
+        values joined by ``chain`` in C)."""
+        blocks: list[AlertBlock] = seq.blocks()  # type: ignore[assignment]  # only blocks: see the caller
+        ns = np.fromiter((len(b.keys) for b in blocks), np.int64, len(blocks))
+        at = np.repeat(np.arange(len(blocks)), ns)
+        ms = np.fromiter((len(b.labels) for b in blocks), np.int64, len(blocks))
+        labels = list(chain.from_iterable([b.labels * len(b.keys) for b in blocks]))
+        try:
+            value_labels = pa.array(labels, _S)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
+            return cls._build(list(seq))
+        items = list(chain.from_iterable(chain.from_iterable(zip(*b.columns, strict=True) for b in blocks)))
+        keys = list(chain.from_iterable([b.keys for b in blocks]))
+        return cls(
+            subscription_id=large_utf8([b.subscription_id for b in blocks], "subscription_id").take(at),
+            rule_name=large_utf8([b.rule_name for b in blocks], "rule_name").take(at),
+            stream=large_utf8([b.stream for b in blocks], "stream").take(at),
+            key=large_utf8(keys, "key"),
+            kind=large_utf8(list(chain.from_iterable([b.kinds for b in blocks])), "kind"),
+            as_of=np.repeat(np.fromiter((b.as_of for b in blocks), np.int64, len(blocks)), ns),
+            counts=np.repeat(ms, ns),
+            value_labels=value_labels,
+            value_items=items,
+            values=[],
+        )
 
     @classmethod
     def _from_chunks(cls, seq: AlertSeq) -> AlertColumns:

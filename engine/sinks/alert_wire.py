@@ -17,7 +17,9 @@ and writes every record into three buffers, cut into the records' ``bytes`` by A
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +126,34 @@ class AlertRecords:
         return len(self.alert_values)
 
 
+#: sets of the encoder's output buffers free for the next batch (a set per thread encoding at once)
+_FREE: list[dict[str, np.ndarray]] = []
+_FREE_LOCK = threading.Lock()
+
+
+@contextmanager
+def _buffers() -> Iterator[dict[str, np.ndarray]]:
+    """A set of output buffers kept from batch to batch (their pages written once, not faulted
+    in again every batch: 13 MB of fresh pages cost the kernel more than its own work at 20,000
+    alerts), returned for the next batch once the records are copied out of them
+    (:func:`~engine.sinks.alert_columns.split_bytes`).  A set is taken whole by one caller: the
+    producing threads of the engine and its tests never share one."""
+    with _FREE_LOCK:
+        got = _FREE.pop() if _FREE else {}
+    yield got
+    with _FREE_LOCK:
+        if len(_FREE) < 2:
+            _FREE.append(got)
+
+
+def _scratch(have: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:
+    """Buffer ``name`` of the set ``have``, of at least ``size`` bytes (grown by half again)."""
+    buf = have.get(name)
+    if buf is None or len(buf) < size:
+        buf = have[name] = np.empty(max(size, len(buf) * 3 // 2 if buf is not None else 0), np.uint8)
+    return buf
+
+
 def encode_alerts(
     alerts: AlertColumns | AlertSeq | Sequence[Alert] | Sequence[dict[str, Any]],
     batch_id: int,
@@ -154,23 +184,24 @@ def encode_alerts(
     map_bytes = len(kdata) + 19 * len(vbits) + 11 * n
     ahdr = np.frombuffer(header(schema_id("alerts")), np.uint8)
     rhdr = np.frombuffer(header(schema_id("results")), np.uint8)
-    aout = np.empty(n * (5 + 6 * 10 + 3 * 10) + str_bytes + map_bytes, np.uint8)
-    rout = np.empty(n * (5 + 2 * 10 + 1 + 2 * 10) + str_bytes + map_bytes, np.uint8)
-    kout = np.empty(str_bytes + n, np.uint8)
     aoff = np.empty(n + 1, np.int64)
     roff = np.empty(n + 1, np.int64)
     koff = np.empty(n + 1, np.int64)
-    _encode_kernel(
-        n, sdata, soffs, c.as_of, present, c.counts, kdata, koffs, vbits, vnull,
-        int(batch_id), int(emitted_at), ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
-    )  # fmt: skip
-    return AlertRecords(
-        split_bytes(*cols[1]),
-        split_bytes(aout, aoff),
-        split_bytes(kout, koff),
-        split_bytes(rout, roff),
-        present.tolist(),
-    )
+    with _buffers() as have:
+        aout = _scratch(have, "alerts", n * (5 + 6 * 10 + 3 * 10) + str_bytes + map_bytes)
+        rout = _scratch(have, "results", n * (5 + 2 * 10 + 1 + 2 * 10) + str_bytes + map_bytes)
+        kout = _scratch(have, "keys", str_bytes + n)
+        _encode_kernel(
+            n, sdata, soffs, c.as_of, present, c.counts, kdata, koffs, vbits, vnull,
+            int(batch_id), int(emitted_at), ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
+        )  # fmt: skip
+        return AlertRecords(
+            split_bytes(*cols[1]),
+            split_bytes(aout, aoff),
+            split_bytes(kout, koff),
+            split_bytes(rout, roff),
+            present.tolist(),
+        )
 
 
 def warm_up() -> None:

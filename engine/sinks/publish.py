@@ -43,7 +43,9 @@ and :meth:`Publisher.abort` aborts it when PostgreSQL did not commit the batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +108,38 @@ class OpenTransaction:
     producer: Producer
     marker: Consumer
     error: KafkaException | KafkaStalled | None = None
+    #: the progress marker's ``send_offsets_to_transaction``, sent beside the produce loops
+    marking: Marking | None = None
+
+
+class Marking:
+    """The progress marker of an open transaction sent on a thread of its own
+    (``send_offsets_to_transaction``, a round trip to the group coordinator that librdkafka
+    waits for with the GIL released), started right after the transaction begins, so the
+    round trip overlaps the produce loops instead of following them.  Both go into the same
+    transaction, so the marker is still visible exactly when the batch's records are (librdkafka
+    takes records while the call is in flight; the transaction's other calls -- commit, abort --
+    wait for it: :meth:`wait`).  A daemon thread: a call blocked past its own timeout
+    (librdkafka issues 5456 and 5511) is left on its producer, which the retry abandons."""
+
+    def __init__(self, send: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                send()
+            except BaseException as exc:  # noqa: BLE001 -- raised by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="tidewatch-marker", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the call returned; raise its error, if any (bounded by the caller:
+        :meth:`Publisher._bounded`)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class Publisher:
@@ -210,7 +244,7 @@ class Publisher:
         :meth:`abort` must follow, before the next :meth:`begin`."""
         txn = OpenTransaction(batch, self.producer, self.marker)
         try:
-            self._bounded(lambda: self._produce(txn.producer, batch), f"batch {batch.batch_id}")
+            self._bounded(lambda: self._produce(txn, batch), f"batch {batch.batch_id}")
         except (KafkaException, KafkaStalled) as exc:
             txn.error = exc
         return txn
@@ -233,7 +267,9 @@ class Publisher:
             elif txn.error is not None:
                 raise txn.error
             else:
-                self._bounded(lambda: self._commit(txn.producer, txn.marker, batch_id), f"batch {batch_id}")
+                self._bounded(
+                    lambda: self._commit(txn.producer, txn.marker, batch_id, txn.marking), f"batch {batch_id}"
+                )
 
         retrying(attempt, self.settings.engine_kafka_retry_s, f"batch {batch_id}", log)
 
@@ -244,8 +280,16 @@ class Publisher:
         (the next batch's :meth:`begin` fails on it and :meth:`commit` retries with a new one)."""
         if txn.error is not None:  # the step failed or stalled: nothing to abort safely here; a
             return  # transaction it left open fails the next begin, whose commit re-creates the producer
+        marking = txn.marking
+
+        def abort() -> None:
+            if marking is not None:  # the transaction's calls one at a time: the marker's first
+                with contextlib.suppress(KafkaException):  # aborted with the rest anyway
+                    marking.wait()
+            txn.producer.abort_transaction(60)
+
         try:
-            self._bounded(lambda: txn.producer.abort_transaction(60), f"batch {txn.batch.batch_id}: abort")
+            self._bounded(abort, f"batch {txn.batch.batch_id}: abort")
         except (KafkaException, KafkaStalled) as exc:
             log.warning("batch %d: its Kafka transaction could not be aborted (%s)", txn.batch.batch_id, exc)
 
@@ -255,17 +299,20 @@ class Publisher:
 
     def _transaction(self, batch: KafkaBatch) -> None:
         """The whole transaction on the current producer: records, marker, commit."""
-        p, marker = self.producer, self.marker
-        self._produce(p, batch)
-        self._commit(p, marker, batch.batch_id)
+        txn = OpenTransaction(batch, self.producer, self.marker)
+        self._produce(txn, batch)
+        self._commit(txn.producer, txn.marker, batch.batch_id, txn.marking)
 
-    def _produce(self, p: Producer, batch: KafkaBatch) -> None:
-        """Begin a transaction on ``p`` and produce ``batch``'s records into it: the tombstones
-        of its removed subscriptions, alerts and results, dead letters."""
+    def _produce(self, txn: OpenTransaction, batch: KafkaBatch) -> None:
+        """Begin a transaction on ``txn``'s producer, send its progress marker beside
+        (:class:`Marking`, into ``txn.marking``) and produce ``batch``'s records into it: the
+        tombstones of its removed subscriptions, alerts and results, dead letters."""
         s = self.settings
         now = int(time.time() * 1000)
         alerts, dead, removed, results = batch.alerts, batch.dead, batch.removed, batch.results
+        p = txn.producer
         p.begin_transaction()
+        txn.marking = Marking(lambda: self._send_marker(p, txn.marker, batch.batch_id))
         try:
             if removed:
                 keys = [f"{sid}|{key}".encode() for sid, ks in removed.items() for key in ks]
@@ -285,13 +332,22 @@ class Publisher:
             self.deliveries.reraise(p, exc)  # an ACL refused the records: say so, by its code
             raise
 
-    def _commit(self, p: Producer, marker: Consumer, batch_id: int) -> None:
-        """Move the progress marker to ``batch_id + 1`` in ``p``'s open transaction and commit it."""
-        s = self.settings
+    def _send_marker(self, p: Producer, marker: Consumer, batch_id: int) -> None:
+        """Move the progress marker to ``batch_id + 1`` in ``p``'s open transaction."""
+        p.send_offsets_to_transaction(
+            [TopicPartition(self.settings.topic_alerts, 0, batch_id + 1)],
+            marker.consumer_group_metadata(),
+            60,
+        )
+
+    def _commit(self, p: Producer, marker: Consumer, batch_id: int, marking: Marking | None = None) -> None:
+        """Commit ``p``'s open transaction with the progress marker at ``batch_id + 1``: the one
+        ``marking`` sent (waited for here), or sent now when none."""
         try:
-            p.send_offsets_to_transaction(
-                [TopicPartition(s.topic_alerts, 0, batch_id + 1)], marker.consumer_group_metadata(), 60
-            )
+            if marking is None:
+                self._send_marker(p, marker, batch_id)
+            else:
+                marking.wait()
             p.commit_transaction(120)
         except KafkaException as exc:
             self.deliveries.reraise(p, exc)  # an ACL refused the records: say so, by its code

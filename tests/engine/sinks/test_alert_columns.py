@@ -133,6 +133,40 @@ def test_columns_of_the_cores_blocks_are_the_columns_of_their_alerts() -> None:
     _same_columns(got, AlertColumns.of(list(seq)))
 
 
+@st.composite
+def _blocks_only(draw: st.DrawFn) -> AlertSeq:
+    """Blocks alone, as the core makes them in a storm of many subscriptions: one or a few
+    alerts each, 0-3 labels, values None / int / float."""
+    labels = ["COUNT(*) OVER LAST 10 SECONDS", "AVG(price)", "MAX(x)"]
+    value = st.one_of(st.none(), st.integers(-(10**6), 10**6), st.floats(allow_nan=False, width=64))
+    seq = AlertSeq()
+    for tau in range(draw(st.integers(1, 12))):
+        n, m = draw(st.integers(1, 3)), draw(st.integers(0, 3))
+        sid = draw(st.sampled_from(SUBS))
+        vals = [[draw(value) for _ in range(n)] for _ in range(m)]
+        keys = [draw(st.sampled_from(["a", "b", "", 'ü,"'])) for _ in range(n)]
+        kinds = [draw(st.sampled_from(["ENTER", "EXIT"])) for _ in range(n)]
+        seq.add_block(AlertBlock(sid, f"r-{sid[:3]}", "trades", 10 * tau, keys, kinds, labels[:m], vals))
+    return seq
+
+
+@given(_blocks_only())
+@settings(max_examples=150, deadline=None)
+def test_columns_of_blocks_alone_are_the_columns_of_their_alerts(seq: AlertSeq) -> None:
+    """The blocks-only path (one pass per field over all blocks) against the Alert objects'."""
+    got = AlertColumns.of(seq, slot=None)
+    assert not got.values  # no per-alert dict made
+    _same_columns(got, AlertColumns.of(list(seq), slot=None))
+
+
+def test_blocks_alone_with_a_label_that_is_not_a_string_are_read_as_alerts() -> None:
+    seq = AlertSeq()
+    seq.add_block(AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], [7], [[1, None]]))  # type: ignore[list-item]
+    got = AlertColumns.of(seq, slot=None)
+    assert got.values == [a.values for a in seq]  # built from the Alert objects, as before
+    assert got.values_json.to_pylist() == [json.dumps(a.values) for a in seq]
+
+
 def test_blocks_beside_a_label_that_is_not_a_string_are_read_as_alerts() -> None:
     seq = AlertSeq([Alert(SUBS[0], "r", "trades", "k", "ENTER", 5, {7: 1.5})])  # type: ignore[dict-item]
     seq.add_block(AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], ["n"], [[1, None]]))

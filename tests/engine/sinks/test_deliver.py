@@ -146,9 +146,18 @@ def test_kafka_commits_only_after_postgres_committed_its_records_produced_meanwh
 def test_every_batch_commits_in_postgres_before_kafka(sinks: _Sinks) -> None:
     """Batches delivered in a row (no step held): each one's Kafka commit starts after its
     PostgreSQL commit ended, its records were produced during that commit's run, and each batch
-    is in Kafka once."""
+    is in Kafka once.  The PostgreSQL commit (one row since migration 0011: a few ms) waits
+    until the producing thread has started, so the test does not depend on which thread the
+    machine runs first; a delivery that produced only after the commit would time out here."""
     s = sinks
     batches = [_batch(b, 2000) for b in range(4)]
+    real_commit = s.pg_commit
+
+    def after_begin(*args: Any, **kw: Any) -> Any:
+        s.wait_for("kafka.begin", "start", timeout=20.0)
+        return real_commit(*args, **kw)
+
+    s.pg_commit = after_begin
     for out in batches:
         s.events.clear()
         s.delivery.deliver(out, watermark=None, metrics=METRICS)
@@ -194,19 +203,41 @@ def test_a_failed_kafka_commit_is_retried_after_postgres_committed(sinks: _Sinks
     real = s.publisher._commit
     calls: list[int] = []
 
-    def flaky(p: Any, marker: Any, batch_id: int) -> None:
+    def flaky(p: Any, marker: Any, batch_id: int, *marking: Any) -> None:
         calls.append(batch_id)
         if len(calls) == 1:  # the open transaction is left as it is: the new producer fences it
             raise KafkaException(KafkaError(KafkaError._STATE, "injected commit failure"))
-        real(p, marker, batch_id)
+        real(p, marker, batch_id, *marking)
 
-    s.publisher._commit = flaky  # type: ignore[method-assign]
+    s.publisher._commit = flaky  # type: ignore[method-assign,assignment]
     out = _batch(0)
     s.delivery.deliver(out, watermark=None, metrics=METRICS)
     assert calls == [0, 0]
     assert _pg_batches(s) == [0] and s.publisher.last_published() == 0
     ids = _alert_ids(s)
     assert sorted(ids) == sorted(a.id for a in out.alerts)
+
+
+def test_a_failed_marker_sent_beside_the_records_is_retried_once(sinks: _Sinks) -> None:
+    """The progress marker, sent on its own thread while the records are produced, fails once:
+    its error reaches the Kafka commit, which retries the whole transaction on a new producer;
+    the batch is in Kafka once and the marker is at it."""
+    s = sinks
+    real = s.publisher._send_marker
+    calls: list[int] = []
+
+    def flaky(p: Any, marker: Any, batch_id: int) -> None:
+        calls.append(batch_id)
+        if len(calls) == 1:
+            raise KafkaException(KafkaError(KafkaError._STATE, "injected marker failure"))
+        real(p, marker, batch_id)
+
+    s.publisher._send_marker = flaky  # type: ignore[method-assign]
+    out = _batch(0)
+    s.delivery.deliver(out, watermark=None, metrics=METRICS)
+    assert calls == [0, 0]
+    assert _pg_batches(s) == [0] and s.publisher.last_published() == 0
+    assert sorted(_alert_ids(s)) == sorted(a.id for a in out.alerts)
 
 
 def _logged(s: _Sinks) -> list[str]:
