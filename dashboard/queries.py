@@ -343,6 +343,9 @@ class Health:
     storm: storm.Storm | None = None
     storm_rule: str = ""
     degraded: degraded.Degradation = degraded.Degradation(None)
+    #: the newest delivery's ms (both commits) and its alert log's expansion behind it (0012)
+    delivery_ms: float | None = None
+    expansion_ms: float | None = None
 
     @property
     def lost_banner(self) -> str | None:
@@ -477,6 +480,8 @@ def health(
         events_per_s=input_rate([float(r[0]) for r in recent_batches], [r[1] or 0 for r in recent_batches]),
         batch_ms=latest.batch_ms if latest is not None else None,
         lag_ms=latest.lag_ms if latest is not None else None,
+        delivery_ms=latest.delivery_ms if latest is not None else None,
+        expansion_ms=latest.expansion_ms if latest is not None else None,
         dead_letters_total=int(dl_total or 0),
         dead_letters_recent=sum(int(r.dead_letters or 0) for r in rows),
         series=series,

@@ -61,6 +61,14 @@ def render(settings: Settings) -> None:
     bottom[2].metric(
         "last batch (UTC)", "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S")
     )
+    bottom[3].metric(
+        "delivery",
+        "-" if h.delivery_ms is None else f"{h.delivery_ms:,.0f} ms",
+        help="the newest delivered batch, from the end of its evaluation until its alerts were "
+        "committed to PostgreSQL and to Kafka (Kafka's consumers see them from then on); the "
+        "alert log and current results shown here are written right behind that"
+        + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time"),
+    )
     if h.watermark is not None:
         st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
     if h.series:

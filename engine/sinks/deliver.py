@@ -27,6 +27,9 @@ than the batches holds the engine back rather than falling behind without bound)
 failure.  :meth:`settle`
 waits for the last one.  A crash before an expansion leaves its row: the restarted engine expands
 it before anything else (:meth:`engine.app.EngineApp.recover`).
+
+Each batch's ``engine_metrics`` row carries the figures of the delivery before it
+(:func:`figures`, migration 0012): the dashboard's Health view shows them.
 """
 
 from __future__ import annotations
@@ -64,6 +67,18 @@ class Delivered:
     expanded_s: float = 0.0
 
 
+def figures(d: Delivered | None) -> dict[str, float | None]:
+    """The ``engine_metrics`` figures of delivery ``d`` (None: no delivery yet), in ms:
+    ``delivery_ms`` (both commits, the wait for the expansion before included) and
+    ``expansion_ms`` (that expansion's own time; None when there was none); migration 0012."""
+    if d is None:
+        return {"delivery_ms": None, "expansion_ms": None}
+    return {
+        "delivery_ms": (d.pg_s + d.kafka_s + d.waited_s) * 1000,
+        "expansion_ms": d.expanded_s * 1000 if d.expanded_s else None,
+    }
+
+
 class Delivery:
     """The overlapped delivery of a store and a publisher (module docstring); owns the thread
     the Kafka records are produced on (:meth:`close` ends it).  One batch at a time."""
@@ -76,6 +91,8 @@ class Delivery:
         self._expanding = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-expand")
         #: the expansion in flight (its future: its seconds), at most one
         self._expansion: Future[float] | None = None
+        #: the last delivery done (its figures go into the next batch's metrics row)
+        self.last: Delivered | None = None
 
     def deliver(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> Delivered:
         """Deliver ``out`` exactly once: its Kafka records produced while PostgreSQL commits it,
@@ -86,6 +103,7 @@ class Delivery:
         <engine.app.EngineApp.recover>` publishes it)."""
         batch_id = out.batch_id
         t0 = time.perf_counter()
+        metrics = metrics | figures(self.last)
         alerts = AlertColumns.of(out.alerts) if out.alerts else out.alerts  # once, for both sinks
         results = out.result_changes() if out.withheld else None  # capped: not its alerts
         batch = KafkaBatch(batch_id, alerts, out.dead, out.removed_keys, results)
@@ -108,7 +126,8 @@ class Delivery:
         if committed and expands(out):
             cols = alerts if isinstance(alerts, AlertColumns) else None
             self._expansion = self._expanding.submit(self._expand, with_columns(out, cols))
-        return Delivered(committed, t1 - t0, t2 - t1, time.perf_counter() - t2, expanded_s)
+        self.last = Delivered(committed, t1 - t0, t2 - t1, time.perf_counter() - t2, expanded_s)
+        return self.last
 
     def _expand(self, out: BatchOutput) -> float:
         t0 = time.perf_counter()

@@ -124,10 +124,13 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -
                 lag_ms=1500.0,
                 alerts=0,
                 dead_letters=1,
+                delivery_ms=85.0,
+                expansion_ms=120.0,
             )
         )
     h = queries.health(sm, s, now=now)
     assert h.status == "ok" and h.capacity_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
+    assert (h.delivery_ms, h.expansion_ms) == (85.0, 120.0)  # the newest row's (0012)
     assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2
     assert queries.health(sm, s, now=now + timedelta(minutes=10)).status == "down"
     with sm.begin() as db:

@@ -318,6 +318,13 @@ class EngineMetric(Base):
     degraded: Mapped[dict[str, Any]] = mapped_column(
         JSONB, nullable=False, server_default=text("'{}'::jsonb")
     )
+    #: the delivery before this batch's (of the batch before: a batch's metrics are committed
+    #: before its own delivery ends), ms from its output to both commits, PostgreSQL's and
+    #: Kafka's, the wait for the expansion before it included; and the newest expansion's own ms
+    #: (into ``alerts`` and ``current_results``, behind the commit: :mod:`engine.sinks.deliver`).
+    #: NULL for an engine's first batch and before migration 0012.
+    delivery_ms: Mapped[float | None] = mapped_column(Float)
+    expansion_ms: Mapped[float | None] = mapped_column(Float)
     engine_id: Mapped[str] = _engine_id()
 
 

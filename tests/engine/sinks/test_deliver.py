@@ -166,6 +166,13 @@ def test_every_batch_commits_in_postgres_before_kafka(sinks: _Sinks) -> None:
     assert s.publisher.last_published() == 3 and _pg_batches(s) == [0, 1, 2, 3]
     ids = _alert_ids(s)
     assert len(ids) == len(set(ids)) == sum(len(b.alerts) for b in batches)
+    with s.store.engine.connect() as conn:  # each batch's metrics: the delivery before it (0012)
+        got = conn.execute(
+            text("SELECT batch_id, delivery_ms, expansion_ms FROM engine_metrics ORDER BY batch_id")
+        ).all()
+    assert [r[0] for r in got] == [0, 1, 2, 3] and got[0][1:] == (None, None)
+    assert all(r[1] is not None and r[1] > 0 for r in got[1:])  # batches 0-2's deliveries
+    assert got[1][2] is None and all(r[2] is not None and r[2] > 0 for r in got[2:])  # 0's, 1's expansions
 
 
 class _PgDown(RuntimeError):
