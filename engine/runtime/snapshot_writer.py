@@ -7,7 +7,8 @@ state must see it as it is now.  Two ways, by ``fork``:
 * **A forked child (``fork=True``, the engine's default, ``Settings.engine_snapshot_fork``).**
   The evaluation thread forks (``multiprocessing``'s ``fork`` context, 20--90 ms for the live
   10,000-rule driver of 1.2 GB); the child holds the copy-on-write image of the state as it is
-  now, and does the whole serialization there -- capture, finish, write, ``fsync``, rename -- at
+  now, and does the whole serialization there -- capture (copying nothing: its image cannot
+  change, :data:`engine.runtime.state_capture.PRIVATE_IMAGE`), finish, write, ``fsync``, rename -- at
   a lower priority (``nice`` 10: the batches and Spark's tasks come first), while the parent's
   batches go on without sharing its GIL.  The parent pays for the pages it changes while the
   child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
@@ -56,6 +57,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.runtime import state_capture
 from tidewatch.lifetime import die_with_parent
 
 log = logging.getLogger("tidewatch.engine")
@@ -361,6 +363,7 @@ def _serialize_in_child(
     if not die_with_parent(parent):  # no orphan writer holding the driver's pipes
         os._exit(1)
     os.nice(_CHILD_NICENESS)  # background work: the batches and Spark's tasks come first
+    state_capture.PRIVATE_IMAGE = True  # this image of the state never changes: no copies
     try:
         captured = capture()
         pieces = [captured] if isinstance(captured, bytes) else captured.finish()

@@ -156,7 +156,9 @@ class _Encoder:
     a whole; per class the attribute names of the last layouts met are looked up once per
     instance (one tuple of the ``__dict__``'s keys), never per attribute."""
 
-    def __init__(self, cache: CaptureCache | None = None) -> None:
+    def __init__(self, cache: CaptureCache | None = None, copy: bool = True) -> None:
+        #: copy what the state may change after the capture (False: an image nothing changes)
+        self.copy = copy
         self.memo: dict[int, int] = {}  # id -> node number (all are reachable from the root: ids stay)
         self.count = 0
         self.open: set[int] = set()  # tuples / frozensets being written (a cycle through one is refused)
@@ -286,7 +288,7 @@ class _Encoder:
                 self.count -= 1
                 return self.frozen(x, kind)
         if kind[0] == "N":  # its bytes later if it can give them so (copies of its arrays)
-            later = getattr(x, "capture_bytes", None)
+            later = getattr(x, "capture_bytes", None) if self.copy else None  # else now: no copies
             return ["N", kind[1], self.buf(x.to_bytes() if later is None else _Later(later()))]
         return self.instance(x, kind)
 
@@ -497,7 +499,8 @@ class _Encoder:
             raise _Fail(f"numpy array of {dtype}", "an unsupported dtype (structured or object)")
         if a.nbytes <= _SMALL:  # bytes cost less than an array
             return ["A", dt, list(a.shape), self.buf(a.tobytes())]
-        c = np.array(a, order="C")  # a copy (memcpy): the state's array may change after capture
+        # a copy (memcpy): the state's array may change after capture -- unless nothing changes it
+        c = np.array(a, order="C") if self.copy else np.ascontiguousarray(a)
         return ["A", dt, list(a.shape), self.buf(c.reshape(-1).view(np.uint8))]
 
     def objects(self, a: np.ndarray) -> list[Any]:
@@ -693,15 +696,25 @@ class Captured:
         return [_HEADER.pack(MAGIC, FORMAT_VERSION, crc, doc_len, size), *pieces]
 
 
+#: True in a process whose image of the state nothing changes after the capture: the forked child
+#: that writes a snapshot (:mod:`engine.runtime.snapshot_writer` sets it there, and only there).
+#: The child's copies were 2-3 times the state in fresh pages, each a page fault (≈ 12 µs on this
+#: machine, docs/measurements/engine.md, "The marker beside the records, and what a fork costs").
+PRIVATE_IMAGE = False
+
+
 def capture(root: Any, cache: CaptureCache | None = None) -> Captured:
     """The first phase of writing a snapshot of ``root`` (see the module's docstring), in the
     thread that owns the state, which must not change until it returns; its
     :meth:`~Captured.finish` gives the bytes.  :class:`StateNotEncodable` when ``root`` holds
-    something the format does not."""
+    something the format does not.  In a process where nothing changes the state after the
+    capture (:data:`PRIVATE_IMAGE`: the forked child that writes a snapshot) nothing is copied:
+    the arrays' buffers are the state's own, the algorithm structures' bytes are made now (the
+    same bytes, without the copies of their arrays that :meth:`capture_bytes` makes)."""
     collecting = gc.isenabled()
     gc.disable()  # the walk makes ~10**5 lists and holds them all: no collection can free any
     try:
-        e = _Encoder(cache)
+        e = _Encoder(cache, copy=not PRIVATE_IMAGE)
         node = e.enc(root)
     except _Fail as f:
         raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None
