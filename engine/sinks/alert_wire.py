@@ -129,21 +129,25 @@ class AlertRecords:
 #: sets of the encoder's output buffers free for the next batch (a set per thread encoding at once)
 _FREE: list[dict[str, np.ndarray]] = []
 _FREE_LOCK = threading.Lock()
+#: a buffer larger than this is not kept (an alert storm's, ≈ 200 bytes per alert: not held on to)
+KEEP_MAX_BYTES = 32 << 20
 
 
 @contextmanager
 def _buffers() -> Iterator[dict[str, np.ndarray]]:
     """A set of output buffers kept from batch to batch (their pages written once, not faulted
-    in again every batch: 13 MB of fresh pages cost the kernel more than its own work at 20,000
-    alerts), returned for the next batch once the records are copied out of them
-    (:func:`~engine.sinks.alert_columns.split_bytes`).  A set is taken whole by one caller: the
-    producing threads of the engine and its tests never share one."""
+    in again every batch: ≈ 7 MB of fresh pages a batch at 20,000 alerts cost the kernel more
+    than its own work), returned for the next batch once the records are copied out of them
+    (:func:`~engine.sinks.alert_columns.split_bytes`), but for those larger than
+    :data:`KEEP_MAX_BYTES`.  A set is taken whole by one caller: threads encoding at once never
+    share one."""
     with _FREE_LOCK:
         got = _FREE.pop() if _FREE else {}
     yield got
+    kept = {k: v for k, v in got.items() if v.nbytes <= KEEP_MAX_BYTES}
     with _FREE_LOCK:
         if len(_FREE) < 2:
-            _FREE.append(got)
+            _FREE.append(kept)
 
 
 def _scratch(have: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:

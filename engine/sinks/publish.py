@@ -284,7 +284,7 @@ class Publisher:
 
         def abort() -> None:
             if marking is not None:  # the transaction's calls one at a time: the marker's first
-                with contextlib.suppress(KafkaException):  # aborted with the rest anyway
+                with contextlib.suppress(Exception):  # its failure: aborted with the rest anyway
                     marking.wait()
             txn.producer.abort_transaction(60)
 

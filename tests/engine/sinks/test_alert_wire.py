@@ -81,3 +81,22 @@ def test_empty_batch_and_a_missing_field() -> None:
     assert len(encode_alerts([], 1, 2)) == 0
     with pytest.raises(ValueError, match="missing"):
         encode_alerts([{"id": None, "subscription_id": "s", "key": "k", "kind": "ENTER", "as_of": 1}], 1, 2)
+
+
+def test_the_encoders_buffers_are_kept_but_not_a_storms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch after batch the records are the same bytes in kept buffers; a buffer past
+    ``KEEP_MAX_BYTES`` (an alert storm's) is not kept for the next batch."""
+    from engine.sinks import alert_wire
+
+    alerts = [
+        Alert(f"s{i % 3}", "r", "trades", f"k{i}", "ENTER" if i % 2 else "EXIT", i, {"v": i * 0.5})
+        for i in range(300)
+    ]
+    first = alert_wire.encode_alerts(alerts, 1, 5)
+    again = alert_wire.encode_alerts(alerts[:7], 1, 5)  # a smaller batch in the same buffers
+    assert again.alert_values == first.alert_values[:7] and again.result_values == first.result_values[:7]
+    assert alert_wire.encode_alerts(alerts, 1, 5).alert_values == first.alert_values
+    monkeypatch.setattr(alert_wire, "KEEP_MAX_BYTES", 1024)
+    monkeypatch.setattr(alert_wire, "_FREE", [])
+    alert_wire.encode_alerts(alerts, 1, 5)
+    assert alert_wire._FREE and all(v.nbytes <= 1024 for v in alert_wire._FREE[0].values())
