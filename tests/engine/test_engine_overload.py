@@ -53,6 +53,7 @@ class Run:
     final: int
     eval_s: float  # the batches' evaluation time (engine_metrics.batch_ms)
     cpu_s: float  # the evaluation thread's CPU time in the batches' evaluation (not other processes')
+    lookup_cpu_s: float = 0.0  # the same thread's CPU time in the lookups alone (EngineCore._lookup_at)
 
 
 def _subscribe(bootstrap: str, topic: str, budgets: bool, n_rules: int) -> dict[int, str]:
@@ -94,6 +95,21 @@ def _run(
         return out
 
     app._process = spy  # type: ignore[method-assign]
+    from engine.core import EngineCore
+
+    lookup = EngineCore._lookup_at
+    looked = [0.0]
+
+    def timed_lookup(core: Any, tau: int, out: Any) -> None:
+        if core is not app.core:  # the driver's warm-up core, on a thread of its own
+            return lookup(core, tau, out)
+        c = time.thread_time()
+        try:
+            return lookup(core, tau, out)
+        finally:
+            looked[0] += time.thread_time() - c
+
+    EngineCore._lookup_at = timed_lookup  # type: ignore[method-assign,assignment]
     q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=400)
     try:
         wait_for(lambda: len(app.core.rules) == n_rules, 120, "every rule to be active")
@@ -103,6 +119,7 @@ def _run(
         app.drain(output=True)
         assert q.exception() is None
     finally:
+        EngineCore._lookup_at = lookup  # type: ignore[method-assign]
         q.stop()
         app.close()
     replayed: list[tuple[str, str, str, int]] = []
@@ -154,7 +171,16 @@ def _run(
     if budgets:  # the replay's alerts, which it does not output, are the ones committed
         assert sorted(replayed) == sorted(log)
     return Run(
-        sids, batches, recorded, degraded, sorted(log), latency, final, float(eval_ms or 0) / 1000, cpu[0]
+        sids,
+        batches,
+        recorded,
+        degraded,
+        sorted(log),
+        latency,
+        final,
+        float(eval_ms or 0) / 1000,
+        cpu[0],
+        looked[0],
     )
 
 
@@ -236,12 +262,17 @@ def test_overload_degrades_budgeted_subscriptions_within_budget_and_keeps_the_ot
         f"undegraded alerts, s from the feed's start: p50 {p50:.1f} max {top:.1f} with budgets, "
         f"p50 {p50_plain:.1f} max {top_plain:.1f} without; lookups saved {saved} of {len(taus) * N_RULES}; "
         f"evaluation {policed.eval_s:.1f} s with budgets, {plain.eval_s:.1f} s without; "
-        f"its CPU {policed.cpu_s:.1f} s with budgets, {plain.cpu_s:.1f} s without"
+        f"its CPU {policed.cpu_s:.1f} s with budgets, {plain.cpu_s:.1f} s without; "
+        f"the lookups' CPU {policed.lookup_cpu_s:.1f} s with budgets, {plain.lookup_cpu_s:.1f} s without"
     )
-    # asserted: the engine's capacity, the evaluation's CPU time -- what bounds its lag under a
-    # feed faster than it (a run with no policy has the same CPU: this fails without it).  The
-    # wall-clock figures above are reported, not asserted: the machine is shared, and in one run
-    # of four another process's load gave the policy's run the later alerts (max 23.4 s against
-    # 18.8 s, its evaluation 20.6 s of wall time against 18.1 s); the others had 13.1-16.9 s
-    # against 18.2-22.7 s (docs/measurements/engine.md, "Overload by policy")
-    assert policed.cpu_s < 0.85 * plain.cpu_s, (policed.cpu_s, plain.cpu_s)
+    # asserted: the engine's capacity, the CPU time of the lookups the policy spaces -- what bounds
+    # its lag under a feed faster than it (a run with no policy has the same: this fails without
+    # it).  Not the whole evaluation's CPU, and with a margin: the events' application is the same
+    # on both sides, and a CI run (Nov 30) gave 9.5 s against 11.0 (0.86) for the same 37 % of the
+    # lookups saved that gave 7.7 s against 12.5 for the lookups (0.62) in another run: the CPU
+    # time of the same work varies by ±15 % here between runs.  The wall-clock figures above are reported, not asserted: the
+    # machine is shared, and in one run of four another process's load gave the policy's run the
+    # later alerts (max 23.4 s against 18.8 s, its evaluation 20.6 s of wall time against 18.1 s);
+    # the others had 13.1-16.9 s against 18.2-22.7 s (docs/measurements/engine.md, "Overload by
+    # policy")
+    assert policed.lookup_cpu_s < 0.9 * plain.lookup_cpu_s, (policed.lookup_cpu_s, plain.lookup_cpu_s)
