@@ -32,7 +32,7 @@ def render(settings: Settings) -> None:
             f"The engine was started again {h.restarts:,} time(s) after it failed or was killed "
             "(`tidewatch status` shows its supervisor's restarts and log)."
         )
-    # two rows of four: seven figures in one row cut the wider values short ("16:37…")
+    # two rows of four: eight figures in one row cut the wider values short ("16:37…")
     top, bottom = st.columns(4), st.columns(4)
     top[0].metric(
         "events/s",
