@@ -21,6 +21,7 @@ of every page of the core's arrays rewritten right after the fork, the copies pa
 
     .venv/bin/python bench/cow_probe.py --rules 10000 --keys 100000 --stream packets
     .venv/bin/python bench/cow_probe.py --rules 10000 --keys 100000 --stream packets --huge-pages off
+    .venv/bin/python bench/cow_probe.py --rules 10000 --keys 5000 --stream trades --compare 4
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def main() -> None:
         "NUMPY_MADVISE_HUGEPAGE=0 does at import); on: NumPy's default (arrays of 4 MiB or more)",
     )
     ap.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the page census: N forks in turn without and with the engine's prefault "
+        "(engine/runtime/prefault.py: the pages the next batch appends to faulted in right after the fork), "
+        "each timed to its first lookup batch, side by side",
+    )
+    ap.add_argument(
         "--pretouch",
         action="store_true",
         help="after the fork, write one byte of every page of the core's arrays (its own value) before the "
@@ -144,7 +154,7 @@ def main() -> None:
         from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]
 
         _set_madvise_hugepage(False)
-    n = a.batch * (a.warm + 2 * a.batches + 2)
+    n = a.batch * (a.warm + 2 * a.batches + 2 + 2 * a.compare * (_ROUND_BATCHES + _SETTLE))
     cols = make_events(a.stream, n, a.keys, a.rate, int(time.time() * 1000) - 600_000, seed=3)
     texts = make_mixed_rules(a.rules, a.stream, cols, n / a.rate)
     msgs = encode_batch(a.stream, cols).messages()
@@ -173,6 +183,9 @@ def main() -> None:
         b += 1
         dt, flt, lk, al = batch(b)
         print(f"  batch {b}: {dt * 1000:.0f} ms, {flt:,} minor faults, {lk} lookups, {al:,} alerts")
+    if a.compare:
+        _compare(a.compare, core, batch, b)
+        return
     arrays = _arrays(core)
     gc.collect()
     pid = os.fork()
@@ -215,6 +228,53 @@ def main() -> None:
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+_ROUND_BATCHES = 4  # at most, after a fork, to reach its first lookup batch
+_SETTLE = 2  # batches without a child between two forks
+
+
+def _compare(rounds: int, core: Any, batch: Any, b: int) -> None:
+    """``rounds`` pairs of forks, without then with :func:`engine.runtime.prefault.make_private`
+    of the core's :meth:`write_targets` right after the fork: each fork's prefault (time, pages)
+    and its first lookup batch (time, minor faults), the child killed after it."""
+    from engine.runtime.prefault import make_private
+
+    rows: dict[bool, list[tuple[float, int, float]]] = {False: [], True: []}
+    print("side by side (a child that only sleeps; its first lookup batch after each fork):")
+    for r in range(2 * rounds):
+        prefault = r % 2 == 1
+        gc.collect()
+        targets = core.evaluator.write_targets() if prefault else []
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        try:
+            t = time.perf_counter()
+            pages = make_private(targets) if prefault else 0
+            pre = time.perf_counter() - t
+            del targets
+            for _ in range(_ROUND_BATCHES):
+                b += 1
+                dt, flt, lk, _al = batch(b)
+                if lk:
+                    break
+            rows[prefault].append((dt, flt, pre))
+            print(f"  fork {r + 1} ({'prefault' if prefault else 'none'}): prefault {pre * 1000:.0f} ms for "
+                  f"{pages:,} pages; first lookup batch (batch {b}) {dt * 1000:.0f} ms, {flt:,} minor faults",
+                  flush=True)  # fmt: skip
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for _ in range(_SETTLE):
+            b += 1
+            batch(b)
+    med = {k: np.median(np.array(v), axis=0) for k, v in rows.items()}
+    print(f"medians: first lookup batch after a fork {med[False][0] * 1000:.0f} ms ({med[False][1]:,.0f} faults) "
+          f"without, {med[True][0] * 1000:.0f} ms ({med[True][1]:,.0f} faults) with the prefault "
+          f"(itself {med[True][2] * 1000:.0f} ms, on the fork's thread live): "
+          f"{med[False][0] / med[True][0]:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -125,6 +125,11 @@ class Settings(BaseSettings):
         description="write the state snapshot from a forked child process (a copy-on-write image of the "
         "state; the batches go on meanwhile); False: capture in the evaluation thread, write from a thread",
     )
+    engine_snapshot_prefault: bool = Field(
+        True,
+        description="right after a snapshot's fork, fault in writable the pages the next batch appends to "
+        "(madvise MADV_POPULATE_WRITE, Linux 5.14+), so that batch does not pay their copies",
+    )
     engine_history_ms: int | None = Field(
         None,
         description="raw history the engine keeps so a new rule sees old data (PSoup), at least the longest "

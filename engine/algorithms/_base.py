@@ -136,6 +136,20 @@ class PooledStructure:
     def _on_expire(self, new_head: np.ndarray) -> None:
         """Hook run before heads advance (e.g. R-INT moves its base running sums)."""
 
+    def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Where the next appends write: each row column with the positions of the keys' next
+        rows (``end[k]``, the tail of key k's buffer: section 5's circular buffer), and each
+        per-key column and the pool's heads and ends whole (``None``).  For
+        :func:`engine.runtime.prefault.make_private`; nothing is changed."""
+        p = self._pool
+        n = self._pool_len()
+        tails = p.end[p.end < n]
+        out: list[tuple[np.ndarray, np.ndarray | None]] = (
+            [(c, tails) for c in self._cols.values()] if n else []
+        )
+        out += [(c, None) for c in (*self._kcols.values(), p.head, p.end)]
+        return out
+
     # ----------------------------------------------------------------- state
     @property
     def nbytes(self) -> int:

@@ -730,6 +730,16 @@ class Evaluator:
         (:func:`engine.evaluation.alert_values.value_columns`)."""
         return alert_values.value_columns(self.rules, wanted, now)
 
+    def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Where the next batch's rows are written in every per-key row buffer (the domains' and
+        the structures' that have them: :meth:`engine.algorithms._base.PooledStructure.write_targets`)."""
+        objs = (
+            o
+            for st in self.states.values()
+            for o in (*st.domains.values(), *(s.obj for s in st.structs.values()))
+        )
+        return [t for o in objs if hasattr(o, "write_targets") for t in o.write_targets()]
+
     @property
     def nbytes(self) -> int:
         """Bytes held by every shared structure and index, and by the retained history."""

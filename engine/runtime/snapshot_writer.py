@@ -70,6 +70,10 @@ class Finishable(Protocol):
     def finish(self) -> list[Any]: ...
 
 
+#: what :meth:`SnapshotWriter.write` calls in this process once a child is forked (or None)
+AfterFork = Callable[[], object] | None
+
+
 def atomic_write(path: Path, data: bytes | Iterable[Any]) -> None:
     """Write ``data`` -- bytes, or buffers one after another (bytes, uint8 arrays) -- to ``path``
     all or nothing: a temporary file of this process, ``fsync``, rename (the temporary file is
@@ -146,11 +150,20 @@ class SnapshotWriter:
         self.poll()
         return self._thread is not None
 
-    def write(self, batch_id: int, path: Path, capture: Callable[[], Finishable | bytes]) -> bool:
+    def write(
+        self,
+        batch_id: int,
+        path: Path,
+        capture: Callable[[], Finishable | bytes],
+        after_fork: AfterFork = None,
+    ) -> bool:
         """Snapshot batch ``batch_id`` to ``path``: ``capture()`` now (its result's ``finish()``
         gives the file's pieces; plain bytes are written as they are), finished and written in the
         background; False if skipped (the previous snapshot is still in flight) or the capture
-        failed."""
+        failed.  ``after_fork``: called in this process once a child is forked, by the thread
+        that forked it while the caller goes on (the engine's
+        :func:`engine.runtime.prefault.make_private`); its failure is logged, never raised;
+        not called when no child is forked."""
         if self.busy:
             self.skipped += 1
             log.info(
@@ -160,7 +173,7 @@ class SnapshotWriter:
             )
             return False
         if self.fork:
-            return self._fork(batch_id, path, capture)
+            return self._fork(batch_id, path, capture, after_fork)
         t0 = time.perf_counter()
         try:
             captured = capture()
@@ -245,7 +258,9 @@ class SnapshotWriter:
             finished_s,
         )
 
-    def _fork(self, batch_id: int, path: Path, capture: Callable[[], Finishable | bytes]) -> bool:
+    def _fork(
+        self, batch_id: int, path: Path, capture: Callable[[], Finishable | bytes], after: AfterFork
+    ) -> bool:
         """Snapshot ``batch_id`` from a forked child.  The fork is made by the thread that then
         waits for the child (the child's parent-death signal is tied to that thread, which lives
         as long as the child); the calling thread waits for the fork only."""
@@ -255,7 +270,7 @@ class SnapshotWriter:
         t0 = time.perf_counter()
         self._thread = threading.Thread(
             target=self._run_child,
-            args=(batch_id, path, capture, forked, failed, t0),
+            args=(batch_id, path, capture, forked, failed, t0, after),
             name=f"tidewatch-snapshot-{batch_id}",
         )
         self._thread.start()
@@ -281,10 +296,11 @@ class SnapshotWriter:
         forked: threading.Event,
         failed: list[BaseException],
         t0: float,
+        after_fork: AfterFork = None,
     ) -> None:
-        """Fork the child writing snapshot ``batch_id``, then wait for it (killed past
-        ``fork_timeout_s``; writing from a thread from then on: a child that hangs once would
-        hang again)."""
+        """Fork the child writing snapshot ``batch_id``, run ``after_fork``, then wait for the
+        child (killed past ``fork_timeout_s``; writing from a thread from then on: a child that
+        hangs once would hang again)."""
         ctx = multiprocessing.get_context("fork")
         receive, send = ctx.Pipe(duplex=False)
         try:
@@ -304,6 +320,13 @@ class SnapshotWriter:
             send.close()  # the child's copy is the one that writes
             forked.set()
         forked_s = time.perf_counter() - t0
+        if after_fork is not None:
+            try:
+                after_fork()
+            except Exception:
+                log.exception(
+                    "snapshot of batch %d: the step after its fork failed (the snapshot goes on)", batch_id
+                )
         child.join(self.fork_timeout_s)
         try:
             if child.exitcode is None:

@@ -171,3 +171,30 @@ def test_a_killed_driver_leaves_no_snapshot_process(tmp_path: Path) -> None:
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive and len(gone) == 1
     assert not list(tmp_path.glob("*.bin"))
+
+
+def test_after_fork_runs_once_in_this_process_beside_the_caller(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``after_fork`` (the engine's pages made private, engine/runtime/prefault.py): called in
+    the parent, on the fork's thread, once the child exists; its failure is logged and the
+    snapshot is written all the same.  Without a fork it is not called."""
+    calls: list[tuple[int, str]] = []
+
+    def after() -> None:
+        calls.append((os.getpid(), threading.current_thread().name))
+        raise RuntimeError("boom")
+
+    w = SnapshotWriter(fork=True)
+    path = tmp_path / "000000000004.bin"
+    with caplog.at_level(logging.ERROR, logger="tidewatch.engine"):
+        assert w.write(4, path, lambda: b"state", after_fork=after)
+        w.wait()
+    assert calls == [(os.getpid(), "tidewatch-snapshot-4")]
+    assert path.read_bytes() == b"state" and w.failed == 0
+    assert any("after its fork failed" in r.getMessage() for r in caplog.records)
+
+    thread_mode = SnapshotWriter(fork=False)
+    assert thread_mode.write(5, tmp_path / "000000000005.bin", lambda: b"s", after_fork=after)
+    thread_mode.wait()
+    assert len(calls) == 1

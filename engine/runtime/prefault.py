@@ -1,0 +1,112 @@
+"""The pages the next batch writes, made the driver's own right after a snapshot's fork.
+
+After the ``fork`` of a snapshot's child (:mod:`engine.runtime.snapshot_writer`) every page of the
+driver is shared with the child, copy on write: the first write to each page costs the driver a
+page fault and a 4 KiB copy.  The per-key row buffers (Arasu & Widom 2004, section 5: one
+circular buffer per substream; here regions of shared column arrays,
+:mod:`engine.algorithms._pool`) take each key's new rows at the key's tail, so a lookup batch
+that applies a few rows to each of thousands of keys writes a page per key in every column: on
+the live 10,000-rule trades workload the first lookup batch after a fork wrote ≈ 39,000--56,000
+pages, ≈ 32,000 of them the buffers' tails, and took 200--600 ms instead of ≈ 70
+(``bench/cow_probe.py``; docs/measurements/engine.md, "The pages a batch writes after a fork").
+
+:func:`make_private` takes those pages' copies before the batch needs them: it asks the kernel to
+fault them in writable (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and later), exactly as a
+write would, without writing anything -- so it is safe beside a thread that changes the same
+memory, and beside one that frees it (a range no longer mapped is skipped).  The engine runs it
+on the fork's thread (:meth:`engine.runtime.snapshot_writer.SnapshotWriter.write`'s
+``after_fork``) while the evaluation thread waits for the next batch.  On a kernel without
+``MADV_POPULATE_WRITE`` it does nothing (said once in the log): the batch pays the copies as
+before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["PAGE", "Target", "make_private", "page_runs"]
+
+log = logging.getLogger("tidewatch.engine")
+
+PAGE = 4096
+#: ``madvise`` advice of Linux 5.14's ``MADV_POPULATE_WRITE`` (include/uapi/asm-generic/mman-common.h)
+MADV_POPULATE_WRITE = 23
+
+#: an array and the rows of it about to be written (None: all of it)
+Target = tuple[np.ndarray, np.ndarray | None]
+
+_SUPPORTED = True
+
+
+def page_runs(targets: Sequence[Target]) -> np.ndarray:
+    """The pages holding ``targets``' rows -- each listed row whole (its first byte to its last,
+    by the array's first stride), or the whole array -- as runs of consecutive pages: an
+    ``(n, 2)`` array of (first byte address, length in bytes), page aligned, in address order."""
+    firsts: list[np.ndarray] = []
+    lasts: list[np.ndarray] = []
+    for arr, rows in targets:
+        if arr.nbytes == 0:
+            continue
+        base = arr.ctypes.data
+        if rows is None:
+            firsts.append(np.array([base // PAGE], np.int64))
+            lasts.append(np.array([(base + arr.nbytes - 1) // PAGE], np.int64))
+            continue
+        rows = rows[(rows >= 0) & (rows < arr.shape[0])]
+        if rows.size == 0:
+            continue
+        at = base + rows.astype(np.int64) * arr.strides[0]
+        firsts.append(at // PAGE)
+        lasts.append((at + arr[0].nbytes - 1) // PAGE)
+    if not firsts:
+        return np.zeros((0, 2), np.int64)
+    lo = np.concatenate(firsts)
+    hi = np.concatenate(lasts)
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], np.maximum.accumulate(hi[order])
+    # a run starts where a span begins past the end of every span before it
+    new = np.ones(lo.size, np.bool_)
+    new[1:] = lo[1:] > hi[:-1] + 1
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], lo.size) - 1
+    return np.stack([lo[starts] * PAGE, (hi[ends] - lo[starts] + 1) * PAGE], axis=1)
+
+
+def make_private(targets: Sequence[Target]) -> int:
+    """Fault in, writable, the pages of ``targets`` (:func:`page_runs`) without writing them:
+    after a fork, the process's own copies made now rather than by the next write.  Returns the
+    pages asked for (0 where the kernel lacks ``MADV_POPULATE_WRITE``).  The caller keeps
+    ``targets`` -- and so the arrays -- alive until it returns."""
+    global _SUPPORTED
+    if not _SUPPORTED:
+        return 0
+    runs = page_runs(targets)
+    madvise = _madvise()
+    done = 0
+    for addr, size in runs.tolist():
+        if madvise(addr, size, MADV_POPULATE_WRITE) == 0:
+            done += size // PAGE
+            continue
+        code = ctypes.get_errno()
+        if code == errno.EINVAL:  # the kernel has no MADV_POPULATE_WRITE (before 5.14)
+            _SUPPORTED = False
+            log.info(
+                "this kernel cannot fault pages in ahead (MADV_POPULATE_WRITE): batches after a fork pay their copies"
+            )
+            return done
+        # ENOMEM: the range is no longer mapped (an array freed since); EFAULT, EHWPOISON:
+        # a page could not be populated -- the next write faults it as usual
+    return done
+
+
+def _madvise() -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+    """libc's ``madvise`` (``errno`` kept for :func:`ctypes.get_errno`; the GIL released while it runs)."""
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
