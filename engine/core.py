@@ -712,17 +712,19 @@ class EngineCore:
         format of :mod:`engine.runtime.state_codec` (reading it cannot run code; no pickle)."""
         return state_codec.dumps(self._state())
 
-    def capture(self) -> Captured:
+    def capture(self, *, private_image: bool = False) -> Captured:
         """The first phase of :meth:`to_bytes` (:mod:`engine.runtime.state_capture`), between two
         batches: ``b"".join(self.capture().finish())`` is ``self.to_bytes()`` of now, wherever
         and whenever ``finish`` runs and however the state changes meanwhile.  Compacts the
         algorithm structures, as :meth:`to_bytes` does (no chart read meanwhile).  The nodes of
         the compiled rules of this core's previous capture are reused (:class:`CaptureCache`:
-        the same bytes, cheaper)."""
+        the same bytes, cheaper).  ``private_image=True`` (the forked child that writes a
+        snapshot: its image of the state never changes): nothing copied, the same bytes
+        (:func:`~engine.runtime.state_capture.capture`)."""
         cache = _CAPTURE_CACHES.get(self)
         if cache is None:
             cache = _CAPTURE_CACHES[self] = CaptureCache()
-        return capture(self._state(), cache)
+        return capture(self._state(), cache, private_image=private_image)
 
     def _state(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if k not in _NOT_STATE}

@@ -8,7 +8,7 @@ state must see it as it is now.  Two ways, by ``fork``:
   The evaluation thread forks (``multiprocessing``'s ``fork`` context, 20--90 ms for the live
   10,000-rule driver of 1.2 GB); the child holds the copy-on-write image of the state as it is
   now, and does the whole serialization there -- capture (copying nothing: its image cannot
-  change, :data:`engine.runtime.state_capture.PRIVATE_IMAGE`), finish, write, ``fsync``, rename -- at
+  change, ``capture(private_image=True)``, :class:`Capture`), finish, write, ``fsync``, rename -- at
   a lower priority (``nice`` 10: the batches and Spark's tasks come first), while the parent's
   batches go on without sharing its GIL.  The parent pays for the pages it changes while the
   child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
@@ -57,7 +57,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from engine.runtime import state_capture
 from tidewatch.lifetime import die_with_parent
 
 log = logging.getLogger("tidewatch.engine")
@@ -68,6 +67,16 @@ class Finishable(Protocol):
     file's pieces (buffers) in order."""
 
     def finish(self) -> list[Any]: ...
+
+
+class Capture(Protocol):
+    """What :meth:`SnapshotWriter.write` takes (:meth:`engine.core.EngineCore.capture`): called
+    once per snapshot, with no argument in the calling thread, or with ``private_image=True`` in
+    the forked child (its image of the state never changes: nothing need be copied,
+    :func:`engine.runtime.state_capture.capture`); its result's ``finish()`` gives the file's
+    pieces (plain bytes are written as they are)."""
+
+    def __call__(self, *, private_image: bool = False) -> Finishable | bytes: ...
 
 
 #: what :meth:`SnapshotWriter.write` calls in this process once a child is forked (or None)
@@ -150,20 +159,15 @@ class SnapshotWriter:
         self.poll()
         return self._thread is not None
 
-    def write(
-        self,
-        batch_id: int,
-        path: Path,
-        capture: Callable[[], Finishable | bytes],
-        after_fork: AfterFork = None,
-    ) -> bool:
-        """Snapshot batch ``batch_id`` to ``path``: ``capture()`` now (its result's ``finish()``
-        gives the file's pieces; plain bytes are written as they are), finished and written in the
-        background; False if skipped (the previous snapshot is still in flight) or the capture
-        failed.  ``after_fork``: called in this process once a child is forked, by the thread
-        that forked it while the caller goes on (the engine's
-        :func:`engine.runtime.prefault.make_private`); its failure is logged, never raised;
-        not called when no child is forked."""
+    def write(self, batch_id: int, path: Path, capture: Capture, after_fork: AfterFork = None) -> bool:
+        """Snapshot batch ``batch_id`` to ``path``: ``capture()`` now -- forking, the child's
+        ``capture(private_image=True)`` of its image of now (:class:`Capture`) -- (its result's
+        ``finish()`` gives the file's pieces; plain bytes are written as they are), finished and
+        written in the background; False if skipped (the previous snapshot is still in flight)
+        or the capture failed.  ``after_fork``: called in this process once a child is forked, by
+        the thread that forked it while the caller goes on (the engine's
+        :func:`engine.runtime.prefault.make_private`); its failure is logged, never raised; not
+        called when no child is forked."""
         if self.busy:
             self.skipped += 1
             log.info(
@@ -258,9 +262,7 @@ class SnapshotWriter:
             finished_s,
         )
 
-    def _fork(
-        self, batch_id: int, path: Path, capture: Callable[[], Finishable | bytes], after: AfterFork
-    ) -> bool:
+    def _fork(self, batch_id: int, path: Path, capture: Capture, after: AfterFork) -> bool:
         """Snapshot ``batch_id`` from a forked child.  The fork is made by the thread that then
         waits for the child (the child's parent-death signal is tied to that thread, which lives
         as long as the child); the calling thread waits for the fork only."""
@@ -292,7 +294,7 @@ class SnapshotWriter:
         self,
         batch_id: int,
         path: Path,
-        capture: Callable[[], Finishable | bytes],
+        capture: Capture,
         forked: threading.Event,
         failed: list[BaseException],
         t0: float,
@@ -374,11 +376,10 @@ class SnapshotWriter:
         self.poll()
 
 
-def _serialize_in_child(
-    path: Path, capture: Callable[[], Finishable | bytes], send: Any, parent: int
-) -> None:
-    """In the forked child: capture and finish the state (the child's image of the parent's at
-    the fork), write it to ``path`` atomically, and send ``("ok", bytes, seconds)`` -- or
+def _serialize_in_child(path: Path, capture: Capture, send: Any, parent: int) -> None:
+    """In the forked child: capture (``private_image=True``: this image of the state never
+    changes, nothing is copied) and finish the state (the child's image of the parent's at the
+    fork), write it to ``path`` atomically, and send ``("ok", bytes, seconds)`` -- or
     ``("error", why)`` -- to the parent.  Runs at a lower priority (``nice`` 10).  Dies with the
     parent: SIGKILL when the thread that forked it ends (Linux's parent-death signal), or at once
     if the parent ``parent`` is already gone."""
@@ -386,9 +387,8 @@ def _serialize_in_child(
     if not die_with_parent(parent):  # no orphan writer holding the driver's pipes
         os._exit(1)
     os.nice(_CHILD_NICENESS)  # background work: the batches and Spark's tasks come first
-    state_capture.PRIVATE_IMAGE = True  # this image of the state never changes: no copies
     try:
-        captured = capture()
+        captured = capture(private_image=True)  # this image of the state never changes: no copies
         pieces = [captured] if isinstance(captured, bytes) else captured.finish()
     except Exception as exc:
         send.send(("error", f"the state could not be captured or finished ({type(exc).__name__}: {exc})"))

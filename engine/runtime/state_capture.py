@@ -696,25 +696,21 @@ class Captured:
         return [_HEADER.pack(MAGIC, FORMAT_VERSION, crc, doc_len, size), *pieces]
 
 
-#: True in a process whose image of the state nothing changes after the capture: the forked child
-#: that writes a snapshot (:mod:`engine.runtime.snapshot_writer` sets it there, and only there).
-#: The child's copies were 2-3 times the state in fresh pages, each a page fault (≈ 12 µs on this
-#: machine, docs/measurements/engine.md, "The marker beside the records, and what a fork costs").
-PRIVATE_IMAGE = False
-
-
-def capture(root: Any, cache: CaptureCache | None = None) -> Captured:
+def capture(root: Any, cache: CaptureCache | None = None, *, private_image: bool = False) -> Captured:
     """The first phase of writing a snapshot of ``root`` (see the module's docstring), in the
     thread that owns the state, which must not change until it returns; its
     :meth:`~Captured.finish` gives the bytes.  :class:`StateNotEncodable` when ``root`` holds
-    something the format does not.  In a process where nothing changes the state after the
-    capture (:data:`PRIVATE_IMAGE`: the forked child that writes a snapshot) nothing is copied:
-    the arrays' buffers are the state's own, the algorithm structures' bytes are made now (the
-    same bytes, without the copies of their arrays that :meth:`capture_bytes` makes)."""
+    something the format does not.  ``private_image=True``: the calling process's image of the
+    state never changes after the capture (the forked child that writes a snapshot,
+    :mod:`engine.runtime.snapshot_writer`, passes it, and only it), so nothing is copied: the
+    arrays' buffers are the state's own, the algorithm structures' bytes are made now (the same
+    bytes, without the copies of their arrays that :meth:`capture_bytes` makes).  The child's
+    copies were 2-3 times the state in fresh pages, each a page fault (≈ 12 µs on this machine,
+    docs/measurements/engine.md, "The marker beside the records, and what a fork costs")."""
     collecting = gc.isenabled()
     gc.disable()  # the walk makes ~10**5 lists and holds them all: no collection can free any
     try:
-        e = _Encoder(cache, copy=not PRIVATE_IMAGE)
+        e = _Encoder(cache, copy=not private_image)
         node = e.enc(root)
     except _Fail as f:
         raise StateNotEncodable(f.type_name, "".join(reversed(f.parts)), f.reason) from None

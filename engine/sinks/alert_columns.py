@@ -4,11 +4,12 @@
 :mod:`engine.sinks.alert_wire` (the Avro records) read: the string fields as Arrow arrays, the
 lookup times as one NumPy array and every alert's values flattened (entries per alert, their
 labels, their values).  The core's alerts (an :class:`~engine.messages.AlertSeq` of
-:class:`~engine.messages.AlertBlock`) are read block by block with list operations done in C;
-:class:`~engine.messages.Alert` objects, where a reader made them, by a comprehension per field
-(the one per-alert Python left, off the core's path); everything derived from them -- the
-stable alert ids, the subscriptions' UUID text, the values' JSON text, the ENTER flags -- is
-computed column-wise (Arrow compute, NumPy).  :func:`AlertColumns.of` keeps the columns of the
+:class:`~engine.messages.AlertBlock`) are read one field at a time over all the blocks, with
+list operations done in C; :class:`~engine.messages.Alert` objects, where a reader made them, by
+a comprehension per field (the one per-alert Python left, off the core's path); a sequence of
+both, run by run, the runs' columns joined; everything derived from them -- the stable alert
+ids, the subscriptions' UUID text, the values' JSON text, the ENTER flags -- is computed
+column-wise (Arrow compute, NumPy).  :func:`AlertColumns.of` keeps the columns of the
 last list it was given, so the PostgreSQL commit and the Kafka transaction of a batch build them
 once (:meth:`engine.sinks.deliver.Delivery.deliver` builds them before the two start, and hands the
 columns themselves to the Kafka side).
@@ -24,10 +25,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import chain
+from itertools import chain, groupby
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,18 @@ def _fields(al: Sequence[Alert]) -> list[list[Any]]:
     ]
 
 
+def _seq_of(chunks: Iterable[AlertBlock | list[Alert] | AlertColumns]) -> AlertSeq:
+    """The chunks (blocks, runs of Alert objects) as one :class:`~engine.messages.AlertSeq`, in order
+    (a run's Alert objects appended, a block added as it is)."""
+    seq = AlertSeq()
+    for b in chunks:
+        if isinstance(b, list):
+            seq.extend(b)
+        else:
+            seq.add_block(b)
+    return seq
+
+
 def _entries(values: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
     """The values dicts flattened, alert by alert: ``(labels, values)``."""
     return [k for v in values for k in v], [x for v in values for x in v.values()]
@@ -152,8 +165,10 @@ class AlertColumns:
     #: None when built from a shard's tables (:meth:`from_tables`): its derived columns
     #: (:attr:`values_json`, :attr:`value_floats`) came with them
     value_items: list[Any] | None
-    #: each alert's values dict (for the rare entries the columns cannot say); empty when built
-    #: from the core's blocks (:meth:`_from_seq`: their labels are ``str``, the columns say all)
+    #: each alert's values dict (for the rare entries the columns cannot say), as :meth:`_build`
+    #: reads them; empty when built from the core's blocks (:meth:`_from_blocks`: their labels are
+    #: ``str``, the columns say all) or from tables (:meth:`from_rows`, :meth:`concat`: a sequence
+    #: of blocks and runs of Alert objects, :meth:`_from_seq`)
     values: list[dict[str, Any]]
     #: the stable ids, when given (rows read back from PostgreSQL); else computed
     given_ids: pa.Array | None = None
@@ -193,55 +208,41 @@ class AlertColumns:
 
     @classmethod
     def _from_seq(cls, seq: AlertSeq) -> AlertColumns:
-        """The columns of the core's alerts: each :class:`~engine.messages.AlertBlock` (one
-        subscription at one lookup time) by list operations done in C -- its fields repeated,
-        its keys and kinds appended, its labels repeated, its value columns interleaved alert by
-        alert -- and each run of Alert objects as :meth:`_build` reads them."""
+        """The columns of the core's alerts: blocks alone by :meth:`_from_blocks`; a sequence
+        holding columns by :meth:`_from_chunks`; else (runs of Alert objects among the blocks)
+        split into runs -- each run of consecutive blocks by :meth:`_from_blocks`, each run of
+        Alert objects as :meth:`_build` reads them -- joined in order by :meth:`concat`, the
+        entries' Python values (:attr:`value_items`) kept.  A label that is not a ``str``
+        anywhere: the whole sequence as :meth:`_build` reads its Alert objects, as before."""
         blocks = seq.blocks()
         if any(isinstance(b, AlertColumns) for b in blocks):
             return cls._from_chunks(seq)
         if not any(isinstance(b, list) for b in blocks):
             return cls._from_blocks(seq)
-        f: list[list[Any]] = [[], [], [], [], [], []]  # subscription, rule, stream, key, kind, as_of
-        counts: list[int] = []
-        labels: list[Any] = []
-        items: list[Any] = []
-        for b in seq.blocks():
-            assert not isinstance(b, AlertColumns)
-            if isinstance(b, list):
-                *fields, vals = _fields(b)
-                for col, got in zip(f, fields, strict=True):
-                    col += got
-                counts += map(len, vals)
-                got_labels, got_items = _entries(vals)
-                labels += got_labels
-                items += got_items
-                continue
-            n, m = len(b), len(b.labels)
-            for col, one in zip(f, (b.subscription_id, b.rule_name, b.stream), strict=False):
-                col += [one] * n
-            f[3] += b.keys
-            f[4] += b.kinds
-            f[5] += [b.as_of] * n
-            counts += [m] * n
-            if m:
-                labels += b.labels * n
-                items += chain.from_iterable(zip(*b.columns, strict=True))
-        try:
-            value_labels = pa.array(labels, _S)
-        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
+        parts = [
+            cls._build([a for b in run if isinstance(b, list) for a in b])
+            if alerts
+            else cls._from_blocks(_seq_of(run))
+            for alerts, run in groupby(blocks, key=lambda b: isinstance(b, list))
+        ]
+        if any(p.value_labels is None for p in parts):  # a label that is not a str: as before
             return cls._build(list(seq))
-        return cls._make(f, np.asarray(counts, np.int64), value_labels, items, [])
+        out = cls.concat(parts)
+        if out.value_items is None:  # joined through the tables: the entries' values kept
+            out.value_items = [x for p in parts for x in p.value_items or ()]
+        return out
 
     @classmethod
     def _from_blocks(cls, seq: AlertSeq) -> AlertColumns:
-        """The columns of the core's blocks alone (no Alert objects among them), as
-        :meth:`_from_seq` reads them but with one pass per field over all the blocks, not one
-        pass of many steps per block: a storm of many subscriptions makes blocks of one or two
-        alerts, where the steps per block cost more than the alerts (each block's fields given
-        once and repeated by Arrow ``take`` and NumPy ``repeat``; keys, kinds, labels and
-        values joined by ``chain`` in C)."""
-        blocks: list[AlertBlock] = seq.blocks()  # type: ignore[assignment]  # only blocks: see the caller
+        """The columns of the core's blocks alone (no Alert objects among them: a sequence of
+        blocks, or a run of blocks of :meth:`_from_seq`), with one pass per field over all the
+        blocks, not one pass of many steps per block: a storm of many subscriptions makes blocks
+        of one or two alerts, where the steps per block cost more than the alerts (each block's
+        fields given once and repeated by Arrow ``take`` and NumPy ``repeat``; keys, kinds,
+        labels and values -- a block's value columns interleaved alert by alert -- joined by
+        ``chain`` in C).  A label that is not a ``str``: the blocks as :meth:`_build` reads their
+        Alert objects, as before."""
+        blocks: list[AlertBlock] = seq.blocks()  # type: ignore[assignment]  # only blocks: see the callers
         ns = np.fromiter((len(b.keys) for b in blocks), np.int64, len(blocks))
         at = np.repeat(np.arange(len(blocks)), ns)
         ms = np.fromiter((len(b.labels) for b in blocks), np.int64, len(blocks))
@@ -268,22 +269,18 @@ class AlertColumns:
     @classmethod
     def _from_chunks(cls, seq: AlertSeq) -> AlertColumns:
         """The columns of a sequence holding columns already (a sharded batch's merged alerts,
-        :func:`engine.shards.step.merge_outputs`): the runs of other chunks between them read as
-        :meth:`_from_seq` reads them, all joined in order by :meth:`concat`."""
+        :func:`engine.shards.step.merge_outputs`): those columns as they are, each run of other
+        chunks between them read as :meth:`_from_seq` reads it (a label that is not a ``str``
+        there: that run as :meth:`_build` reads its Alert objects), all joined in order by
+        :meth:`concat`."""
         parts: list[AlertColumns] = []
-        run = AlertSeq()
-        for b in seq.blocks():
-            if isinstance(b, AlertColumns):
-                if len(run):
-                    parts.append(cls._from_seq(run))
-                    run = AlertSeq()
-                parts.append(b)
-            elif isinstance(b, list):
-                run.extend(b)
+        for columns, run in groupby(seq.blocks(), key=lambda b: isinstance(b, AlertColumns)):
+            if columns:
+                parts += [b for b in run if isinstance(b, AlertColumns)]
             else:
-                run.add_block(b)
-        if len(run):
-            parts.append(cls._from_seq(run))
+                part = _seq_of(run)
+                if len(part):
+                    parts.append(cls._from_seq(part))
         return cls.concat(parts)
 
     @classmethod

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ from engine.sinks.alert_wire import encode_alerts, warm_up
 from tidewatch.kafka.client import librdkafka_config
 from tidewatch.kafka.codes import COORDINATOR, error_code
 from tidewatch.kafka.topics import create_topics, topic_specs
-from tidewatch.kafka.txn import DeliveryErrors, KafkaStalled, bounded, retrying
+from tidewatch.kafka.txn import Call, DeliveryErrors, KafkaStalled, bounded, retrying
 from tidewatch.wire.avro import encode
 
 if TYPE_CHECKING:
@@ -112,34 +111,20 @@ class OpenTransaction:
     marking: Marking | None = None
 
 
-class Marking:
+class Marking(Call[None]):
     """The progress marker of an open transaction sent on a thread of its own
     (``send_offsets_to_transaction``, a round trip to the group coordinator that librdkafka
     waits for with the GIL released), started right after the transaction begins, so the
     round trip overlaps the produce loops instead of following them.  Both go into the same
     transaction, so the marker is still visible exactly when the batch's records are (librdkafka
     takes records while the call is in flight; the transaction's other calls -- commit, abort --
-    wait for it: :meth:`wait`).  A daemon thread: a call blocked past its own timeout
-    (librdkafka issues 5456 and 5511) is left on its producer, which the retry abandons."""
+    wait for it: :meth:`~tidewatch.kafka.txn.Call.wait`, with no timeout: the caller bounds it,
+    :meth:`Publisher._bounded`, and gets the call's error raised again).  A daemon thread
+    (:class:`~tidewatch.kafka.txn.Call`): a call blocked past its own timeout (librdkafka issues
+    5456 and 5511) is left on its producer, which the retry abandons."""
 
     def __init__(self, send: Callable[[], None]) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                send()
-            except BaseException as exc:  # noqa: BLE001 -- raised by wait()
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="tidewatch-marker", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        """Until the call returned; raise its error, if any (bounded by the caller:
-        :meth:`Publisher._bounded`)."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        super().__init__(send, "the progress marker", name="tidewatch-marker")
 
 
 class Publisher:

@@ -9,7 +9,9 @@ is then abandoned), and :func:`retrying` repeats the whole unit of work.  At eve
 after the first the caller re-creates its producer with the same ``transactional.id`` -- its
 ``init_transactions`` fences the old producer and completes or aborts its open transaction --
 and then consults its own progress record (the engine's marker offset, the relay's recovery
-read of the topic) to decide whether the work was already committed.
+read of the topic) to decide whether the work was already committed.  :class:`Call` is the
+thread under :func:`bounded`, also used alone for a call that overlaps others (the engine's
+progress marker, :class:`engine.sinks.publish.Marking`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -71,25 +73,47 @@ class KafkaStalled(TidewatchError, RuntimeError):
     """A call of a Kafka client did not return within its deadline (see :func:`bounded`)."""
 
 
-def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
-    """``fn()`` in a thread of its own; :class:`KafkaStalled` if it has not returned after
-    ``seconds`` (the thread is left running: it must only touch clients that are then abandoned)."""
-    box: dict[str, Any] = {}
+class Call(Generic[T]):
+    """``fn()`` started at once on a daemon thread of its own (named ``name``), its value or its
+    exception kept for :meth:`wait`; :attr:`alive` while it runs.  A call that never returns (a
+    client blocked past its own timeout) is left running: it must only touch clients that are
+    then abandoned."""
 
-    def run() -> None:
+    def __init__(self, fn: Callable[[], T], what: str, name: str = "tidewatch-kafka") -> None:
+        #: what the call does, for :class:`KafkaStalled`'s message
+        self.what = what
+        self._box: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], T]) -> None:
         try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller
-            box["error"] = exc
+            self._box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised by wait()
+            self._box["error"] = exc
 
-    th = threading.Thread(target=run, name="tidewatch-kafka", daemon=True)
-    th.start()
-    th.join(seconds)
-    if th.is_alive():
-        raise KafkaStalled(f"{what}: no answer from Kafka within {seconds:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    @property
+    def alive(self) -> bool:
+        """Whether ``fn()`` is still running."""
+        return self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> T:
+        """``fn()``'s value once it returned, or its exception raised again (at every wait);
+        :class:`KafkaStalled` if it is still running after ``timeout`` seconds (None: waits as
+        long as it runs)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise KafkaStalled(f"{self.what}: no answer from Kafka within {timeout or 0:.0f} s")
+        if "error" in self._box:
+            raise self._box["error"]
+        return self._box["value"]  # type: ignore[no-any-return]
+
+
+def bounded(fn: Callable[[], T], seconds: float, what: str) -> T:
+    """``fn()`` in a thread of its own (a :class:`Call`); :class:`KafkaStalled` if it has not
+    returned after ``seconds`` (the thread is left running: it must only touch clients that are
+    then abandoned)."""
+    return Call(fn, what).wait(seconds)
 
 
 def retrying(

@@ -44,9 +44,9 @@ def test_the_state_at_the_fork_is_written_whatever_the_parent_does_next(
 
 
 def test_the_caller_waits_for_the_fork_only(tmp_path: Path) -> None:
-    def slow() -> bytes:
+    def slow(*, private_image: bool = False) -> bytes:
         time.sleep(1.0)
-        return f"{os.getpid()} {os.nice(0)}".encode()
+        return f"{os.getpid()} {os.nice(0)} {private_image}".encode()
 
     w = SnapshotWriter(fork=True)
     path = tmp_path / "000000000001.bin"
@@ -56,9 +56,10 @@ def test_the_caller_waits_for_the_fork_only(tmp_path: Path) -> None:
     assert w.busy and not path.exists()
     assert not w.write(2, tmp_path / "000000000002.bin", slow) and w.skipped == 1  # one in flight
     w.wait()
-    pid, niceness = map(int, path.read_bytes().split())
-    assert pid != os.getpid()  # serialized by another process, at a lower priority
-    assert niceness == min(19, os.nice(0) + 10)
+    pid, niceness, private = path.read_bytes().split()
+    assert int(pid) != os.getpid()  # serialized by another process, at a lower priority
+    assert int(niceness) == min(19, os.nice(0) + 10)
+    assert private == b"True"  # its image of the state never changes: captured without copies
     ((_, forked_s, busy_s),) = w.timings
     assert forked_s < 0.6 and busy_s >= 1.0
 
@@ -66,7 +67,7 @@ def test_the_caller_waits_for_the_fork_only(tmp_path: Path) -> None:
 def test_a_child_that_cannot_capture_is_logged_and_the_next_is_taken(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken() -> bytes:
+    def broken(*, private_image: bool = False) -> bytes:
         raise RuntimeError("boom")
 
     w = SnapshotWriter(fork=True)
@@ -78,7 +79,7 @@ def test_a_child_that_cannot_capture_is_logged_and_the_next_is_taken(
         in (caplog.text)
     )
     assert w.failed == 1 and not w.written and not list(tmp_path.iterdir())
-    assert w.write(2, tmp_path / "000000000002.bin", lambda: b"ok")
+    assert w.write(2, tmp_path / "000000000002.bin", lambda private_image=False: b"ok")
     w.wait()
     assert (tmp_path / "000000000002.bin").read_bytes() == b"ok" and w.fork
 
@@ -86,7 +87,7 @@ def test_a_child_that_cannot_capture_is_logged_and_the_next_is_taken(
 def test_a_child_that_hangs_is_killed_and_snapshots_go_on_from_a_thread(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def hang() -> bytes:
+    def hang(*, private_image: bool = False) -> bytes:
         (tmp_path / f"000000000001.bin.{os.getpid()}.tmp").write_bytes(b"half")
         threading.Event().wait()  # as on a lock another thread held at the fork
         return b""
@@ -97,9 +98,13 @@ def test_a_child_that_hangs_is_killed_and_snapshots_go_on_from_a_thread(
         w.wait()
     assert "did not finish in 1 s and was killed" in caplog.text
     assert w.failed == 1 and not w.fork and not list(tmp_path.iterdir())
-    assert w.write(2, tmp_path / "000000000002.bin", lambda: str(os.getpid()).encode())
+
+    def here(*, private_image: bool = False) -> bytes:
+        return f"{os.getpid()} {private_image}".encode()
+
+    assert w.write(2, tmp_path / "000000000002.bin", here)
     w.wait()
-    assert (tmp_path / "000000000002.bin").read_bytes() == str(os.getpid()).encode()
+    assert (tmp_path / "000000000002.bin").read_bytes() == f"{os.getpid()} False".encode()  # copies, here
 
 
 def test_sockets_other_threads_hold_are_left_alone(tmp_path: Path) -> None:
@@ -125,7 +130,7 @@ def test_sockets_other_threads_hold_are_left_alone(tmp_path: Path) -> None:
     t.start()
     ready.wait()
     w = SnapshotWriter(fork=True)
-    assert w.write(1, tmp_path / "000000000001.bin", lambda: b"state")
+    assert w.write(1, tmp_path / "000000000001.bin", lambda private_image=False: b"state")
     w.wait()
     assert (tmp_path / "000000000001.bin").read_bytes() == b"state"
     a.sendall(b"still here")
@@ -142,7 +147,7 @@ _DRIVER = textwrap.dedent(
     from pathlib import Path
     from engine.runtime.snapshot_writer import SnapshotWriter
 
-    def slow() -> bytes:
+    def slow(*, private_image: bool = False) -> bytes:
         time.sleep(60)
         return b"late"
 
@@ -188,7 +193,7 @@ def test_after_fork_runs_once_in_this_process_beside_the_caller(
     w = SnapshotWriter(fork=True)
     path = tmp_path / "000000000004.bin"
     with caplog.at_level(logging.ERROR, logger="tidewatch.engine"):
-        assert w.write(4, path, lambda: b"state", after_fork=after)
+        assert w.write(4, path, lambda **_: b"state", after_fork=after)
         w.wait()
     assert calls == [(os.getpid(), "tidewatch-snapshot-4")]
     assert path.read_bytes() == b"state" and w.failed == 0

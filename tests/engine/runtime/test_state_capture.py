@@ -213,21 +213,16 @@ def test_arrow_buffers_other_than_foreseen_are_refused(monkeypatch: pytest.Monke
 
 @pytest.mark.usefixtures("fixed_zip_time")
 @pytest.mark.parametrize("panes", [False, True], ids=["raw", "panes"])
-def test_a_capture_in_a_private_image_copies_nothing_and_gives_the_same_bytes(
-    panes: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The forked child's capture (``PRIVATE_IMAGE``): the same bytes as ``dumps``; its buffers
-    are the state's arrays themselves (no copy), where the usual capture's are copies."""
-    from engine.runtime import state_capture
-
-    _, state = _core_state(panes)
+def test_a_capture_in_a_private_image_copies_nothing_and_gives_the_same_bytes(panes: bool) -> None:
+    """The forked child's capture (``private_image=True``): the same bytes as ``dumps``; its
+    buffers are the state's arrays themselves (no copy), where the usual capture's are copies."""
+    core, state = _core_state(panes)
     data = dumps(state)
     arr = np.arange(100_000)
-    monkeypatch.setattr(state_capture, "PRIVATE_IMAGE", True)
-    assert b"".join(capture(state).finish()) == data
-    got = capture({"a": arr})
+    assert b"".join(capture(state, private_image=True).finish()) == data
+    assert b"".join(core.capture(private_image=True).finish()) == core.to_bytes()
+    got = capture({"a": arr}, private_image=True)
     assert any(isinstance(b, np.ndarray) and np.shares_memory(b, arr) for b in got._buffers)
-    monkeypatch.setattr(state_capture, "PRIVATE_IMAGE", False)
     got = capture({"a": arr})
     assert not any(isinstance(b, np.ndarray) and np.shares_memory(b, arr) for b in got._buffers)
 

@@ -133,20 +133,27 @@ def test_columns_of_the_cores_blocks_are_the_columns_of_their_alerts() -> None:
     _same_columns(got, AlertColumns.of(list(seq)))
 
 
+_VALUE = st.one_of(st.none(), st.integers(-(10**6), 10**6), st.floats(allow_nan=False, width=64))
+
+
+def _block(draw: st.DrawFn, tau: int) -> AlertBlock:
+    """A block as the core makes it in a storm of many subscriptions: one subscription at lookup
+    time ``tau``, one to three alerts, 0-3 labels, values None / int / float."""
+    labels = ["COUNT(*) OVER LAST 10 SECONDS", "AVG(price)", "MAX(x)"]
+    n, m = draw(st.integers(1, 3)), draw(st.integers(0, 3))
+    sid = draw(st.sampled_from(SUBS))
+    vals = [[draw(_VALUE) for _ in range(n)] for _ in range(m)]
+    keys = [draw(st.sampled_from(["a", "b", "", 'ü,"'])) for _ in range(n)]
+    kinds = [draw(st.sampled_from(["ENTER", "EXIT"])) for _ in range(n)]
+    return AlertBlock(sid, f"r-{sid[:3]}", "trades", tau, keys, kinds, labels[:m], vals)
+
+
 @st.composite
 def _blocks_only(draw: st.DrawFn) -> AlertSeq:
-    """Blocks alone, as the core makes them in a storm of many subscriptions: one or a few
-    alerts each, 0-3 labels, values None / int / float."""
-    labels = ["COUNT(*) OVER LAST 10 SECONDS", "AVG(price)", "MAX(x)"]
-    value = st.one_of(st.none(), st.integers(-(10**6), 10**6), st.floats(allow_nan=False, width=64))
+    """Blocks alone (:func:`_block`), as the core makes them in a storm of many subscriptions."""
     seq = AlertSeq()
     for tau in range(draw(st.integers(1, 12))):
-        n, m = draw(st.integers(1, 3)), draw(st.integers(0, 3))
-        sid = draw(st.sampled_from(SUBS))
-        vals = [[draw(value) for _ in range(n)] for _ in range(m)]
-        keys = [draw(st.sampled_from(["a", "b", "", 'ü,"'])) for _ in range(n)]
-        kinds = [draw(st.sampled_from(["ENTER", "EXIT"])) for _ in range(n)]
-        seq.add_block(AlertBlock(sid, f"r-{sid[:3]}", "trades", 10 * tau, keys, kinds, labels[:m], vals))
+        seq.add_block(_block(draw, 10 * tau))
     return seq
 
 
@@ -157,6 +164,37 @@ def test_columns_of_blocks_alone_are_the_columns_of_their_alerts(seq: AlertSeq) 
     got = AlertColumns.of(seq, slot=None)
     assert not got.values  # no per-alert dict made
     _same_columns(got, AlertColumns.of(list(seq), slot=None))
+
+
+@st.composite
+def _blocks_and_runs(draw: st.DrawFn) -> AlertSeq:
+    """Blocks (as the core makes them) and runs of Alert objects (as a reader makes them, their
+    values awkward ones too) in any order: runs of several blocks, runs of several alerts."""
+    seq = AlertSeq()
+    for tau in range(draw(st.integers(1, 10))):
+        if not draw(st.booleans()):
+            seq.add_block(_block(draw, 10 * tau))
+            continue
+        sid = draw(st.sampled_from(SUBS))
+        for j in range(draw(st.integers(1, 3))):
+            kind = draw(st.sampled_from(["ENTER", "EXIT"]))
+            vals = draw(st.sampled_from([*AWKWARD, {"n": draw(_VALUE)}]))
+            seq.append(Alert(sid, "loose", "trades", f"z{j}", kind, 10 * tau, vals))
+    return seq
+
+
+@given(_blocks_and_runs())
+@settings(max_examples=150, deadline=None)
+def test_columns_of_blocks_and_runs_of_alerts_are_the_columns_of_their_alerts(seq: AlertSeq) -> None:
+    """A mixed sequence, split into runs (blocks by the one-pass path, Alert objects as a list's)
+    and joined, against its Alert objects read as one list; the entries' Python values kept."""
+    got = AlertColumns.of(seq, slot=None)
+    _same_columns(got, AlertColumns._build(list(seq)))
+    assert got.value_items == [x for a in seq for x in a.values.values()]
+    kinds = {isinstance(b, list) for b in seq.blocks()}
+    if len(kinds) == 2:  # blocks and runs: joined through the tables, no per-alert dict kept
+        assert not got.values
+        assert AlertColumns.of(seq, slot=None).alerts() == list(seq)
 
 
 def test_blocks_alone_with_a_label_that_is_not_a_string_are_read_as_alerts() -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from tidewatch.kafka.txn import KafkaStalled, bounded, retrying
+from tidewatch.kafka.txn import Call, KafkaStalled, bounded, retrying
 
 log = logging.getLogger("test")
 
@@ -24,6 +24,44 @@ def test_bounded_returns_raises_or_gives_up() -> None:
         bounded(lambda: release.wait(30), 0.3, "commit")
     assert time.monotonic() - t0 < 5
     release.set()
+
+
+def test_a_call_runs_on_its_thread_and_gives_its_value_or_its_error_at_every_wait() -> None:
+    names: list[str] = []
+    release = threading.Event()
+
+    def slow() -> int:
+        names.append(threading.current_thread().name)
+        release.wait(30)
+        return 7
+
+    call = Call(slow, "marker", name="tidewatch-probe")
+    assert call.alive
+    with pytest.raises(KafkaStalled, match="marker: no answer from Kafka within 0 s"):
+        call.wait(0.2)
+    release.set()
+    assert call.wait() == 7 and call.wait(5) == 7 and not call.alive
+    assert names == ["tidewatch-probe"]
+    failing = Call(lambda: int("no"), "x")
+    for _ in range(2):  # the same error, at every wait
+        with pytest.raises(ValueError, match="no"):
+            failing.wait()
+    assert not failing.alive
+
+
+def test_bounded_gives_up_on_a_slow_call_and_leaves_it_running() -> None:
+    release = threading.Event()
+    done = threading.Event()
+
+    def slow() -> None:
+        release.wait(30)
+        done.set()
+
+    with pytest.raises(KafkaStalled, match="send: no answer from Kafka within 0 s"):
+        bounded(slow, 0.2, "send")
+    assert not done.is_set()  # still running, left in its thread
+    release.set()
+    assert done.wait(5)
 
 
 def test_retrying_repeats_kafka_failures_until_one_attempt_succeeds(caplog) -> None:  # type: ignore[no-untyped-def]
