@@ -51,7 +51,7 @@ from engine.overload import Marks
 from engine.rule_evaluator import rule_compiler
 from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
-from engine.runtime.prefault import make_private
+from engine.runtime.prefault import ahead_of_next_batch
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
@@ -602,24 +602,11 @@ class EngineApp:
 
     def _after_fork(self) -> Callable[[], None] | None:
         """What the fork's thread does once a snapshot's child is forked: the pages the next
-        batch appends to made this process's own (:mod:`engine.runtime.prefault`; the targets
-        read here, between batches).  None when no child is forked or it is turned off
-        (``engine_snapshot_prefault``)."""
-        targets_of = getattr(self.core.evaluator, "write_targets", None)
-        if not (self.snapshots.fork and self.settings.engine_snapshot_prefault and targets_of):
+        batch appends to made this process's own (:func:`engine.runtime.prefault.ahead_of_next_batch`).
+        None when no child is forked or it is turned off (``engine_snapshot_prefault``)."""
+        if not (self.snapshots.fork and self.settings.engine_snapshot_prefault):
             return None
-        targets = targets_of()
-
-        def run() -> None:
-            t0 = time.perf_counter()
-            pages = make_private(targets)
-            log.info(
-                "after the snapshot's fork: %d pages made the driver's own in %.0f ms",
-                pages,
-                (time.perf_counter() - t0) * 1000,
-            )
-
-        return run
+        return ahead_of_next_batch(self.core.evaluator)
 
     def _prune_logs(self) -> None:
         """Drop the batch logs no restart can need: those before the oldest snapshot kept (a

@@ -6,16 +6,18 @@ page fault and a 4 KiB copy.  The per-key row buffers (Arasu & Widom 2004, secti
 circular buffer per substream; here regions of shared column arrays,
 :mod:`engine.algorithms._pool`) take each key's new rows at the key's tail, so a lookup batch
 that applies a few rows to each of thousands of keys writes a page per key in every column: on
-the live 10,000-rule trades workload the first lookup batch after a fork wrote ≈ 39,000--56,000
-pages, ≈ 32,000 of them the buffers' tails, and took 200--600 ms instead of ≈ 70
-(``bench/cow_probe.py``; docs/measurements/engine.md, "The pages a batch writes after a fork").
+the live 10,000-rule trades workload the first lookup batch after a fork wrote ≈ 50,000 pages,
+≈ 35,000 of them the buffers' tails, and took 150--660 ms instead of ≈ 70--130
+(``bench/cow_probe.py --compare``; docs/measurements/engine.md, "The pages a batch writes after a
+fork").
 
 :func:`make_private` takes those pages' copies before the batch needs them: it asks the kernel to
 fault them in writable (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and later), exactly as a
 write would, without writing anything -- so it is safe beside a thread that changes the same
 memory, and beside one that frees it (a range no longer mapped is skipped).  The engine runs it
-on the fork's thread (:meth:`engine.runtime.snapshot_writer.SnapshotWriter.write`'s
-``after_fork``) while the evaluation thread waits for the next batch.  On a kernel without
+on the fork's thread (:func:`ahead_of_next_batch`, given as
+:meth:`engine.runtime.snapshot_writer.SnapshotWriter.write`'s ``after_fork``) while the
+evaluation thread waits for the next batch.  On a kernel without
 ``MADV_POPULATE_WRITE`` it does nothing (said once in the log): the batch pays the copies as
 before.
 """
@@ -25,11 +27,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["PAGE", "Target", "make_private", "page_runs"]
+__all__ = ["PAGE", "Target", "ahead_of_next_batch", "make_private", "page_runs"]
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -102,6 +105,30 @@ def make_private(targets: Sequence[Target]) -> int:
         # ENOMEM: the range is no longer mapped (an array freed since); EFAULT, EHWPOISON:
         # a page could not be populated -- the next write faults it as usual
     return done
+
+
+def ahead_of_next_batch(evaluator: object) -> Callable[[], None] | None:
+    """A snapshot's ``after_fork``: the pages ``evaluator``'s next batch appends to -- its
+    ``write_targets()`` (:meth:`engine.evaluation.evaluator.Evaluator.write_targets`), read now,
+    between batches -- made this process's own by :func:`make_private`, the pages and the time
+    logged; the arrays are let go as soon as it is done.  None for an evaluator without
+    ``write_targets`` (tests' stand-ins)."""
+    targets_of = getattr(evaluator, "write_targets", None)
+    if targets_of is None:
+        return None
+    targets: list[Target] = list(targets_of())
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        pages = make_private(targets)
+        targets.clear()
+        log.info(
+            "after the snapshot's fork: %d pages made this process's own in %.0f ms",
+            pages,
+            (time.perf_counter() - t0) * 1000,
+        )
+
+    return run
 
 
 def _madvise() -> ctypes._CFuncPtr:  # type: ignore[name-defined]

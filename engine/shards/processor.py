@@ -51,6 +51,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.runtime.gc_tuning import freeze_worker
+from engine.runtime.prefault import ahead_of_next_batch
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
@@ -198,7 +199,14 @@ class ShardProcessor(StatefulProcessor):
             since, named = b_snap, size
         if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and not writer.busy:
             t0 = time.perf_counter()
-            writer.write(batch, self._snapshot_dir(shard) / f"{batch:012d}.{self.run}.bin", core.capture)
+            after = (
+                ahead_of_next_batch(core.evaluator)
+                if writer.fork and self.settings.engine_snapshot_prefault
+                else None
+            )
+            writer.write(
+                batch, self._snapshot_dir(shard) / f"{batch:012d}.{self.run}.bin", core.capture, after
+            )
             start_s = time.perf_counter() - t0
         return since, start_s, named
 

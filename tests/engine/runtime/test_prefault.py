@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.algorithms import RInt
-from engine.runtime.prefault import PAGE, make_private, page_runs
+from engine.runtime.prefault import PAGE, ahead_of_next_batch, make_private, page_runs
 
 
 def _pages_brute(targets: list[tuple[np.ndarray, np.ndarray | None]]) -> set[int]:
@@ -117,3 +117,30 @@ def test_rint_write_targets_are_where_the_next_appends_write() -> None:
         assert set(changed.tolist()) <= set(tails[id(r._cols[name])].tolist()), name
     ts_changed = np.flatnonzero(r._cols["ts"][: before["ts"].shape[0]] != before["ts"])
     assert ts_changed.size == some.size  # each appended row landed on a named tail
+
+
+def test_ahead_of_next_batch_reads_the_targets_now_and_lets_them_go(caplog: pytest.LogCaptureFixture) -> None:
+    class Stand:
+        calls = 0
+
+        def __init__(self) -> None:
+            self.arr = np.zeros(10 * PAGE // 8, np.int64)
+
+        def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
+            Stand.calls += 1
+            return [(self.arr, np.array([0, 600], np.int64))]
+
+    assert ahead_of_next_batch(object()) is None  # no write_targets: nothing to do
+    ev = Stand()
+    run = ahead_of_next_batch(ev)
+    assert run is not None and Stand.calls == 1  # read when made, between batches
+    ev.arr = np.zeros(1)  # the state changes after: the targets read before are the ones used
+    with caplog.at_level("INFO", logger="tidewatch.engine"):
+        run()
+    assert Stand.calls == 1
+    supported = make_private([(np.zeros(PAGE // 8, np.int64), None)]) > 0
+    msg = [r.getMessage() for r in caplog.records if "after the snapshot's fork" in r.getMessage()]
+    assert msg and msg[0].split(": ")[1].startswith("2 pages" if supported else "0 pages")
+    assert run.__closure__ is not None
+    held = [c.cell_contents for c in run.__closure__ if isinstance(c.cell_contents, list)]
+    assert held == [[]]  # the arrays let go once done
