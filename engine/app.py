@@ -51,7 +51,6 @@ from engine.overload import Marks
 from engine.rule_evaluator import rule_compiler
 from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
-from engine.runtime.prefault import ahead_of_next_batch
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
@@ -156,7 +155,9 @@ class EngineApp:
         self._inflight: Any = None  # the batch being evaluated
         self._delivering: Any = None  # the output being delivered
         self._evaluated = 0  # batches evaluated since start (snapshot cadence)
-        self.snapshots = SnapshotWriter(fork=settings.engine_snapshot_fork)
+        self.snapshots = SnapshotWriter(
+            fork=settings.engine_snapshot_fork, prefault=settings.engine_snapshot_prefault
+        )
         #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
@@ -596,17 +597,9 @@ class EngineApp:
         here, finished and written to disk by a background thread
         (:mod:`engine.runtime.snapshot_writer`)."""
         path = self._snapshot_path(self.core.last_batch)
-        self.snapshots.write(self.core.last_batch, path, self.core.capture, self._after_fork())
+        self.snapshots.write(self.core.last_batch, path, self.core.capture, self.core.evaluator)
         self._prune_logs()
         return path
-
-    def _after_fork(self) -> Callable[[], None] | None:
-        """What the fork's thread does once a snapshot's child is forked: the pages the next
-        batch appends to made this process's own (:func:`engine.runtime.prefault.ahead_of_next_batch`).
-        None when no child is forked or it is turned off (``engine_snapshot_prefault``)."""
-        if not (self.snapshots.fork and self.settings.engine_snapshot_prefault):
-            return None
-        return ahead_of_next_batch(self.core.evaluator)
 
     def _prune_logs(self) -> None:
         """Drop the batch logs no restart can need: those before the oldest snapshot kept (a

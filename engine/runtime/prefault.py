@@ -15,8 +15,8 @@ fork").
 fault them in writable (``madvise(MADV_POPULATE_WRITE)``, Linux 5.14 and later), exactly as a
 write would, without writing anything -- so it is safe beside a thread that changes the same
 memory, and beside one that frees it (a range no longer mapped is skipped).  The engine runs it
-on the fork's thread (:func:`ahead_of_next_batch`, given as
-:meth:`engine.runtime.snapshot_writer.SnapshotWriter.write`'s ``after_fork``) while the
+on the fork's thread (:func:`ahead_of_next_batch`, called by
+:class:`engine.runtime.snapshot_writer.SnapshotWriter` with ``prefault``) while the
 evaluation thread waits for the next batch.  On a kernel without
 ``MADV_POPULATE_WRITE`` it does nothing (said once in the log): the batch pays the copies as
 before.

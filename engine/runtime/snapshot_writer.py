@@ -11,7 +11,8 @@ state must see it as it is now.  Two ways, by ``fork``:
   change, ``capture(private_image=True)``, :class:`Capture`), finish, write, ``fsync``, rename -- at
   a lower priority (``nice`` 10: the batches and Spark's tasks come first), while the parent's
   batches go on without sharing its GIL.  The parent pays for the pages it changes while the
-  child lives (a copy each, ≈ 0.2 s per GB).  The child touches nothing but the state
+  child lives (a copy each, ≈ 0.2 s per GB); with ``prefault`` the fork's thread takes the copies
+  of the pages the next batch writes ahead of it (:mod:`engine.runtime.prefault`).  The child touches nothing but the state
   and the file: not the parent's sockets, clients or other threads' locks (it ends by
   ``os._exit`` through ``multiprocessing``, closing its copies of the descriptors only; no socket
   can be shut down in it: :func:`_no_shutdown_in_child`).  It dies with the parent (Linux's
@@ -57,6 +58,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.runtime.prefault import ahead_of_next_batch
 from tidewatch.lifetime import die_with_parent
 
 log = logging.getLogger("tidewatch.engine")
@@ -133,14 +135,23 @@ class SnapshotWriter:
 
     ``background``: False finishes and writes in the calling thread too (``fork`` is then
     ignored).  ``keep``: snapshots kept.  ``fork``: serialize in a forked child;
-    ``fork_timeout_s``: the child is killed (a failed snapshot) past this."""
+    ``fork_timeout_s``: the child is killed (a failed snapshot) past this.  ``prefault``: once a
+    child is forked, the pages the next batch of :meth:`write`'s ``evaluator`` writes are made
+    this process's own by the fork's thread (:func:`engine.runtime.prefault.ahead_of_next_batch`;
+    ``Settings.engine_snapshot_prefault``)."""
 
     def __init__(
-        self, background: bool = True, keep: int = 3, fork: bool = False, fork_timeout_s: float = 600.0
+        self,
+        background: bool = True,
+        keep: int = 3,
+        fork: bool = False,
+        fork_timeout_s: float = 600.0,
+        prefault: bool = False,
     ) -> None:
         self.background = bool(background)
         self.keep = keep
         self.fork = bool(fork) and self.background
+        self.prefault = bool(prefault)
         self.fork_timeout_s = float(fork_timeout_s)
         self._thread: threading.Thread | None = None
         self._batch = -1  # the batch of the snapshot in flight
@@ -159,15 +170,16 @@ class SnapshotWriter:
         self.poll()
         return self._thread is not None
 
-    def write(self, batch_id: int, path: Path, capture: Capture, after_fork: AfterFork = None) -> bool:
+    def write(self, batch_id: int, path: Path, capture: Capture, evaluator: object = None) -> bool:
         """Snapshot batch ``batch_id`` to ``path``: ``capture()`` now -- forking, the child's
         ``capture(private_image=True)`` of its image of now (:class:`Capture`) -- (its result's
         ``finish()`` gives the file's pieces; plain bytes are written as they are), finished and
         written in the background; False if skipped (the previous snapshot is still in flight)
-        or the capture failed.  ``after_fork``: called in this process once a child is forked, by
-        the thread that forked it while the caller goes on (the engine's
-        :func:`engine.runtime.prefault.make_private`); its failure is logged, never raised; not
-        called when no child is forked."""
+        or the capture failed.  ``evaluator``: with ``prefault``, the one whose next batch's pages
+        are made this process's own once a child is forked, by the thread that forked it while the
+        caller goes on (:func:`engine.runtime.prefault.ahead_of_next_batch`, its targets read
+        now); a failure of that step is logged, never raised; nothing is done when no child is
+        forked."""
         if self.busy:
             self.skipped += 1
             log.info(
@@ -177,6 +189,7 @@ class SnapshotWriter:
             )
             return False
         if self.fork:
+            after_fork = ahead_of_next_batch(evaluator) if self.prefault and evaluator is not None else None
             return self._fork(batch_id, path, capture, after_fork)
         t0 = time.perf_counter()
         try:
@@ -262,7 +275,7 @@ class SnapshotWriter:
             finished_s,
         )
 
-    def _fork(self, batch_id: int, path: Path, capture: Capture, after: AfterFork) -> bool:
+    def _fork(self, batch_id: int, path: Path, capture: Capture, after_fork: AfterFork) -> bool:
         """Snapshot ``batch_id`` from a forked child.  The fork is made by the thread that then
         waits for the child (the child's parent-death signal is tied to that thread, which lives
         as long as the child); the calling thread waits for the fork only."""
@@ -272,7 +285,7 @@ class SnapshotWriter:
         t0 = time.perf_counter()
         self._thread = threading.Thread(
             target=self._run_child,
-            args=(batch_id, path, capture, forked, failed, t0, after),
+            args=(batch_id, path, capture, forked, failed, t0, after_fork),
             name=f"tidewatch-snapshot-{batch_id}",
         )
         self._thread.start()

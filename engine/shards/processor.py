@@ -51,7 +51,6 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.runtime.gc_tuning import freeze_worker
-from engine.runtime.prefault import ahead_of_next_batch
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
@@ -180,7 +179,11 @@ class ShardProcessor(StatefulProcessor):
         since = int(self.snapshot.get()[0]) if self.snapshot.exists() else -1  # type: ignore[index]
         run, writer = _WRITERS.get(key, ("", None))
         if writer is None or run != self.run:
-            writer = SnapshotWriter(keep=10**9, fork=bool(self.settings.engine_snapshot_fork))
+            writer = SnapshotWriter(
+                keep=10**9,
+                fork=bool(self.settings.engine_snapshot_fork),
+                prefault=bool(self.settings.engine_snapshot_prefault),
+            )
             _WRITERS[key] = (self.run, writer)
             remove_stale_temporaries(self._snapshot_dir(shard))  # of writers killed mid-write
         start_s, named = 0.0, 0
@@ -199,13 +202,11 @@ class ShardProcessor(StatefulProcessor):
             since, named = b_snap, size
         if batch - since >= max(1, int(self.settings.snapshot_every_batches)) and not writer.busy:
             t0 = time.perf_counter()
-            after = (
-                ahead_of_next_batch(core.evaluator)
-                if writer.fork and self.settings.engine_snapshot_prefault
-                else None
-            )
             writer.write(
-                batch, self._snapshot_dir(shard) / f"{batch:012d}.{self.run}.bin", core.capture, after
+                batch,
+                self._snapshot_dir(shard) / f"{batch:012d}.{self.run}.bin",
+                core.capture,
+                core.evaluator,
             )
             start_s = time.perf_counter() - t0
         return since, start_s, named

@@ -178,28 +178,46 @@ def test_a_killed_driver_leaves_no_snapshot_process(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.bin"))
 
 
-def test_after_fork_runs_once_in_this_process_beside_the_caller(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_the_prefault_runs_once_in_this_process_beside_the_caller(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``after_fork`` (the engine's pages made private, engine/runtime/prefault.py): called in
-    the parent, on the fork's thread, once the child exists; its failure is logged and the
-    snapshot is written all the same.  Without a fork it is not called."""
+    """With ``prefault``, the step after the fork (the pages the evaluator's next batch writes
+    made private, engine/runtime/prefault.py) runs in the parent, on the fork's thread, once the
+    child exists; its failure is logged and the snapshot is written all the same.  Without a
+    fork, without ``prefault`` or without an evaluator it is not run."""
+    from engine.runtime import snapshot_writer
+
     calls: list[tuple[int, str]] = []
+    asked: list[object] = []
 
     def after() -> None:
         calls.append((os.getpid(), threading.current_thread().name))
         raise RuntimeError("boom")
 
-    w = SnapshotWriter(fork=True)
+    def ahead(evaluator: object) -> object:
+        asked.append(evaluator)
+        return after
+
+    monkeypatch.setattr(snapshot_writer, "ahead_of_next_batch", ahead)
+    evaluator = object()
+    w = SnapshotWriter(fork=True, prefault=True)
     path = tmp_path / "000000000004.bin"
     with caplog.at_level(logging.ERROR, logger="tidewatch.engine"):
-        assert w.write(4, path, lambda **_: b"state", after_fork=after)
+        assert w.write(4, path, lambda **_: b"state", evaluator)
         w.wait()
+    assert asked == [evaluator]
     assert calls == [(os.getpid(), "tidewatch-snapshot-4")]
     assert path.read_bytes() == b"state" and w.failed == 0
     assert any("after its fork failed" in r.getMessage() for r in caplog.records)
 
-    thread_mode = SnapshotWriter(fork=False)
-    assert thread_mode.write(5, tmp_path / "000000000005.bin", lambda: b"s", after_fork=after)
+    thread_mode = SnapshotWriter(fork=False, prefault=True)
+    assert thread_mode.write(5, tmp_path / "000000000005.bin", lambda: b"s", evaluator)
     thread_mode.wait()
-    assert len(calls) == 1
+    off = SnapshotWriter(fork=True)
+    assert off.write(6, tmp_path / "000000000006.bin", lambda **_: b"s", evaluator)
+    off.wait()
+    no_evaluator = SnapshotWriter(fork=True, prefault=True)
+    assert no_evaluator.write(7, tmp_path / "000000000007.bin", lambda **_: b"s")
+    no_evaluator.wait()
+    assert len(asked) == 1 and len(calls) == 1
+    assert (tmp_path / "000000000006.bin").read_bytes() == b"s"
