@@ -1053,6 +1053,10 @@ def main() -> None:
             )
             n = a.events if res["finished"] else res["processed"]
             res["events_per_s"] = n / res["seconds"]
+            if not res["finished"] and n and res.get("batch_seconds"):
+                # stopped mid-batch: its finished micro-batches' own rate, not the rows over the time
+                # allowed (which counts the unfinished batch's time against it)
+                res["events_per_s"] = n / sum(res["batch_seconds"])
             if not res["finished"] and not res["processed"]:  # not even its first micro-batch
                 res["below_events_per_s"] = min(a.baseline_max_offsets, a.events) / res["seconds"]
             out[f"baseline_{shape}"] = res
@@ -1061,10 +1065,13 @@ def main() -> None:
             if bs and steady:
                 print(f"steady state: Tidewatch {steady:,.0f} / baseline {bs:,.0f} = {steady / bs:,.1f}x")
             bound = res.get("below_events_per_s")
+            done_s = sum(res["batch_seconds"]) if not res["finished"] and res.get("batch_seconds") else None
+            took = f"{done_s:.1f} s of finished micro-batches" if done_s else f"{res['seconds']:.1f} s"
             print(
-                f"baseline ({shape}, slide {a.slide} s): {n:,} events in {res['seconds']:.1f} s = "
+                f"baseline ({shape}, slide {a.slide} s): {n:,} events in {took} = "
                 f"{res['events_per_s']:,.0f} events/s"
                 f"{f' (first micro-batch not done: < {bound:,.0f} events/s)' if bound else ''}, finished={res['finished']}"
+                f"{'; micro-batches done (s): ' + str(res['batch_seconds']) if res.get('batch_seconds') else ''}"
                 f"{' errors=' + str(res['errors'])[:300] if res['errors'] else ''}; "
                 f"Tidewatch / baseline = {ratio:,.1f}x",
                 flush=True,
