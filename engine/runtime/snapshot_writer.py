@@ -12,10 +12,10 @@ state must see it as it is now.  Two ways, by ``fork``:
   a lower priority (``nice`` 10: the batches and Spark's tasks come first), while the parent's
   batches go on without sharing its GIL.  The parent pays for the pages it changes while the
   child lives (a copy each, ≈ 0.2 s per GB); with ``prefault`` the fork's thread takes the copies
-  of the pages the next batch writes ahead of it (:mod:`engine.runtime.prefault`).  The child touches nothing but the state
-  and the file: not the parent's sockets, clients or other threads' locks (it ends by
-  ``os._exit`` through ``multiprocessing``, closing its copies of the descriptors only; no socket
-  can be shut down in it: :func:`_no_shutdown_in_child`).  It dies with the parent (Linux's
+  of the pages the next batch writes ahead of it (:mod:`engine.runtime.prefault`).  The child
+  touches nothing but the state and the file: not the parent's sockets, clients or other
+  threads' locks (it ends by ``os._exit`` through ``multiprocessing``, closing its copies of the
+  descriptors only; no socket can be shut down in it: :func:`_no_shutdown_in_child`).  It dies with the parent (Linux's
   parent-death signal), so a killed driver leaves no writer holding its pipes -- Spark's JVM
   ends when the driver's end of its pipe closes.  A lock another thread held at the fork stays
   held in the child, so a child that could block on one -- none of the code it runs takes such a
