@@ -1052,11 +1052,10 @@ def main() -> None:
                 timeout_s=a.timeout,
             )
             n = a.events if res["finished"] else res["processed"]
-            res["events_per_s"] = n / res["seconds"]
-            if not res["finished"] and n and res.get("batch_seconds"):
-                # stopped mid-batch: its finished micro-batches' own rate, not the rows over the time
-                # allowed (which counts the unfinished batch's time against it)
-                res["events_per_s"] = n / sum(res["batch_seconds"])
+            # stopped mid-batch: rated by its finished micro-batches' own seconds, not by the rows
+            # over the time allowed (which counts the unfinished batch's time against it)
+            done_s = sum(res["batch_seconds"]) if not res["finished"] and res.get("batch_seconds") else None
+            res["events_per_s"] = n / (done_s if done_s and n else res["seconds"])
             if not res["finished"] and not res["processed"]:  # not even its first micro-batch
                 res["below_events_per_s"] = min(a.baseline_max_offsets, a.events) / res["seconds"]
             out[f"baseline_{shape}"] = res
@@ -1065,8 +1064,7 @@ def main() -> None:
             if bs and steady:
                 print(f"steady state: Tidewatch {steady:,.0f} / baseline {bs:,.0f} = {steady / bs:,.1f}x")
             bound = res.get("below_events_per_s")
-            done_s = sum(res["batch_seconds"]) if not res["finished"] and res.get("batch_seconds") else None
-            took = f"{done_s:.1f} s of finished micro-batches" if done_s else f"{res['seconds']:.1f} s"
+            took = f"{done_s:.1f} s of finished micro-batches" if done_s and n else f"{res['seconds']:.1f} s"
             print(
                 f"baseline ({shape}, slide {a.slide} s): {n:,} events in {took} = "
                 f"{res['events_per_s']:,.0f} events/s"

@@ -112,7 +112,7 @@ def ahead_of_next_batch(evaluator: object) -> Callable[[], None] | None:
     ``write_targets()`` (:meth:`engine.evaluation.evaluator.Evaluator.write_targets`), read now,
     between batches -- made this process's own by :func:`make_private`, the pages and the time
     logged; the arrays are let go as soon as it is done.  None for an evaluator without
-    ``write_targets`` (tests' stand-ins)."""
+    ``write_targets`` (None, tests' stand-ins)."""
     targets_of = getattr(evaluator, "write_targets", None)
     if targets_of is None:
         return None

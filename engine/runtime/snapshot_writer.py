@@ -189,7 +189,7 @@ class SnapshotWriter:
             )
             return False
         if self.fork:
-            after_fork = ahead_of_next_batch(evaluator) if self.prefault and evaluator is not None else None
+            after_fork = ahead_of_next_batch(evaluator) if self.prefault else None
             return self._fork(batch_id, path, capture, after_fork)
         t0 = time.perf_counter()
         try:

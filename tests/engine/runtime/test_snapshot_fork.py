@@ -194,9 +194,9 @@ def test_the_prefault_runs_once_in_this_process_beside_the_caller(
         calls.append((os.getpid(), threading.current_thread().name))
         raise RuntimeError("boom")
 
-    def ahead(evaluator: object) -> object:
+    def ahead(evaluator: object) -> object:  # as the real one: no step for no evaluator
         asked.append(evaluator)
-        return after
+        return after if evaluator is not None else None
 
     monkeypatch.setattr(snapshot_writer, "ahead_of_next_batch", ahead)
     evaluator = object()
@@ -219,5 +219,5 @@ def test_the_prefault_runs_once_in_this_process_beside_the_caller(
     no_evaluator = SnapshotWriter(fork=True, prefault=True)
     assert no_evaluator.write(7, tmp_path / "000000000007.bin", lambda **_: b"s")
     no_evaluator.wait()
-    assert len(asked) == 1 and len(calls) == 1
+    assert asked == [evaluator, None] and len(calls) == 1  # neither without a fork nor without prefault
     assert (tmp_path / "000000000006.bin").read_bytes() == b"s"
