@@ -131,6 +131,7 @@ def test_ahead_of_next_batch_reads_the_targets_now_and_lets_them_go(caplog: pyte
             return [(self.arr, np.array([0, 600], np.int64))]
 
     assert ahead_of_next_batch(object()) is None  # no write_targets: nothing to do
+    assert ahead_of_next_batch(None) is None  # no evaluator (the snapshot writer asks for any)
     ev = Stand()
     run = ahead_of_next_batch(ev)
     assert run is not None and Stand.calls == 1  # read when made, between batches
