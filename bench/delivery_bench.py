@@ -38,9 +38,10 @@ stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
 
 The synthetic alerts have distinct ids within a batch (as the engine's do: one change of a
 subscription's result per key and lookup time), and come as the engine's core hands them over:
-blocks of one subscription at one lookup time (:class:`engine.messages.AlertBlock`; with 10,000
-subscriptions, 20,000 alerts make ≈ 15,700 blocks), not Alert objects (the bench until Nov 30
-gave Alert objects, whose columns are built by one comprehension per field); the garbage
+one block of many subscriptions per lookup time (:class:`engine.messages.LookupBlock`, from Dec 1;
+until then a block per subscription and lookup time, :class:`engine.messages.AlertBlock`: with
+10,000 subscriptions, 20,000 alerts made ≈ 15,700 blocks), not Alert objects (the bench until
+Nov 30 gave Alert objects, whose columns are built by one comprehension per field); the garbage
 collector is tuned as the engine tunes it (``engine_gc_threshold``).
 """
 
@@ -68,7 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import fresh_database  # noqa: E402
-from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput  # noqa: E402
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock  # noqa: E402
 from engine.runtime.gc_tuning import tune_gc  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
 
@@ -109,19 +110,21 @@ def make_batch(batch_id: int, n: int, n_subs: int, n_keys: int, seed: int) -> Ba
 
 
 def as_blocks(alerts: list[Alert]) -> AlertSeq:
-    """``alerts`` as the engine's core hands them to the sinks: an :class:`AlertSeq` of
-    :class:`AlertBlock` (one per subscription and lookup time, in lookup-time order, the
-    subscriptions of a lookup in the order of their first alert; each block's keys in order),
-    not Alert objects (:meth:`engine.core.EngineCore._emit`)."""
+    """``alerts`` as the engine's core hands them to the sinks: an :class:`AlertSeq` of one
+    :class:`LookupBlock` per lookup time (its subscriptions in the order of their first alert,
+    each one's keys in order), not Alert objects (:meth:`engine.core.EngineCore._emit`)."""
     groups: dict[tuple[int, str], list[Alert]] = {}
     for a in alerts:
         groups.setdefault((a.as_of, a.subscription_id), []).append(a)
-    seq = AlertSeq()
+    by_tau: dict[int, list[AlertBlock]] = {}
     for (tau, sid), xs in sorted(groups.items(), key=lambda kv: kv[0][0]):  # stable: first alerts first
         labels = list(xs[0].values)
         cols = [[a.values[label] for a in xs] for label in labels]
-        seq.add_block(AlertBlock(sid, xs[0].rule_name, xs[0].stream, tau, [a.key for a in xs],
-                                 [a.kind for a in xs], labels, cols))  # fmt: skip
+        by_tau.setdefault(tau, []).append(AlertBlock(sid, xs[0].rule_name, xs[0].stream, tau,
+                                                     [a.key for a in xs], [a.kind for a in xs], labels, cols))  # fmt: skip
+    seq = AlertSeq()
+    for blocks in by_tau.values():
+        seq.add_block(LookupBlock.of_blocks(blocks))
     return seq
 
 

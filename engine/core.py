@@ -41,10 +41,12 @@ import pyarrow as pa
 from engine.cap import cap_alerts
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
+from engine.evaluation.alert_values import ValueTable
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
-from engine.messages import Alert, AlertBlock, BatchOutput, RuleInfo, SubscriptionChange
+from engine.lookup_changes import ENTER, EXIT, in_order, runs
+from engine.messages import Alert, AlertBlock, BatchOutput, LookupBlock, RuleInfo, SubscriptionChange
 from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
 from engine.rule_evaluator import RuleEvaluator, make_evaluator, rule_compiler
 from engine.runtime import state_codec
@@ -61,7 +63,6 @@ EventSource = Callable[[str, HistoryIndex, "int | None", "int | None"], Decoded]
 #: (stream, Kafka partition) -> (smallest, largest) valid event time of a batch's records there
 Span = dict[tuple[str, int], tuple[int, int]]
 
-ENTER, EXIT = "ENTER", "EXIT"
 _NO_TS = -(2**62)  #: the lower bound of the first lookup's span (before every event time)
 
 
@@ -105,26 +106,6 @@ class _Reader:
 def _of(specs: dict[tuple[str, str], KeySpec], stream: str) -> dict[str, KeySpec]:
     """The pane specs of ``stream`` by key field."""
     return {k: ks for (s, k), ks in specs.items() if s == stream}
-
-
-def _runs(names: np.ndarray, keys: np.ndarray) -> list[tuple[str, list[str]]]:
-    """A block of changes (rule names, keys) as ``(rule, [key, ...])`` per run of one rule (a
-    rule in several runs comes once per run): the runs found by one vectorized comparison."""
-    n = names.shape[0]
-    if n == 0:
-        return []
-    cut = (np.flatnonzero(names[1:] != names[:-1]) + 1).tolist()
-    ks = keys.tolist()
-    return [(str(names[a]), ks[a:b]) for a, b in zip([0, *cut], [*cut, n], strict=True)]
-
-
-def _in_order(enter: list[str], gone: list[str]) -> tuple[list[str], list[str]]:
-    """A rule's alerts at one lookup in (key, kind) order: ``(keys, kinds)``."""
-    if not gone or not enter:
-        keys = sorted(enter or gone)
-        return keys, [ENTER if enter else EXIT] * len(keys)
-    both = sorted([(k, ENTER) for k in enter] + [(k, EXIT) for k in gone])
-    return [k for k, _ in both], [kind for _, kind in both]
 
 
 #: attributes of :class:`EngineCore` that are not state (the callables given to the constructor);
@@ -599,10 +580,15 @@ class EngineCore:
             self.pending[stream] = p if lo == 0 else p.slice(lo)
 
     def _emit(self, changes: dict[str, tuple[list[str], list[str]]], tau: int, out: BatchOutput) -> None:
-        """Append each rule's alerts at ``tau`` (``{rule: (keys, kinds)}``, in order) to ``out`` as
-        one block of columns with the values that made them fire (:meth:`_value_columns`: right
-        after the lookup at ``tau``, before later events are applied) -- no Alert object made."""
+        """Append the rules' alerts at ``tau`` (``{rule: (keys, kinds)}``, in order) to ``out`` with
+        the values that made them fire (:meth:`_value_columns`: right after the lookup at ``tau``,
+        before later events are applied) -- one :class:`LookupBlock` of columns for them all, no
+        Alert object made (one block per rule where the evaluator has no ``value_table``)."""
         got = self._value_columns({sid: keys for sid, (keys, _) in changes.items()}, tau)
+        out.changed.update(changes)
+        if isinstance(got, ValueTable):
+            out.alerts.add_block(LookupBlock.of(tau, changes, [self.rules[sid] for sid in changes], *got))
+            return
         for sid, (keys, kinds) in changes.items():
             info, v = self.rules[sid], got.get(sid)
             if isinstance(v, dict):  # an evaluator's values per key (no value_columns)
@@ -614,7 +600,6 @@ class EngineCore:
             else:
                 labels, cols = v or ([], [])
                 out.alerts.add_block(AlertBlock(sid, info.name, info.stream, tau, keys, kinds, labels, cols))
-            out.changed.add(sid)
 
     def _lookup_at(self, tau: int, out: BatchOutput) -> None:
         """Look every rule up at ``tau`` (every event with ``ts <= tau`` already applied)."""
@@ -633,7 +618,7 @@ class EngineCore:
         fresh, rules, current = self._fresh, self.rules, self.current
         for names, keys, kind in changes.parts:
             enter = kind == ENTER
-            for sid, ks in _runs(names, keys):
+            for sid, ks in runs(names, keys):
                 if sid in fresh or sid not in rules:
                     continue
                 cur = current.get(sid)
@@ -650,7 +635,7 @@ class EngineCore:
                     if both is None:
                         both = by_rule[sid] = ([], [])
                     both[0 if enter else 1].extend(got)
-        self._emit({sid: _in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
+        self._emit({sid: in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
                 self._diff(sid, ev.current_ids(sid), tau, out)
@@ -669,16 +654,19 @@ class EngineCore:
         :func:`engine.overload.decide`); the next batch's strides follow its level."""
         self.overload = decide(self.overload, load, len(ladder(self._budgets, self.L)), marks)
 
-    def _value_columns(self, wanted: dict[str, list[str]], tau: int) -> dict[str, Any]:
-        """The values of the alerts of many rules at ``tau``: ``{rule: (labels, columns)}`` from
-        ``RuleEvaluator.value_columns``, else ``{rule: {key: values}}`` from ``values_many`` (or
-        ``values``, one rule at a time); a rule whose values are unavailable gets none and its
-        alerts still go out (never lose an alert for a value)."""
+    def _value_columns(self, wanted: dict[str, list[str]], tau: int) -> ValueTable | dict[str, Any]:
+        """The values of the alerts of many rules at ``tau``: a ``ValueTable`` from
+        ``RuleEvaluator.value_table``, else ``{rule: (labels, columns)}`` from ``value_columns``, or
+        ``{rule: {key: values}}`` from ``values_many`` (or ``values``, one rule at a time); a rule
+        whose values are unavailable gets none and its alerts still go out (never lose an alert
+        for a value)."""
         if not wanted:
             return {}
         ev = self.evaluator
         try:
-            many = getattr(ev, "value_columns", None)
+            table, many = getattr(ev, "value_table", None), getattr(ev, "value_columns", None)
+            if table is not None:
+                return table(wanted, tau)  # type: ignore[no-any-return]
             return dict(many(wanted, tau) if many is not None else ev.values_many(wanted, tau))
         except Exception as exc:
             log.warning("values at %d unavailable in one pass (%s): trying rule by rule", tau, exc)

@@ -7,9 +7,10 @@
 * :class:`RuleInfo` -- an active subscription as the engine knows it.
 * :class:`Alert` -- a change of one subscription's result set at one lookup time (``ENTER`` /
   ``EXIT``), with the stable id ``subscription|key|kind|as_of`` the sinks deduplicate on.
-* :class:`AlertBlock` / :class:`AlertSeq` -- a batch's alerts as the core makes them: one block of
-  columns per (subscription, lookup time), :class:`Alert` objects made only for a reader that
-  asks for them one by one (the sinks read the blocks as columns, issue #22).
+* :class:`LookupBlock` / :class:`AlertSeq` -- a batch's alerts as the core makes them: one block
+  of columns per lookup time (:class:`AlertBlock`: one per subscription and lookup time),
+  :class:`Alert` objects made only for a reader that asks for them one by one (the sinks read the
+  blocks as columns, issue #22).
 * :class:`BatchOutput` -- everything one micro-batch produced (:meth:`engine.core.EngineCore.process`),
   what the sinks write (:mod:`engine.sinks.store`, :mod:`engine.sinks.publish`).
 
@@ -21,9 +22,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress
-from operator import attrgetter
+from itertools import chain, compress, islice
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
 
 from engine.dead_letter import DeadLetters
 
@@ -121,9 +124,147 @@ class AlertBlock:
         ]
 
 
+@dataclass(eq=False)
+class LookupBlock:
+    """The alerts of MANY subscriptions at one lookup time, as flat columns (what the core makes
+    of a lookup: :meth:`engine.core.EngineCore._emit`, one block where :class:`AlertBlock` made
+    one per subscription -- a storm of thousands of subscriptions with an alert or two each made
+    thousands of small objects, each read field by field again by the sinks).
+
+    Rule ``r`` (``subscription_ids[r]``, ``rule_names[r]``, ``streams[r]``) has ``sizes[r]``
+    alerts, the next ones of ``keys`` / ``kinds``, and ``label_counts[r]`` labels, the next ones of
+    ``labels``; alert ``i`` of rule ``r`` carries ``label_counts[r]`` values, the next ones of
+    ``values``, in its rule's label order: ``Alert(..., values=dict(zip(its labels, its values)))``
+    (:func:`engine.evaluation.alert_values.value_table`)."""
+
+    as_of: int
+    subscription_ids: list[str]
+    rule_names: list[str]
+    streams: list[str]
+    sizes: np.ndarray
+    keys: list[str]
+    kinds: list[str]
+    label_counts: np.ndarray
+    labels: list[str]
+    values: list[Any]
+
+    def __post_init__(self) -> None:
+        n_rules, n = len(self.subscription_ids), len(self.keys)
+        if not (
+            len(self.rule_names) == len(self.streams) == len(self.sizes) == len(self.label_counts) == n_rules
+        ):
+            raise ValueError("a lookup block's per-rule columns differ in length")
+        if (
+            int(self.sizes.sum()) != n
+            or len(self.kinds) != n
+            or int(self.label_counts.sum()) != len(self.labels)
+        ):
+            raise ValueError("a lookup block's alerts or labels do not add up")
+        if int(np.dot(self.sizes, self.label_counts)) != len(self.values):
+            raise ValueError("a lookup block's values do not fit its alerts' labels")
+
+    @classmethod
+    def of(
+        cls,
+        as_of: int,
+        changes: dict[str, tuple[list[str], list[str]]],
+        infos: list[RuleInfo],
+        label_counts: np.ndarray,
+        labels: list[str],
+        values: list[Any],
+    ) -> LookupBlock:
+        """The block of ``changes`` (``{subscription: (keys, kinds)}``, in order) of the rules
+        ``infos`` (in the same order), with their labels and values as
+        :func:`~engine.evaluation.alert_values.value_table` gives them."""
+        pairs = list(changes.values())
+        return cls(
+            as_of,
+            list(changes),
+            [i.name for i in infos],
+            [i.stream for i in infos],
+            np.fromiter(map(len, map(itemgetter(0), pairs)), np.int64, len(pairs)),
+            list(chain.from_iterable(map(itemgetter(0), pairs))),
+            list(chain.from_iterable(map(itemgetter(1), pairs))),
+            label_counts,
+            labels,
+            values,
+        )
+
+    @classmethod
+    def of_blocks(cls, blocks: list[AlertBlock]) -> LookupBlock:
+        """The one block of ``blocks`` (one subscription each, all at one lookup time), their
+        alerts in order: what the core makes of a lookup (tests, ``bench/delivery_bench.py``)."""
+        if len({b.as_of for b in blocks}) > 1:
+            raise ValueError("the blocks of one lookup block have one lookup time")
+        return cls(
+            blocks[0].as_of if blocks else 0,
+            [b.subscription_id for b in blocks],
+            [b.rule_name for b in blocks],
+            [b.stream for b in blocks],
+            np.array([len(b) for b in blocks], np.int64),
+            [k for b in blocks for k in b.keys],
+            [k for b in blocks for k in b.kinds],
+            np.array([len(b.labels) for b in blocks], np.int64),
+            [label for b in blocks for label in b.labels],
+            [v for b in blocks for row in zip(*b.columns, strict=True) for v in row],
+        )
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rule_of_alert(self) -> np.ndarray:
+        """Each alert's rule (an index of the per-rule columns)."""
+        return np.repeat(np.arange(len(self.sizes)), self.sizes)
+
+    def compress(self, mask: Iterable[Any]) -> LookupBlock:
+        """The block of the alerts whose ``mask`` entry is true, in order (rules left with no
+        alert dropped): NumPy and ``itertools.compress``, no per-alert Python."""
+        keep = np.fromiter(map(bool, mask), np.bool_, len(self))
+        rule = self.rule_of_alert()
+        sizes = np.bincount(rule[keep], minlength=len(self.sizes)).astype(np.int64)
+        rules = (sizes > 0).tolist()
+        entries = np.repeat(keep, self.label_counts[rule]).tolist()
+        return LookupBlock(
+            self.as_of,
+            list(compress(self.subscription_ids, rules)),
+            list(compress(self.rule_names, rules)),
+            list(compress(self.streams, rules)),
+            sizes[sizes > 0],
+            list(compress(self.keys, keep.tolist())),
+            list(compress(self.kinds, keep.tolist())),
+            self.label_counts[sizes > 0],
+            list(compress(self.labels, np.repeat(sizes > 0, self.label_counts).tolist())),
+            list(compress(self.values, entries)),
+        )
+
+    def alerts(self) -> list[Alert]:
+        """The block's :class:`Alert` objects (each with its own values dict)."""
+        out: list[Alert] = []
+        keys, kinds, labels, values, tau = (
+            iter(self.keys),
+            iter(self.kinds),
+            self.labels,
+            self.values,
+            self.as_of,
+        )
+        first_label = first_value = 0
+        for sid, name, stream, n, m in zip(
+            self.subscription_ids, self.rule_names, self.streams, self.sizes.tolist(),
+            self.label_counts.tolist(), strict=True,
+        ):  # fmt: skip
+            its = labels[first_label : first_label + m]
+            for k, kind in zip(islice(keys, n), islice(kinds, n), strict=True):
+                vals = dict(zip(its, values[first_value : first_value + m], strict=True))
+                out.append(Alert(sid, name, stream, k, kind, tau, vals))
+                first_value += m
+            first_label += m
+        return out
+
+
 class AlertSeq:
-    """A batch's alerts in order: blocks of columns (:class:`AlertBlock`, appended by the core
-    with :meth:`add_block`) and runs of :class:`Alert` objects.  It behaves as a ``list`` of
+    """A batch's alerts in order: blocks of columns (:class:`LookupBlock`, one per lookup time,
+    appended by the core with :meth:`add_block`; :class:`AlertBlock`, one per subscription and
+    lookup time) and runs of :class:`Alert` objects.  It behaves as a ``list`` of
     Alert (``len``, iteration, indexing and slicing, ``append``, ``extend``, item and slice
     assignment, ``sort``, ``==`` with a list); a reader that iterates gets Alert objects made
     block by block, and any access by position first turns the whole sequence into one list of
@@ -134,11 +275,11 @@ class AlertSeq:
 
     def __init__(self, alerts: Iterable[Alert] = ()) -> None:
         rows = list(alerts)
-        self._blocks: list[AlertBlock | list[Alert] | AlertColumns] = [rows] if rows else []
+        self._blocks: list[AlertBlock | LookupBlock | list[Alert] | AlertColumns] = [rows] if rows else []
         self._n = len(rows)
 
     # ---------------------------------------------------------------- building
-    def add_block(self, block: AlertBlock | AlertColumns) -> None:
+    def add_block(self, block: AlertBlock | LookupBlock | AlertColumns) -> None:
         if len(block):
             self._blocks.append(block)
             self._n += len(block)
@@ -168,7 +309,7 @@ class AlertSeq:
         self.extend(alerts)
         return self
 
-    def blocks(self) -> list[AlertBlock | list[Alert] | AlertColumns]:
+    def blocks(self) -> list[AlertBlock | LookupBlock | list[Alert] | AlertColumns]:
         """The blocks, in order (read only)."""
         return self._blocks
 
@@ -223,18 +364,18 @@ class AlertSeq:
         sequence holding blocks of columns of many lookup times (a sharded batch's, from its
         shards' tables) becomes one block of columns, joined and sorted by Arrow and NumPy
         (:meth:`AlertColumns.sorted_by_as_of <engine.sinks.alert_columns.AlertColumns.sorted_by_as_of>`)."""
-        if not all(isinstance(b, list | AlertBlock) for b in self._blocks):
+        if not all(isinstance(b, list | AlertBlock | LookupBlock) for b in self._blocks):
             from engine.sinks.alert_columns import AlertColumns  # it imports this module
 
             cols = AlertColumns.of(self, slot=None).sorted_by_as_of()
             self._blocks, self._n = ([cols] if len(cols) else []), len(cols)
             return
-        items: list[AlertBlock | Alert] = []
+        items: list[AlertBlock | LookupBlock | Alert] = []
         for b in self._blocks:
             if isinstance(b, list):
                 items.extend(b)
             else:
-                assert isinstance(b, AlertBlock)
+                assert isinstance(b, AlertBlock | LookupBlock)
                 items.append(b)
         times = [it.as_of for it in items]
         if times == sorted(times):  # in order already (e.g. one shard's)
@@ -242,7 +383,7 @@ class AlertSeq:
         items.sort(key=_AS_OF)
         n, self._blocks = self._n, []
         for it in items:
-            if isinstance(it, AlertBlock):
+            if isinstance(it, AlertBlock | LookupBlock):
                 self._blocks.append(it)
             else:
                 self.append(it)

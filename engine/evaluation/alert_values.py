@@ -22,7 +22,8 @@ force it is checked against (one rule and one key at a time) is in
 from __future__ import annotations
 
 from itertools import chain, repeat
-from typing import TYPE_CHECKING, Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -38,6 +39,17 @@ if TYPE_CHECKING:
 ValueColumns = dict[str, tuple[list[str], list[list[Any]]]]
 
 
+class ValueTable(NamedTuple):
+    """The values of a lookup's alerts for many rules as flat columns (:func:`value_table`): rule
+    ``i`` of ``wanted`` has ``label_counts[i]`` labels, ``labels`` holding every rule's one after
+    another; ``values`` holds every alert's values one after another -- the rules in the order of
+    ``wanted``, each rule's keys in their order, each alert's values in its rule's label order."""
+
+    label_counts: np.ndarray
+    labels: list[str]
+    values: list[Any]
+
+
 def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) -> ValueColumns:
     """The values of the aggregates of each rule of ``wanted`` (``{rule name: keys}``) for its keys
     at ``now``, read from the structures as they are (call right after the lookup at ``now``).
@@ -46,19 +58,78 @@ def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int
     value of its *last* occurrence (``dict(zip(texts, values))``), and one column per label, row
     ``i`` for ``wanted[rule][i]``.  A key the rule's state never saw reads as an empty window.
     Rules reading the same aggregate share one read over the union of their keys."""
-    names = list(wanted)
-    if not names:
+    if not wanted:
         return {}
-    rs = [rules[n] for n in names]
-    lens = np.fromiter(map(len, wanted.values()), np.int64, len(names))
-    starts = np.zeros(len(names) + 1, np.int64)
-    np.cumsum(lens, out=starts[1:])
+    rs, starts, values = _matrix(rules, wanted, now)
+    out: ValueColumns = {}
+    for i, (name, rule) in enumerate(zip(wanted, rs, strict=True)):
+        labels, at = _layout(rule)
+        block = values[starts[i] : starts[i + 1]]
+        if len(at) == 1:
+            out[name] = (labels, [block[:, at[0]].tolist()])
+            continue
+        columns = block.T.tolist()
+        out[name] = (labels, [columns[j] for j in at])
+    return out
+
+
+def value_table(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) -> ValueTable:
+    """:func:`value_columns` as one :class:`ValueTable` for all the rules of ``wanted``: the same
+    labels and values, gathered out of the lookup's value matrix by one NumPy index (no list per
+    rule or per label): what a lookup's alerts carry as one block
+    (:class:`engine.messages.LookupBlock`)."""
+    if not wanted:
+        return ValueTable(np.zeros(0, np.int64), [], [])
+    rs, starts, values = _matrix(rules, wanted, now)
+    layouts = [_layout(r) for r in rs]
+    m = np.fromiter(map(len, map(itemgetter(1), layouts)), np.int64, len(rs))
+    cols = np.fromiter(chain.from_iterable(map(itemgetter(1), layouts)), np.int64, int(m.sum()))
+    labels = list(chain.from_iterable(map(itemgetter(0), layouts)))
+    width = values.shape[1]
+    if (m == width).all() and np.array_equal(cols, np.tile(np.arange(width), len(rs))):
+        return ValueTable(m, labels, values.reshape(-1).tolist())  # every column, in order: as it is
+    rule = np.repeat(np.arange(len(rs)), np.diff(starts))  # alert -> its rule
+    per_alert = m[rule]
+    entry = np.repeat(np.arange(len(rule)), per_alert)  # value entry -> its alert
+    j = np.arange(len(entry), dtype=np.int64) - _starts(per_alert)[entry]
+    col = cols[_starts(m)[rule[entry]] + j]
+    flat = values.reshape(-1)[entry * width + col] if len(entry) else np.zeros(0, object)
+    return ValueTable(m, labels, flat.tolist())
+
+
+def _starts(n: np.ndarray) -> np.ndarray:
+    """``[0, n0, n0 + n1, ...]``: where each of consecutive runs of lengths ``n`` starts."""
+    out = np.zeros(len(n) + 1, np.int64)
+    np.cumsum(n, out=out[1:])
+    return out
+
+
+def _layout(rule: Rule) -> tuple[list[str], list[int]]:
+    """A rule's labels -- its distinct aggregate texts, in first-appearance order -- and for each
+    the column of the value matrix it reads (its text's *last* occurrence: ``dict(zip(...))``)."""
+    aggs = rule.plan.aggs
+    if len(aggs) == 1:
+        return [aggs[0].text], [0]
+    at = {spec.text: j for j, spec in enumerate(aggs)}
+    return list(at), list(at.values())
+
+
+def _matrix(
+    rules: dict[str, Rule], wanted: dict[str, list[str]], now: int
+) -> tuple[list[Rule], np.ndarray, np.ndarray]:
+    """``(rules, starts, values)``: the rules of ``wanted`` in its order, where each one's alerts
+    start (``starts[i]:starts[i + 1]``, the keys of ``wanted[name]`` in order) and the object
+    matrix of every alert's aggregates (row: alert, column: the rule's aggregate ``j``)."""
+    rs = [rules[n] for n in wanted]
+    starts = _starts(np.fromiter(map(len, wanted.values()), np.int64, len(rs)))
     ids = _key_ids(rs, wanted, starts)
     sig_of, sigs = _signatures(rs)
     width = sig_of.shape[1]
     values = np.empty((int(starts[-1]), width), dtype=object)
     if values.size:
-        pair_sig = sig_of[np.repeat(np.arange(len(rs)), lens)].ravel()  # (alert, aggregate) -> signature
+        pair_sig = sig_of[
+            np.repeat(np.arange(len(rs)), np.diff(starts))
+        ].ravel()  # (alert, aggregate) -> signature
         if len(sigs) < 2**15:  # NumPy's stable sort of 16-bit integers is a radix sort: O(pairs)
             pair_sig = pair_sig.astype(np.int16)
         order = np.argsort(pair_sig, kind="stable")
@@ -69,17 +140,7 @@ def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int
             pos = order[cut[g] : cut[g + 1]]
             if pos.shape[0]:
                 flat[pos] = _read(spec, s, ids[pos // width], now)
-    out: ValueColumns = {}
-    for i, (name, rule) in enumerate(zip(names, rs, strict=True)):
-        aggs = rule.plan.aggs
-        block = values[starts[i] : starts[i + 1]]
-        if len(aggs) == 1:
-            out[name] = ([aggs[0].text], [block[:, 0].tolist()])
-            continue
-        at = {spec.text: j for j, spec in enumerate(aggs)}
-        columns = block.T.tolist()
-        out[name] = (list(at), [columns[j] for j in at.values()])
-    return out
+    return rs, starts, values
 
 
 def _key_ids(rs: list[Rule], wanted: dict[str, list[str]], starts: np.ndarray) -> np.ndarray:

@@ -730,6 +730,11 @@ class Evaluator:
         (:func:`engine.evaluation.alert_values.value_columns`)."""
         return alert_values.value_columns(self.rules, wanted, now)
 
+    def value_table(self, wanted: dict[str, list[str]], now: int) -> alert_values.ValueTable:
+        """:meth:`value_columns` as flat columns over all the rules of ``wanted``: what a lookup's
+        alerts carry as one block (:func:`engine.evaluation.alert_values.value_table`)."""
+        return alert_values.value_table(self.rules, wanted, now)
+
     def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Where the next batch's rows are written in every per-key row buffer (the domains' and
         the structures' that have them: :meth:`engine.algorithms._base.PooledStructure.write_targets`)."""

@@ -40,7 +40,7 @@ from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
 from engine.errors import SnapshotUnreadable
-from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
 from engine.runtime import state_codec
 from engine.shards.route import PRIMARY, shard_of, split_span
 from engine.sinks.alert_columns import AlertColumns
@@ -132,17 +132,17 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
     brings them; for the others every key a shard holds is its own, and nothing is dropped: the
     alerts are not looked at when no active rule reads such a stream)."""
     if out.alerts and multi_key_rules:
-        blocks: list[AlertBlock | list[Alert]] = []
+        blocks: list[AlertBlock | LookupBlock | list[Alert]] = []
         for b in out.alerts.blocks():
             assert not isinstance(b, AlertColumns)  # the core makes none
             blocks.append(b)
-        of_block = [b.keys if isinstance(b, AlertBlock) else [a.key for a in b] for b in blocks]
+        of_block = [b.keys if isinstance(b, AlertBlock | LookupBlock) else [a.key for a in b] for b in blocks]
         mine = (shard_of(list(chain.from_iterable(of_block)), n) == shard).tolist()
         if not all(mine):
             kept, at = AlertSeq(), 0
             for b, ks in zip(blocks, of_block, strict=True):
                 m, at = mine[at : at + len(ks)], at + len(ks)
-                if isinstance(b, AlertBlock):
+                if isinstance(b, AlertBlock | LookupBlock):
                     kept.add_block(b if all(m) else b.compress(m))
                 else:
                     kept.extend(compress(b, m))

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.messages import Alert, AlertBlock, AlertSeq
+from engine.messages import Alert, AlertBlock, AlertSeq, LookupBlock
 
 _S = pa.large_string()
 #: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
@@ -131,7 +131,7 @@ def _fields(al: Sequence[Alert]) -> list[list[Any]]:
     ]
 
 
-def _seq_of(chunks: Iterable[AlertBlock | list[Alert] | AlertColumns]) -> AlertSeq:
+def _seq_of(chunks: Iterable[AlertBlock | LookupBlock | list[Alert] | AlertColumns]) -> AlertSeq:
     """The chunks (blocks, runs of Alert objects) as one :class:`~engine.messages.AlertSeq`, in order
     (a run's Alert objects appended, a block added as it is)."""
     seq = AlertSeq()
@@ -217,13 +217,17 @@ class AlertColumns:
         blocks = seq.blocks()
         if any(isinstance(b, AlertColumns) for b in blocks):
             return cls._from_chunks(seq)
-        if not any(isinstance(b, list) for b in blocks):
+        if blocks and all(isinstance(b, LookupBlock) for b in blocks):
+            return cls._from_lookups(blocks)  # type: ignore[arg-type]  # checked just above
+        if not any(isinstance(b, list | LookupBlock) for b in blocks):
             return cls._from_blocks(seq)
         parts = [
             cls._build([a for b in run if isinstance(b, list) for a in b])
-            if alerts
+            if kind is list
+            else cls._from_lookups(list(run))  # type: ignore[arg-type]  # a run of its kind
+            if kind is LookupBlock
             else cls._from_blocks(_seq_of(run))
-            for alerts, run in groupby(blocks, key=lambda b: isinstance(b, list))
+            for kind, run in groupby(blocks, key=type)
         ]
         if any(p.value_labels is None for p in parts):  # a label that is not a str: as before
             return cls._build(list(seq))
@@ -231,6 +235,48 @@ class AlertColumns:
         if out.value_items is None:  # joined through the tables: the entries' values kept
             out.value_items = [x for p in parts for x in p.value_items or ()]
         return out
+
+    @classmethod
+    def _from_lookups(cls, blocks: list[LookupBlock]) -> AlertColumns:
+        """The columns of the core's lookup blocks (one per lookup time, many subscriptions each:
+        :class:`~engine.messages.LookupBlock`), a few list joins in C and NumPy / Arrow gathers:
+        no Python per subscription or per alert.  Each rule's fields are given once and taken
+        for its alerts; each alert's labels are its rule's, taken from the blocks' labels.  A
+        label that is not a ``str``: the blocks as :meth:`_build` reads their Alert objects."""
+
+        def cat(lists: Iterable[list[Any]]) -> list[Any]:  # one block's list as it is (no copy)
+            got = list(lists)
+            return got[0] if len(got) == 1 else list(chain.from_iterable(got))
+
+        try:
+            rule_labels = pa.array(cat(b.labels for b in blocks), _S)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # a label that is not a str: as before
+            return cls._build([a for b in blocks for a in b.alerts()])
+        sizes = np.concatenate([b.sizes for b in blocks]).astype(np.int64, copy=False)
+        label_counts = np.concatenate([b.label_counts for b in blocks]).astype(np.int64, copy=False)
+        rule = np.repeat(np.arange(len(sizes)), sizes)  # alert -> its rule
+        counts = label_counts[rule]
+        entry = np.repeat(np.arange(len(rule)), counts)  # value entry -> its alert
+        first_label = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(label_counts, out=first_label[1:])
+        first_entry = np.zeros(len(rule) + 1, np.int64)
+        np.cumsum(counts, out=first_entry[1:])
+        label_at = first_label[rule[entry]] + (np.arange(len(entry), dtype=np.int64) - first_entry[entry])
+        at = pa.array(rule)
+        return cls(
+            subscription_id=large_utf8(list(cat(b.subscription_ids for b in blocks)), "subscription_id").take(
+                at
+            ),
+            rule_name=large_utf8(list(cat(b.rule_names for b in blocks)), "rule_name").take(at),
+            stream=large_utf8(list(cat(b.streams for b in blocks)), "stream").take(at),
+            key=large_utf8(list(cat(b.keys for b in blocks)), "key"),
+            kind=large_utf8(list(cat(b.kinds for b in blocks)), "kind"),
+            as_of=np.repeat(np.array([b.as_of for b in blocks], np.int64), [len(b) for b in blocks]),
+            counts=counts,
+            value_labels=rule_labels.take(pa.array(label_at)),
+            value_items=list(chain.from_iterable(b.values for b in blocks)),  # a list of its own
+            values=[],
+        )
 
     @classmethod
     def _from_blocks(cls, seq: AlertSeq) -> AlertColumns:

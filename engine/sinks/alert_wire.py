@@ -33,9 +33,10 @@ from tidewatch.wire.avro import header, put_long, schema_id
 
 
 @nb.njit(cache=True, nogil=True)
-def _put_str(out, pos, data, offs, i):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    a = offs[i]
-    b = offs[i + 1]
+def _put_str(out, pos, data, offs, s, i):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """String ``i`` of column ``s`` (``data[offs[s, i]:offs[s, i + 1]]``) as an Avro string."""
+    a = offs[s, i]
+    b = offs[s, i + 1]
     pos = put_long(out, pos, np.int64(b - a))
     for j in range(a, b):
         out[pos] = data[j]
@@ -44,29 +45,47 @@ def _put_str(out, pos, data, offs, i):  # type: ignore[no-untyped-def]  # pragma
 
 
 @nb.njit(cache=True, nogil=True)
-def _put_map(out, pos, first, count, kdata, koffs, vbits, vnull):  # type: ignore[no-untyped-def]  # pragma: no cover
+def _put_map(out, pos, first, count, ldata, loffs, lcode, vbytes, vnull):  # type: ignore[no-untyped-def]  # pragma: no cover
+    """Entries ``first .. first + count - 1`` as one block of an Avro ``map<null|double>``: each
+    label's Avro string written once per batch (``ldata[loffs[c]:loffs[c + 1]]`` for label code
+    ``c = lcode[e]``), each double's 8 bytes as they lie in memory (little endian, as Avro's)."""
     if count > 0:
         pos = put_long(out, pos, np.int64(count))
         for e in range(first, first + count):
-            pos = _put_str(out, pos, kdata, koffs, e)
+            c = lcode[e]
+            for j in range(loffs[c], loffs[c + 1]):
+                out[pos] = ldata[j]
+                pos += 1
             if vnull[e]:
                 out[pos] = 0  # union branch 0: null
                 pos += 1
             else:
-                out[pos] = 2  # union branch 1: double, 8 bytes little endian
-                pos += 1
-                z = vbits[e]
-                for _ in range(8):
-                    out[pos] = np.uint8(z & np.uint64(0xFF))
-                    pos += 1
-                    z >>= np.uint64(8)
+                out[pos] = 2  # union branch 1: double
+                b = e * 8
+                for j in range(8):
+                    out[pos + 1 + j] = vbytes[b + j]
+                pos += 9
     out[pos] = 0  # end of the map
     return pos + 1
 
 
 @nb.njit(cache=True, nogil=True)
+def _avro_strings(data, offs, out, out_offs):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
+    """Each string of ``data`` / ``offs`` as an Avro string (length, bytes) into ``out``."""
+    pos = 0
+    for i in range(offs.shape[0] - 1):
+        out_offs[i] = pos
+        pos = put_long(out, pos, np.int64(offs[i + 1] - offs[i]))
+        for j in range(offs[i], offs[i + 1]):
+            out[pos] = data[j]
+            pos += 1
+    out_offs[offs.shape[0] - 1] = pos
+    return pos
+
+
+@nb.njit(cache=True, nogil=True)
 def _encode_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    n, sdata, soffs, as_of, present, counts, kdata, koffs, vbits, vnull, batch_id, emitted_at,
+    n, sdata, soffs, as_of, present, counts, ldata, loffs, lcode, vbytes, vnull, batch_id, emitted_at,
     ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
 ):  # fmt: skip
     """Alert record i -> ``aout[aoff[i]:aoff[i+1]]``, result -> ``rout``, results key -> ``kout``.
@@ -81,21 +100,21 @@ def _encode_kernel(  # type: ignore[no-untyped-def]  # pragma: no cover - compil
             aout[ap] = ahdr[h]
             ap += 1
         for s in range(6):
-            ap = _put_str(aout, ap, sdata, soffs[s], i)
+            ap = _put_str(aout, ap, sdata, soffs, s, i)
         ap = put_long(aout, ap, as_of[i])
-        ap = _put_map(aout, ap, first, counts[i], kdata, koffs, vbits, vnull)
+        ap = _put_map(aout, ap, first, counts[i], ldata, loffs, lcode, vbytes, vnull)
         ap = put_long(aout, ap, batch_id)
         ap = put_long(aout, ap, emitted_at)
         roff[i] = rp
         for h in range(rhdr.shape[0]):
             rout[rp] = rhdr[h]
             rp += 1
-        rp = _put_str(rout, rp, sdata, soffs[1], i)
-        rp = _put_str(rout, rp, sdata, soffs[4], i)
+        rp = _put_str(rout, rp, sdata, soffs, 1, i)
+        rp = _put_str(rout, rp, sdata, soffs, 4, i)
         rout[rp] = 1 if present[i] else 0
         rp += 1
         rp = put_long(rout, rp, as_of[i])
-        rp = _put_map(rout, rp, first, counts[i], kdata, koffs, vbits, vnull)
+        rp = _put_map(rout, rp, first, counts[i], ldata, loffs, lcode, vbytes, vnull)
         rp = put_long(rout, rp, batch_id)
         first += counts[i]
         koff[i] = kp
@@ -181,11 +200,17 @@ def encode_alerts(
         labels = pa.array([str(k) for v in c.values for k in v], pa.large_string())
     else:
         labels = c.value_labels
-    kdata, koffs = utf8_buffers(labels)
+    coded = labels.dictionary_encode()  # each distinct label written as an Avro string once
+    kdata, koffs = utf8_buffers(coded.dictionary)
+    ldata = np.empty(len(kdata) + 10 * len(coded.dictionary), np.uint8)
+    loffs = np.empty(len(coded.dictionary) + 1, np.int64)
+    _avro_strings(kdata, koffs, ldata, loffs)
+    lcode = np.asarray(coded.indices.fill_null(0), np.int64)
     vbits, vnull = c.value_floats
+    vbytes = np.ascontiguousarray(vbits).view(np.uint8)
     present = c.present
     str_bytes = len(sdata)
-    map_bytes = len(kdata) + 19 * len(vbits) + 11 * n
+    map_bytes = int(np.diff(loffs)[lcode].sum()) + 9 * len(vbits) + 11 * n
     ahdr = np.frombuffer(header(schema_id("alerts")), np.uint8)
     rhdr = np.frombuffer(header(schema_id("results")), np.uint8)
     aoff = np.empty(n + 1, np.int64)
@@ -196,7 +221,7 @@ def encode_alerts(
         rout = _scratch(have, "results", n * (5 + 2 * 10 + 1 + 2 * 10) + str_bytes + map_bytes)
         kout = _scratch(have, "keys", str_bytes + n)
         _encode_kernel(
-            n, sdata, soffs, c.as_of, present, c.counts, kdata, koffs, vbits, vnull,
+            n, sdata, soffs, c.as_of, present, c.counts, ldata, loffs, lcode, vbytes, vnull,
             int(batch_id), int(emitted_at), ahdr, rhdr, aout, aoff, rout, roff, kout, koff,
         )  # fmt: skip
         return AlertRecords(

@@ -1,6 +1,6 @@
 """``AlertSeq``: the core's alerts as blocks of columns behave as the list of their Alert objects
 under every list operation the engine and its tests use, against a plain list as the model
-(hypothesis); ``AlertBlock`` makes the Alerts its columns say. No services."""
+(hypothesis); ``AlertBlock`` and ``LookupBlock`` make the Alerts their columns say. No services."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
 
 LABELS = ["COUNT(*) OVER LAST 10 SECONDS", "SUM(size) OVER LAST 5 SECONDS"]
 
@@ -38,7 +38,7 @@ def test_a_block_makes_the_alerts_its_columns_say() -> None:
 
 OPS = st.lists(
     st.tuples(
-        st.sampled_from(["block", "append", "extend", "extend_seq", "iadd", "get", "slice", "set",
+        st.sampled_from(["block", "lookup", "append", "extend", "extend_seq", "iadd", "get", "slice", "set",
                          "set_slice", "del", "sort", "sort_as_of", "eq", "insert", "pop"]),
         st.integers(0, 40),
         st.integers(0, 5),
@@ -57,6 +57,12 @@ def test_an_alert_seq_is_the_list_of_its_alerts(ops: list[tuple[str, int, int, b
         if op == "block":
             seq.add_block(_block(i, n, flag))
             model += _block(i, n, flag).alerts()
+        elif op == "lookup":  # a lookup's block of several subscriptions
+            blocks = [_block(i, n, flag), _block(i, (n + 2) % 5, not flag)]
+            for b in blocks:
+                b.subscription_id, b.as_of = f"{b.subscription_id}-{len(b)}", 1000 * i + 7
+            seq.add_block(LookupBlock.of_blocks(blocks))
+            model += [a for b in blocks for a in b.alerts()]
         elif op == "append":
             seq.append(one)
             model.append(one)
@@ -120,6 +126,47 @@ def test_a_compressed_block_is_the_alerts_the_mask_keeps(
     want = [a for a, m in zip(b.alerts(), mask, strict=False) if m]
     assert got.alerts() == want and [a.values for a in got.alerts()] == [a.values for a in want]
     assert len(b) == n and b.compress(mask[:n]) is not b  # the block itself is left as it was
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=6),
+    st.lists(st.booleans(), min_size=30, max_size=30),
+)
+def test_a_lookup_block_is_its_subscriptions_blocks_one_after_another(
+    shapes: list[tuple[int, bool]], mask: list[bool]
+) -> None:
+    """A lookup's one block of many subscriptions makes the Alert objects (values included) of
+    its subscriptions' blocks in order; compressed, the alerts the mask keeps (rules left with
+    none dropped)."""
+    blocks = []
+    for i, (n, labelled) in enumerate(shapes):
+        b = _block(i, n, labelled)
+        b.subscription_id, b.as_of = f"s{i}", 5000
+        blocks.append(b)
+    lb = LookupBlock.of_blocks(blocks)
+    want = [a for b in blocks for a in b.alerts()]
+    assert len(lb) == len(want) and lb.alerts() == want
+    assert [a.values for a in lb.alerts()] == [a.values for a in want]
+    got = lb.compress(mask[: len(lb)])
+    kept = [a for a, m in zip(want, mask, strict=False) if m]
+    assert got.alerts() == kept and [a.values for a in got.alerts()] == [a.values for a in kept]
+    assert got.subscription_ids == list(dict.fromkeys(a.subscription_id for a in kept))
+
+
+def test_a_lookup_block_whose_columns_do_not_add_up_is_refused() -> None:
+    b = LookupBlock.of_blocks([_block(1, 2, True)])
+    with pytest.raises(ValueError, match="alerts or labels"):
+        LookupBlock(b.as_of, b.subscription_ids, b.rule_names, b.streams, b.sizes, b.keys[:1],
+                    b.kinds[:1], b.label_counts, b.labels, b.values)  # fmt: skip
+    with pytest.raises(ValueError, match="values"):
+        LookupBlock(b.as_of, b.subscription_ids, b.rule_names, b.streams, b.sizes, b.keys, b.kinds,
+                    b.label_counts, b.labels, b.values[:-1])  # fmt: skip
+    with pytest.raises(ValueError, match="per-rule"):
+        LookupBlock(b.as_of, b.subscription_ids, [], b.streams, b.sizes, b.keys, b.kinds,
+                    b.label_counts, b.labels, b.values)  # fmt: skip
+    with pytest.raises(ValueError, match="one lookup time"):
+        LookupBlock.of_blocks([_block(1, 2, True), _block(2, 2, True)])
 
 
 def test_a_batch_output_keeps_its_alerts_as_a_seq() -> None:

@@ -1,4 +1,5 @@
-"""``engine.evaluation.alert_values.value_columns``: the values alerts carry, for many rules in
+"""``engine.evaluation.alert_values.value_columns`` (and ``value_table``, the same as one table):
+the values alerts carry, for many rules in
 one vectorized pass, against a brute force over the raw events (one rule, one key, one aggregate
 at a time), for rules of two key states (src_ip, dst_ip), rules sharing aggregates, an
 aggregate twice in one rule, keys never seen and rules asked for no key."""
@@ -101,3 +102,13 @@ def test_value_columns_equal_a_brute_force_over_the_events(
                 want = _brute(agg, int(window.split()[0]), field, key, ev)
                 assert _same(value, want), (name, key, label, value, want)
     assert e.value_columns({}, NOW) == {}
+    # the same values as one table (what a lookup's block carries): labels rule by rule, values
+    # alert by alert in its rule's label order, of the same Python types
+    table = e.value_table(wanted, NOW)
+    assert table.label_counts.tolist() == [len(got[n][0]) for n in wanted]
+    assert table.labels == [label for n in wanted for label in got[n][0]]
+    want_values = [v for n in wanted for row in zip(*got[n][1], strict=True) for v in row]
+    assert len(table.values) == len(want_values)
+    assert all(_same(a, b) for a, b in zip(table.values, want_values, strict=True))
+    empty = e.value_table({}, NOW)
+    assert empty.label_counts.tolist() == [] and empty.labels == [] and empty.values == []

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.messages import Alert, AlertBlock, AlertSeq
+from engine.messages import Alert, AlertBlock, AlertSeq, LookupBlock
 from engine.runtime import state_codec
 from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid
 
@@ -197,6 +197,39 @@ def test_columns_of_blocks_and_runs_of_alerts_are_the_columns_of_their_alerts(se
         assert AlertColumns.of(seq, slot=None).alerts() == list(seq)
 
 
+@st.composite
+def _lookups_blocks_and_runs(draw: st.DrawFn) -> AlertSeq:
+    """What the core makes -- one block of many subscriptions per lookup time (:class:`LookupBlock`)
+    -- alone or among blocks of one subscription and runs of Alert objects."""
+    seq = AlertSeq()
+    mixed = draw(st.booleans())
+    for tau in range(draw(st.integers(1, 8))):
+        what = draw(st.sampled_from(["lookup", "block", "run"] if mixed else ["lookup"]))
+        if what == "lookup":
+            blocks = [_block(draw, 10 * tau) for _ in range(draw(st.integers(0, 5)))]
+            for i, b in enumerate(blocks):
+                b.subscription_id = SUBS[i % len(SUBS)] if i < len(SUBS) else f"sub-{i}"
+            seq.add_block(LookupBlock.of_blocks(blocks))
+        elif what == "block":
+            seq.add_block(_block(draw, 10 * tau))
+        else:
+            vals = draw(st.sampled_from([*AWKWARD, {"n": draw(_VALUE)}]))
+            seq.append(Alert(draw(st.sampled_from(SUBS)), "loose", "trades", "z", "ENTER", 10 * tau, vals))
+    return seq
+
+
+@given(_lookups_blocks_and_runs())
+@settings(max_examples=150, deadline=None)
+def test_columns_of_lookup_blocks_are_the_columns_of_their_alerts(seq: AlertSeq) -> None:
+    """The core's lookup blocks (alone: gathered by NumPy and Arrow; among other blocks and runs:
+    joined) against their Alert objects read as one list; the entries' Python values kept."""
+    got = AlertColumns.of(seq, slot=None)
+    _same_columns(got, AlertColumns._build(list(seq)))
+    assert got.value_items == [x for a in seq for x in a.values.values()]
+    if all(isinstance(b, LookupBlock) for b in seq.blocks()):
+        assert not got.values  # no per-alert dict made
+
+
 def test_blocks_alone_with_a_label_that_is_not_a_string_are_read_as_alerts() -> None:
     seq = AlertSeq()
     seq.add_block(AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], [7], [[1, None]]))  # type: ignore[list-item]
@@ -210,6 +243,15 @@ def test_blocks_beside_a_label_that_is_not_a_string_are_read_as_alerts() -> None
     seq.add_block(AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], ["n"], [[1, None]]))
     got = AlertColumns.of(seq, slot="probe")
     assert got.values == [a.values for a in seq]  # built from the Alert objects, as before
+    assert got.values_json.to_pylist() == [json.dumps(a.values) for a in seq]
+
+
+def test_lookup_blocks_with_a_label_that_is_not_a_string_are_read_as_alerts() -> None:
+    block = AlertBlock(SUBS[1], "r2", "trades", 6, ["a", "b"], ["EXIT", "ENTER"], [7], [[1, None]])  # type: ignore[list-item]
+    seq = AlertSeq()
+    seq.add_block(LookupBlock.of_blocks([block]))
+    got = AlertColumns.of(seq, slot=None)
+    assert got.values == [a.values for a in seq] == [{7: 1}, {7: None}]  # from the Alert objects
     assert got.values_json.to_pylist() == [json.dumps(a.values) for a in seq]
 
 
