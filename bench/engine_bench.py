@@ -1055,7 +1055,7 @@ def main() -> None:
             # stopped mid-batch: rated by its finished micro-batches' own seconds, not by the rows
             # over the time allowed (which counts the unfinished batch's time against it)
             done_s = sum(res["batch_seconds"]) if not res["finished"] and res.get("batch_seconds") else None
-            res["events_per_s"] = n / (done_s if done_s and n else res["seconds"])
+            res["events_per_s"] = n / (done_s or res["seconds"])
             if not res["finished"] and not res["processed"]:  # not even its first micro-batch
                 res["below_events_per_s"] = min(a.baseline_max_offsets, a.events) / res["seconds"]
             out[f"baseline_{shape}"] = res
@@ -1064,7 +1064,7 @@ def main() -> None:
             if bs and steady:
                 print(f"steady state: Tidewatch {steady:,.0f} / baseline {bs:,.0f} = {steady / bs:,.1f}x")
             bound = res.get("below_events_per_s")
-            took = f"{done_s:.1f} s of finished micro-batches" if done_s and n else f"{res['seconds']:.1f} s"
+            took = f"{done_s:.1f} s of finished micro-batches" if done_s else f"{res['seconds']:.1f} s"
             print(
                 f"baseline ({shape}, slide {a.slide} s): {n:,} events in {took} = "
                 f"{res['events_per_s']:,.0f} events/s"
