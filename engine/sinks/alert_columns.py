@@ -264,13 +264,11 @@ class AlertColumns:
         label_at = first_label[rule[entry]] + (np.arange(len(entry), dtype=np.int64) - first_entry[entry])
         at = pa.array(rule)
         return cls(
-            subscription_id=large_utf8(list(cat(b.subscription_ids for b in blocks)), "subscription_id").take(
-                at
-            ),
-            rule_name=large_utf8(list(cat(b.rule_names for b in blocks)), "rule_name").take(at),
-            stream=large_utf8(list(cat(b.streams for b in blocks)), "stream").take(at),
-            key=large_utf8(list(cat(b.keys for b in blocks)), "key"),
-            kind=large_utf8(list(cat(b.kinds for b in blocks)), "kind"),
+            subscription_id=large_utf8(cat(b.subscription_ids for b in blocks), "subscription_id").take(at),
+            rule_name=large_utf8(cat(b.rule_names for b in blocks), "rule_name").take(at),
+            stream=large_utf8(cat(b.streams for b in blocks), "stream").take(at),
+            key=large_utf8(cat(b.keys for b in blocks), "key"),
+            kind=large_utf8(cat(b.kinds for b in blocks), "kind"),
             as_of=np.repeat(np.array([b.as_of for b in blocks], np.int64), [len(b) for b in blocks]),
             counts=counts,
             value_labels=rule_labels.take(pa.array(label_at)),

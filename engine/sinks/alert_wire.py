@@ -200,12 +200,13 @@ def encode_alerts(
         labels = pa.array([str(k) for v in c.values for k in v], pa.large_string())
     else:
         labels = c.value_labels
-    coded = labels.dictionary_encode()  # each distinct label written as an Avro string once
+    # each distinct label written as an Avro string once (a null one as an empty string, as before)
+    coded = labels.dictionary_encode(null_encoding="encode")
     kdata, koffs = utf8_buffers(coded.dictionary)
     ldata = np.empty(len(kdata) + 10 * len(coded.dictionary), np.uint8)
     loffs = np.empty(len(coded.dictionary) + 1, np.int64)
     _avro_strings(kdata, koffs, ldata, loffs)
-    lcode = np.asarray(coded.indices.fill_null(0), np.int64)
+    lcode = np.asarray(coded.indices, np.int64)
     vbits, vnull = c.value_floats
     vbytes = np.ascontiguousarray(vbits).view(np.uint8)
     present = c.present

@@ -83,6 +83,24 @@ def test_empty_batch_and_a_missing_field() -> None:
         encode_alerts([{"id": None, "subscription_id": "s", "key": "k", "kind": "ENTER", "as_of": 1}], 1, 2)
 
 
+def test_each_label_is_written_where_it_belongs_a_missing_one_as_empty() -> None:
+    """The kernel writes each distinct label once per batch and copies it per entry: every
+    entry gets its own label back, and a missing (null) label stays an empty one, as before."""
+    alerts = [
+        Alert("s", "r", "trades", "k", "ENTER", 1, {"b": 1.0, None: 2.0, "a": None}),  # type: ignore[dict-item]
+        Alert("s", "r", "trades", "k", "EXIT", 2, {"a": 3.0, "b": None}),
+    ]
+    got = encode_alerts(alerts, 1, 2)
+    assert [decode(v, "alerts")["values"] for v in got.alert_values] == [
+        {"b": 1.0, "": 2.0, "a": None},
+        {"a": 3.0, "b": None},
+    ]
+    assert [decode(v, "results")["values"] for v in got.result_values] == [
+        {"b": 1.0, "": 2.0, "a": None},
+        {"a": 3.0, "b": None},
+    ]
+
+
 def test_the_encoders_buffers_are_kept_but_not_a_storms(monkeypatch: pytest.MonkeyPatch) -> None:
     """Batch after batch the records are the same bytes in kept buffers; a buffer past
     ``KEEP_MAX_BYTES`` (an alert storm's) is not kept for the next batch."""
