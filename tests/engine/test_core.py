@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pyarrow as pa
 
 from engine.core import EngineCore
 from engine.evaluation.rules import Changes
-from engine.messages import SubscriptionChange, parse_subscription_change
+from engine.messages import Alert, SubscriptionChange, parse_subscription_change
 from engine.runtime.state_codec import allow
 from tidewatch.wire.avro import encode_batch
 
@@ -155,6 +157,33 @@ def test_alerts_equal_brute_force_backtest() -> None:
     assert [(a.kind, a.key, a.as_of) for a in alerts] == expect
     assert len({a.id for a in alerts}) == len(alerts)
     assert core.applied_until == ((max(max(ts) for _, ts in batches) - 2 * G) // G) * G
+
+
+class TableFails(BruteCount):
+    """An evaluator whose one-pass values fail (``value_table`` raises): the core asks rule by
+    rule (``values``), and every alert still goes out."""
+
+    def value_table(self, wanted: dict[str, list[str]], now: int) -> object:
+        raise RuntimeError("no table this time")
+
+    def values(self, name: str, keys: object, now: int) -> dict[str, dict[str, float | int | str | None]]:
+        return {k: {"n": len(k)} for k in cast("list[str]", keys)}
+
+
+def test_values_that_fail_in_one_pass_are_read_rule_by_rule_and_no_alert_is_lost() -> None:
+    rule = SubscriptionChange("s1", "upsert", "busy", f"{3 * G} 4")
+    got: dict[str, list[Alert]] = {}
+    for name, factory in (("brute", BruteCount), ("fails", TableFails)):
+        core = EngineCore(
+            pane_ms=G, allowed_lateness_ms=2 * G, max_future_ms=10**12,
+            evaluator_factory=factory, compile_rule=compile_rule,
+        )  # fmt: skip
+        got[name], off = [], 0
+        for b, (syms, ts) in enumerate(stream(1)):
+            got[name] += core.process(b, records(syms, ts, off), [rule] if b == 0 else []).alerts
+            off += len(ts)
+    assert got["fails"] and got["fails"] == got["brute"]
+    assert all(a.values == {"n": len(a.key)} for a in got["fails"])
 
 
 def test_late_events_are_dead_lettered_and_never_applied() -> None:
