@@ -124,6 +124,24 @@ class AlertBlock:
         ]
 
 
+def entry_layout(sizes: np.ndarray, label_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The value entries of a lookup's alerts laid out alert by alert: rule ``r`` has ``sizes[r]``
+    alerts and ``label_counts[r]`` labels (the next ones of the rules' labels, one after
+    another), each of its alerts one entry per label.  Returns ``(rule, alert, label)``: each
+    alert's rule, and for each entry its alert and the index of its label among all the rules'
+    labels -- by NumPy, no Python per rule or per alert (:class:`LookupBlock`,
+    :func:`engine.evaluation.alert_values.value_table`, the sinks' columns)."""
+    rule = np.repeat(np.arange(len(sizes)), sizes)
+    per_alert = label_counts[rule]
+    alert = np.repeat(np.arange(len(rule)), per_alert)
+    first_label = np.zeros(len(label_counts) + 1, np.int64)
+    np.cumsum(label_counts, out=first_label[1:])
+    first_entry = np.zeros(len(rule) + 1, np.int64)
+    np.cumsum(per_alert, out=first_entry[1:])
+    label = first_label[rule[alert]] + (np.arange(len(alert), dtype=np.int64) - first_entry[alert])
+    return rule, alert, label
+
+
 @dataclass(eq=False)
 class LookupBlock:
     """The alerts of MANY subscriptions at one lookup time, as flat columns (what the core makes
@@ -212,18 +230,14 @@ class LookupBlock:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def rule_of_alert(self) -> np.ndarray:
-        """Each alert's rule (an index of the per-rule columns)."""
-        return np.repeat(np.arange(len(self.sizes)), self.sizes)
-
     def compress(self, mask: Iterable[Any]) -> LookupBlock:
         """The block of the alerts whose ``mask`` entry is true, in order (rules left with no
         alert dropped): NumPy and ``itertools.compress``, no per-alert Python."""
         keep = np.fromiter(map(bool, mask), np.bool_, len(self))
-        rule = self.rule_of_alert()
+        rule, alert, _ = entry_layout(self.sizes, self.label_counts)
         sizes = np.bincount(rule[keep], minlength=len(self.sizes)).astype(np.int64)
         rules = (sizes > 0).tolist()
-        entries = np.repeat(keep, self.label_counts[rule]).tolist()
+        entries = keep[alert].tolist()
         return LookupBlock(
             self.as_of,
             list(compress(self.subscription_ids, rules)),

@@ -29,6 +29,7 @@ import numpy as np
 
 from engine.evaluation.lookup import aggregate_at
 from engine.evaluation.rules import unique_ids
+from engine.messages import entry_layout
 
 if TYPE_CHECKING:
     from engine.evaluation.rules import Rule
@@ -88,12 +89,8 @@ def value_table(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) 
     width = values.shape[1]
     if (m == width).all() and np.array_equal(cols, np.tile(np.arange(width), len(rs))):
         return ValueTable(m, labels, values.reshape(-1).tolist())  # every column, in order: as it is
-    rule = np.repeat(np.arange(len(rs)), np.diff(starts))  # alert -> its rule
-    per_alert = m[rule]
-    entry = np.repeat(np.arange(len(rule)), per_alert)  # value entry -> its alert
-    j = np.arange(len(entry), dtype=np.int64) - _starts(per_alert)[entry]
-    col = cols[_starts(m)[rule[entry]] + j]
-    flat = values.reshape(-1)[entry * width + col] if len(entry) else np.zeros(0, object)
+    _, entry, label = entry_layout(np.diff(starts), m)  # each value entry's alert and label
+    flat = values.reshape(-1)[entry * width + cols[label]] if len(entry) else np.zeros(0, object)
     return ValueTable(m, labels, flat.tolist())
 
 

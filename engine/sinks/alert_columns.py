@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.messages import Alert, AlertBlock, AlertSeq, LookupBlock
+from engine.messages import Alert, AlertBlock, AlertSeq, LookupBlock, entry_layout
 
 _S = pa.large_string()
 #: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
@@ -254,14 +254,7 @@ class AlertColumns:
             return cls._build([a for b in blocks for a in b.alerts()])
         sizes = np.concatenate([b.sizes for b in blocks]).astype(np.int64, copy=False)
         label_counts = np.concatenate([b.label_counts for b in blocks]).astype(np.int64, copy=False)
-        rule = np.repeat(np.arange(len(sizes)), sizes)  # alert -> its rule
-        counts = label_counts[rule]
-        entry = np.repeat(np.arange(len(rule)), counts)  # value entry -> its alert
-        first_label = np.zeros(len(sizes) + 1, np.int64)
-        np.cumsum(label_counts, out=first_label[1:])
-        first_entry = np.zeros(len(rule) + 1, np.int64)
-        np.cumsum(counts, out=first_entry[1:])
-        label_at = first_label[rule[entry]] + (np.arange(len(entry), dtype=np.int64) - first_entry[entry])
+        rule, _, label_at = entry_layout(sizes, label_counts)
         at = pa.array(rule)
         return cls(
             subscription_id=large_utf8(cat(b.subscription_ids for b in blocks), "subscription_id").take(at),
@@ -270,7 +263,7 @@ class AlertColumns:
             key=large_utf8(cat(b.keys for b in blocks), "key"),
             kind=large_utf8(cat(b.kinds for b in blocks), "kind"),
             as_of=np.repeat(np.array([b.as_of for b in blocks], np.int64), [len(b) for b in blocks]),
-            counts=counts,
+            counts=label_counts[rule],
             value_labels=rule_labels.take(pa.array(label_at)),
             value_items=list(chain.from_iterable(b.values for b in blocks)),  # a list of its own
             values=[],

@@ -71,15 +71,12 @@ def _put_map(out, pos, first, count, ldata, loffs, lcode, vbytes, vnull):  # typ
 
 @nb.njit(cache=True, nogil=True)
 def _avro_strings(data, offs, out, out_offs):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
-    """Each string of ``data`` / ``offs`` as an Avro string (length, bytes) into ``out``."""
+    """Each string of ``data`` / ``offs[0]`` as an Avro string (length, bytes) into ``out``."""
     pos = 0
-    for i in range(offs.shape[0] - 1):
+    for i in range(offs.shape[1] - 1):
         out_offs[i] = pos
-        pos = put_long(out, pos, np.int64(offs[i + 1] - offs[i]))
-        for j in range(offs[i], offs[i + 1]):
-            out[pos] = data[j]
-            pos += 1
-    out_offs[offs.shape[0] - 1] = pos
+        pos = _put_str(out, pos, data, offs, 0, i)
+    out_offs[offs.shape[1] - 1] = pos
     return pos
 
 
@@ -205,7 +202,7 @@ def encode_alerts(
     kdata, koffs = utf8_buffers(coded.dictionary)
     ldata = np.empty(len(kdata) + 10 * len(coded.dictionary), np.uint8)
     loffs = np.empty(len(coded.dictionary) + 1, np.int64)
-    _avro_strings(kdata, koffs, ldata, loffs)
+    _avro_strings(kdata, koffs.reshape(1, -1), ldata, loffs)
     lcode = np.asarray(coded.indices, np.int64)
     vbits, vnull = c.value_floats
     vbytes = np.ascontiguousarray(vbits).view(np.uint8)
