@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain, compress, islice
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, overload
 
@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 #: time past ``engine_alert_cap_per_lookup`` were withheld from the alert log
 CAPPED = "CAPPED"
 _AS_OF = attrgetter("as_of")
+
+#: an alert value's type, as a tag beside its double (a lookup's values, :class:`LookupBlock`; the
+#: rows of ``engine_outputs``, :mod:`engine.sinks.output_block`): None, an int, a float
+NULL, INT, FLOAT = 0, 1, 2
+_TAG_OF: dict[type, int] = {type(None): NULL, int: INT, float: FLOAT}
+#: ints whose double is exact (|x| < 2**53): what an INT tag can stand for
+_EXACT_INT = 2.0**53
 
 
 @dataclass
@@ -124,6 +131,41 @@ class AlertBlock:
         ]
 
 
+def value_tags(values: list[Any]) -> np.ndarray | None:
+    """The tag (:data:`NULL`, :data:`INT`, :data:`FLOAT`) of each of ``values`` by its type, or
+    None when one is of another type (a bool, a NumPy number, a str...)."""
+    tags = np.fromiter(map(_TAG_OF.get, map(type, values), repeat(-1)), np.int8, len(values))
+    return None if (tags < 0).any() else tags
+
+
+def typed_values(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as ``(doubles, tags)`` (:func:`typed_objects` gives them back): each value's
+    double (0.0 for None) and its type's tag; ValueError when one is not None, an int a double
+    holds exactly or a float."""
+    tags = value_tags(values)
+    if tags is None:
+        raise ValueError("a lookup's values are None, int or float")
+    doubles = np.array([0.0 if v is None else float(v) for v in values], np.float64)
+    if not ints_exact(doubles, tags):
+        raise ValueError("an int of a lookup's values is past 2**53: a double does not hold it exactly")
+    return doubles, tags
+
+
+def ints_exact(doubles: np.ndarray, tags: np.ndarray) -> bool:
+    """Whether every value tagged :data:`INT` is an int its double holds exactly (|x| < 2**53)."""
+    return not bool((np.abs(doubles[tags == INT]) >= _EXACT_INT).any())
+
+
+def typed_objects(doubles: np.ndarray, tags: np.ndarray) -> np.ndarray:
+    """The values ``(doubles, tags)`` say, as an object array of Python numbers: None, ``int``
+    and ``float`` by their tags."""
+    out = np.full(len(doubles), None, dtype=object)
+    f, i = tags == FLOAT, tags == INT
+    out[f] = doubles[f]  # Python floats
+    out[i] = doubles[i].astype(np.int64)  # Python ints
+    return out
+
+
 def entry_layout(sizes: np.ndarray, label_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The value entries of a lookup's alerts laid out alert by alert: rule ``r`` has ``sizes[r]``
     alerts and ``label_counts[r]`` labels (the next ones of the rules' labels, one after
@@ -152,8 +194,11 @@ class LookupBlock:
     Rule ``r`` (``subscription_ids[r]``, ``rule_names[r]``, ``streams[r]``) has ``sizes[r]``
     alerts, the next ones of ``keys`` / ``kinds``, and ``label_counts[r]`` labels, the next ones of
     ``labels``; alert ``i`` of rule ``r`` carries ``label_counts[r]`` values, the next ones of
-    ``values``, in its rule's label order: ``Alert(..., values=dict(zip(its labels, its values)))``
-    (:func:`engine.evaluation.alert_values.value_table`)."""
+    ``doubles`` / ``tags``, in its rule's label order: ``Alert(..., values=dict(zip(its labels, its
+    values)))`` (:func:`engine.evaluation.alert_values.value_table`).  The values are typed
+    doubles, not Python objects: each one's double and its type's tag (:data:`NULL`, :data:`INT`,
+    :data:`FLOAT`), so that the sinks take them as arrays (:attr:`values` makes the objects, for a
+    reader that asks)."""
 
     as_of: int
     subscription_ids: list[str]
@@ -164,7 +209,8 @@ class LookupBlock:
     kinds: list[str]
     label_counts: np.ndarray
     labels: list[str]
-    values: list[Any]
+    doubles: np.ndarray
+    tags: np.ndarray
 
     def __post_init__(self) -> None:
         n_rules, n = len(self.subscription_ids), len(self.keys)
@@ -178,7 +224,7 @@ class LookupBlock:
             or int(self.label_counts.sum()) != len(self.labels)
         ):
             raise ValueError("a lookup block's alerts or labels do not add up")
-        if int(np.dot(self.sizes, self.label_counts)) != len(self.values):
+        if not int(np.dot(self.sizes, self.label_counts)) == len(self.doubles) == len(self.tags):
             raise ValueError("a lookup block's values do not fit its alerts' labels")
 
     @classmethod
@@ -189,7 +235,8 @@ class LookupBlock:
         infos: list[RuleInfo],
         label_counts: np.ndarray,
         labels: list[str],
-        values: list[Any],
+        doubles: np.ndarray,
+        tags: np.ndarray,
     ) -> LookupBlock:
         """The block of ``changes`` (``{subscription: (keys, kinds)}``, in order) of the rules
         ``infos`` (in the same order), with their labels and values as
@@ -205,13 +252,16 @@ class LookupBlock:
             list(chain.from_iterable(map(itemgetter(1), pairs))),
             label_counts,
             labels,
-            values,
+            doubles,
+            tags,
         )
 
     @classmethod
     def of_blocks(cls, blocks: list[AlertBlock]) -> LookupBlock:
         """The one block of ``blocks`` (one subscription each, all at one lookup time), their
-        alerts in order: what the core makes of a lookup (tests, ``bench/delivery_bench.py``)."""
+        alerts in order: what the core makes of a lookup (tests, ``bench/delivery_bench.py``);
+        ValueError when a value is not None, an int a double holds exactly or a float
+        (:func:`typed_values`)."""
         if len({b.as_of for b in blocks}) > 1:
             raise ValueError("the blocks of one lookup block have one lookup time")
         return cls(
@@ -224,7 +274,7 @@ class LookupBlock:
             [k for b in blocks for k in b.kinds],
             np.array([len(b.labels) for b in blocks], np.int64),
             [label for b in blocks for label in b.labels],
-            [v for b in blocks for row in zip(*b.columns, strict=True) for v in row],
+            *typed_values([v for b in blocks for row in zip(*b.columns, strict=True) for v in row]),
         )
 
     def __len__(self) -> int:
@@ -237,7 +287,7 @@ class LookupBlock:
         rule, alert, _ = entry_layout(self.sizes, self.label_counts)
         sizes = np.bincount(rule[keep], minlength=len(self.sizes)).astype(np.int64)
         rules = (sizes > 0).tolist()
-        entries = keep[alert].tolist()
+        entries = keep[alert]
         return LookupBlock(
             self.as_of,
             list(compress(self.subscription_ids, rules)),
@@ -248,8 +298,14 @@ class LookupBlock:
             list(compress(self.kinds, keep.tolist())),
             self.label_counts[sizes > 0],
             list(compress(self.labels, np.repeat(sizes > 0, self.label_counts).tolist())),
-            list(compress(self.values, entries)),
+            self.doubles[entries],
+            self.tags[entries],
         )
+
+    @property
+    def values(self) -> list[Any]:
+        """The values as Python objects (None, ``int``, ``float``), alert by alert."""
+        return typed_objects(self.doubles, self.tags).tolist()  # type: ignore[no-any-return]
 
     def alerts(self) -> list[Alert]:
         """The block's :class:`Alert` objects (each with its own values dict)."""

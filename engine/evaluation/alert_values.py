@@ -11,11 +11,14 @@ everything else over all the lookup's alerts at once --
 * each (alert, aggregate) pair to its *signature* (structure, aggregate text): a table of the
   rules' signatures indexed by each alert's rule, the pairs grouped by a radix sort;
 * each signature read once, for the distinct key ids of all its pairs
-  (:func:`engine.evaluation.lookup.aggregate_at`), converted to Python numbers once (COUNT and
-  COUNT DISTINCT as ``int``, NULL -- NaN -- as ``None``) and scattered into one object matrix.
+  (:func:`engine.evaluation.lookup.aggregate_at`), and scattered into one matrix of doubles with
+  one of type tags beside it (COUNT and COUNT DISTINCT as ``int``, others as ``float``, NULL --
+  NaN -- as ``None``: :data:`engine.messages.INT` ...).
 
-The result is what :meth:`engine.evaluation.evaluator.Evaluator.value_columns` promises; the brute
-force it is checked against (one rule and one key at a time) is in
+:func:`value_table` hands the lookup's block those arrays as they are (no Python object per
+value: the sinks read them as arrays); :func:`value_columns` makes the Python numbers, rule by
+rule.  The result is what :meth:`engine.evaluation.evaluator.Evaluator.value_columns` promises;
+the brute force it is checked against (one rule and one key at a time) is in
 ``tests/engine/evaluation/test_alert_values.py``.
 """
 
@@ -29,7 +32,7 @@ import numpy as np
 
 from engine.evaluation.lookup import aggregate_at
 from engine.evaluation.rules import unique_ids
-from engine.messages import entry_layout
+from engine.messages import FLOAT, INT, NULL, entry_layout, typed_objects
 
 if TYPE_CHECKING:
     from engine.evaluation.rules import Rule
@@ -43,12 +46,15 @@ ValueColumns = dict[str, tuple[list[str], list[list[Any]]]]
 class ValueTable(NamedTuple):
     """The values of a lookup's alerts for many rules as flat columns (:func:`value_table`): rule
     ``i`` of ``wanted`` has ``label_counts[i]`` labels, ``labels`` holding every rule's one after
-    another; ``values`` holds every alert's values one after another -- the rules in the order of
-    ``wanted``, each rule's keys in their order, each alert's values in its rule's label order."""
+    another; ``doubles`` and ``tags`` hold every alert's values one after another -- the rules in
+    the order of ``wanted``, each rule's keys in their order, each alert's values in its rule's
+    label order -- as typed doubles (:func:`engine.messages.typed_objects` makes them Python
+    numbers)."""
 
     label_counts: np.ndarray
     labels: list[str]
-    values: list[Any]
+    doubles: np.ndarray
+    tags: np.ndarray
 
 
 def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) -> ValueColumns:
@@ -61,7 +67,8 @@ def value_columns(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int
     Rules reading the same aggregate share one read over the union of their keys."""
     if not wanted:
         return {}
-    rs, starts, values = _matrix(rules, wanted, now)
+    rs, starts, doubles, tags = _matrix(rules, wanted, now)
+    values = typed_objects(doubles.reshape(-1), tags.reshape(-1)).reshape(doubles.shape)
     out: ValueColumns = {}
     for i, (name, rule) in enumerate(zip(wanted, rs, strict=True)):
         labels, at = _layout(rule)
@@ -80,18 +87,18 @@ def value_table(rules: dict[str, Rule], wanted: dict[str, list[str]], now: int) 
     rule or per label): what a lookup's alerts carry as one block
     (:class:`engine.messages.LookupBlock`)."""
     if not wanted:
-        return ValueTable(np.zeros(0, np.int64), [], [])
-    rs, starts, values = _matrix(rules, wanted, now)
+        return ValueTable(np.zeros(0, np.int64), [], np.zeros(0, np.float64), np.zeros(0, np.int8))
+    rs, starts, doubles, tags = _matrix(rules, wanted, now)
     layouts = [_layout(r) for r in rs]
     m = np.fromiter(map(len, map(itemgetter(1), layouts)), np.int64, len(rs))
     cols = np.fromiter(chain.from_iterable(map(itemgetter(1), layouts)), np.int64, int(m.sum()))
     labels = list(chain.from_iterable(map(itemgetter(0), layouts)))
-    width = values.shape[1]
+    width = doubles.shape[1]
     if (m == width).all() and np.array_equal(cols, np.tile(np.arange(width), len(rs))):
-        return ValueTable(m, labels, values.reshape(-1).tolist())  # every column, in order: as it is
+        return ValueTable(m, labels, doubles.reshape(-1), tags.reshape(-1))  # every column, in order
     _, entry, label = entry_layout(np.diff(starts), m)  # each value entry's alert and label
-    flat = values.reshape(-1)[entry * width + cols[label]] if len(entry) else np.zeros(0, object)
-    return ValueTable(m, labels, flat.tolist())
+    at = entry * width + cols[label]
+    return ValueTable(m, labels, doubles.reshape(-1)[at], tags.reshape(-1)[at])
 
 
 def _starts(n: np.ndarray) -> np.ndarray:
@@ -113,17 +120,19 @@ def _layout(rule: Rule) -> tuple[list[str], list[int]]:
 
 def _matrix(
     rules: dict[str, Rule], wanted: dict[str, list[str]], now: int
-) -> tuple[list[Rule], np.ndarray, np.ndarray]:
-    """``(rules, starts, values)``: the rules of ``wanted`` in its order, where each one's alerts
-    start (``starts[i]:starts[i + 1]``, the keys of ``wanted[name]`` in order) and the object
-    matrix of every alert's aggregates (row: alert, column: the rule's aggregate ``j``)."""
+) -> tuple[list[Rule], np.ndarray, np.ndarray, np.ndarray]:
+    """``(rules, starts, doubles, tags)``: the rules of ``wanted`` in its order, where each one's
+    alerts start (``starts[i]:starts[i + 1]``, the keys of ``wanted[name]`` in order) and the
+    matrices of every alert's aggregates (row: alert, column: the rule's aggregate ``j``) as
+    doubles and their type tags (:func:`_read`; past a rule's last aggregate: 0.0, NULL)."""
     rs = [rules[n] for n in wanted]
     starts = _starts(np.fromiter(map(len, wanted.values()), np.int64, len(rs)))
     ids = _key_ids(rs, wanted, starts)
     sig_of, sigs = _signatures(rs)
     width = sig_of.shape[1]
-    values = np.empty((int(starts[-1]), width), dtype=object)
-    if values.size:
+    doubles = np.zeros((int(starts[-1]), width), np.float64)
+    tags = np.full((int(starts[-1]), width), NULL, np.int8)
+    if doubles.size:
         pair_sig = sig_of[
             np.repeat(np.arange(len(rs)), np.diff(starts))
         ].ravel()  # (alert, aggregate) -> signature
@@ -132,12 +141,12 @@ def _matrix(
         order = np.argsort(pair_sig, kind="stable")
         # sorted, signature g's pairs are order[cut[g]:cut[g + 1]] (the padding, -1, first)
         cut = np.cumsum(np.bincount(pair_sig.astype(np.intp) + 1, minlength=len(sigs) + 1))
-        flat = values.reshape(-1)
+        flat, flat_tags = doubles.reshape(-1), tags.reshape(-1)
         for g, (s, spec) in enumerate(sigs):
             pos = order[cut[g] : cut[g + 1]]
             if pos.shape[0]:
-                flat[pos] = _read(spec, s, ids[pos // width], now)
-    return rs, starts, values
+                flat[pos], flat_tags[pos] = _read(spec, s, ids[pos // width], now)
+    return rs, starts, doubles, tags
 
 
 def _key_ids(rs: list[Rule], wanted: dict[str, list[str]], starts: np.ndarray) -> np.ndarray:
@@ -186,15 +195,16 @@ def _signatures(rs: list[Rule]) -> tuple[np.ndarray, list[tuple[Structure, AggSp
     return np.asarray(flat, np.int64).reshape(len(rs), width), sigs
 
 
-def _read(spec: AggSpec, s: Structure, ids: np.ndarray, now: int) -> np.ndarray:
-    """The aggregate ``spec`` of structure ``s`` for key ids ``ids`` at ``now`` as an object array
-    of Python numbers: COUNT / COUNT DISTINCT as ``int``, others as ``float``, NULL as ``None``;
-    read once per distinct id."""
+def _read(spec: AggSpec, s: Structure, ids: np.ndarray, now: int) -> tuple[np.ndarray, np.ndarray]:
+    """The aggregate ``spec`` of structure ``s`` for key ids ``ids`` at ``now`` as ``(doubles,
+    tags)``: COUNT / COUNT DISTINCT tagged ``int`` (their doubles truncated, as ``int()`` would),
+    others ``float``, NULL (NaN) tagged ``None`` with 0.0; read once per distinct id."""
     u, inv = unique_ids(ids)
     x = np.asarray(aggregate_at(spec, s, u, now), np.float64)[inv.reshape(-1)]
     nan = np.isnan(x)
     integral = spec.func in ("COUNT", "DISTINCT")
-    o: np.ndarray = (np.where(nan, 0, x).astype(np.int64) if integral else x).astype(object)
+    tags = np.full(len(x), INT if integral else FLOAT, np.int8)
     if nan.any():
-        o[nan] = None
-    return o
+        x = np.where(nan, 0.0, x)
+        tags[nan] = NULL
+    return (np.trunc(x) if integral else x), tags

@@ -22,7 +22,6 @@ expansion writes the same text the inline write did (tests/engine/sinks/test_out
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -62,28 +61,18 @@ class OutputRow:
     removed: list[str]
 
 
-#: an alert value's type -> its tag in the items table (any other type: the JSON text is stored)
-_TAGS: dict[type, int] = {type(None): 0, int: 1, float: 2}
-_NULL, _INT, _FLOAT = 0, 1, 2
-#: an int whose double is exact (its JSON text is then ``repr(int(double))``)
-_EXACT_INT = 2.0**53
-
-
 def _typed(cols: AlertColumns) -> tuple[pa.Table, pa.Table] | None:
     """``cols`` as the two tables of a row, values as typed doubles: one row per alert (its
     strings dictionary-encoded, ``as_of``, its value entries' count) and one per value entry (its
     label, the double's bits, the Python type's tag: None / int / float), so that the values'
     JSON text -- the expansion's work -- is not computed on the commit's path.  None when a value
-    cannot be said that way (another type, an int past 2**53, labels that are not ``str``)."""
-    items = cols.value_items
-    if cols.value_labels is None or items is None:
-        return None
-    tags = np.fromiter(map(_TAGS.get, map(type, items), repeat(-1)), np.int8, len(items))
-    if (tags < 0).any():
+    cannot be said that way (another type, an int past 2**53, labels that are not ``str``): the
+    tags are :attr:`AlertColumns.value_tags <engine.sinks.alert_columns.AlertColumns.value_tags>`,
+    the core's own when it gave them (:class:`~engine.messages.LookupBlock`)."""
+    tags = cols.value_tags
+    if cols.value_labels is None or tags is None:
         return None
     bits, _ = cols.value_floats
-    if (np.abs(bits[tags == _INT].view(np.float64)) >= _EXACT_INT).any():
-        return None
     rows = pa.table(
         {
             "subscription_id": cols.subscription_id.dictionary_encode(),
@@ -111,13 +100,7 @@ def _from_typed(rows: pa.Table, vals: pa.Table) -> AlertColumns:
     <engine.sinks.alert_columns.AlertColumns.values_json>`: the text the batch in memory gives)."""
     bits = np.asarray(table_column(vals, "bits"), np.uint64)
     tags = np.asarray(table_column(vals, "tag"), np.int8)
-    doubles = bits.view(np.float64)
-    items = np.full(len(bits), None, dtype=object)
-    items[tags == _FLOAT] = doubles[tags == _FLOAT]  # Python floats
-    items[tags == _INT] = doubles[tags == _INT].astype(np.int64)  # Python ints
-    out = AlertColumns.from_rows(rows, vals, items.tolist())
-    out.__dict__["value_floats"] = (bits, tags == _NULL)
-    return out
+    return AlertColumns.from_rows(rows, vals, (bits.view(np.float64), tags))
 
 
 def _encode(cols: AlertColumns) -> tuple[bytes, bytes]:

@@ -4,13 +4,15 @@ under every list operation the engine and its tests use, against a plain list as
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock, typed_objects, typed_values
 
 LABELS = ["COUNT(*) OVER LAST 10 SECONDS", "SUM(size) OVER LAST 5 SECONDS"]
 
@@ -158,13 +160,16 @@ def test_a_lookup_block_whose_columns_do_not_add_up_is_refused() -> None:
     b = LookupBlock.of_blocks([_block(1, 2, True)])
     with pytest.raises(ValueError, match="alerts or labels"):
         LookupBlock(b.as_of, b.subscription_ids, b.rule_names, b.streams, b.sizes, b.keys[:1],
-                    b.kinds[:1], b.label_counts, b.labels, b.values)  # fmt: skip
+                    b.kinds[:1], b.label_counts, b.labels, b.doubles, b.tags)  # fmt: skip
     with pytest.raises(ValueError, match="values"):
         LookupBlock(b.as_of, b.subscription_ids, b.rule_names, b.streams, b.sizes, b.keys, b.kinds,
-                    b.label_counts, b.labels, b.values[:-1])  # fmt: skip
+                    b.label_counts, b.labels, b.doubles[:-1], b.tags[:-1])  # fmt: skip
+    with pytest.raises(ValueError, match="values"):
+        LookupBlock(b.as_of, b.subscription_ids, b.rule_names, b.streams, b.sizes, b.keys, b.kinds,
+                    b.label_counts, b.labels, b.doubles, b.tags[:-1])  # fmt: skip
     with pytest.raises(ValueError, match="per-rule"):
         LookupBlock(b.as_of, b.subscription_ids, [], b.streams, b.sizes, b.keys, b.kinds,
-                    b.label_counts, b.labels, b.values)  # fmt: skip
+                    b.label_counts, b.labels, b.doubles, b.tags)  # fmt: skip
     with pytest.raises(ValueError, match="one lookup time"):
         LookupBlock.of_blocks([_block(1, 2, True), _block(2, 2, True)])
 
@@ -174,3 +179,27 @@ def test_a_batch_output_keeps_its_alerts_as_a_seq() -> None:
     assert isinstance(out.alerts, AlertSeq) and out.alerts == [Alert("s", "r", "trades", "k", "ENTER", 1)]
     assert isinstance(BatchOutput(4).alerts, AlertSeq) and not BatchOutput(4).alerts
     assert out.result_changes() is out.alerts
+
+
+TYPED = st.one_of(st.none(), st.integers(-(2**53) + 1, 2**53 - 1), st.floats(allow_nan=True, width=64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(TYPED, max_size=30))
+def test_typed_values_give_back_the_python_numbers_they_were(values: list[Any]) -> None:
+    """A lookup's values as typed doubles and back: the same numbers, of the same Python types
+    (None, int, float; -0.0 and NaN included)."""
+    doubles, tags = typed_values(values)
+    back = typed_objects(doubles, tags).tolist()
+    assert list(map(type, back)) == list(map(type, values))
+    for x, y in zip(back, values, strict=True):
+        assert x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+        assert not isinstance(x, float) or math.copysign(1, x) == math.copysign(1, y)
+
+
+@pytest.mark.parametrize("value", [True, 2**53, -(2**53), np.float64(1.5), "1", 10**30])
+def test_a_value_typed_doubles_cannot_say_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match="None, int or float|2\\*\\*53"):
+        typed_values([1, value])
+    with pytest.raises(ValueError):
+        LookupBlock.of_blocks([AlertBlock("s", "r", "trades", 1, ["k"], ["ENTER"], ["n"], [[value]])])

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.evaluation.evaluator import Evaluator
+from engine.messages import typed_objects
 from subscriptions.compiler import compile_rule
 from tidewatch.settings import get_settings
 
@@ -108,7 +109,12 @@ def test_value_columns_equal_a_brute_force_over_the_events(
     assert table.label_counts.tolist() == [len(got[n][0]) for n in wanted]
     assert table.labels == [label for n in wanted for label in got[n][0]]
     want_values = [v for n in wanted for row in zip(*got[n][1], strict=True) for v in row]
-    assert len(table.values) == len(want_values)
-    assert all(_same(a, b) for a, b in zip(table.values, want_values, strict=True))
+    got_values = typed_objects(table.doubles, table.tags).tolist()
+    assert len(got_values) == len(want_values)
+    assert all(_same(a, b) for a, b in zip(got_values, want_values, strict=True))
     empty = e.value_table({}, NOW)
-    assert empty.label_counts.tolist() == [] and empty.labels == [] and empty.values == []
+    assert (
+        empty.label_counts.tolist() == []
+        and empty.labels == []
+        and len(empty.doubles) == len(empty.tags) == 0
+    )

@@ -225,9 +225,15 @@ def test_columns_of_lookup_blocks_are_the_columns_of_their_alerts(seq: AlertSeq)
     joined) against their Alert objects read as one list; the entries' Python values kept."""
     got = AlertColumns.of(seq, slot=None)
     _same_columns(got, AlertColumns._build(list(seq)))
-    assert got.value_items == [x for a in seq for x in a.values.values()]
+    want = [x for a in seq for x in a.values.values()]
+    assert got.value_items == want and list(map(type, got.value_items or ())) == list(map(type, want))
+    tags = [{type(None): 0, int: 1, float: 2}.get(type(x)) for x in want]  # None / int / float
+    typed = None not in tags and all(abs(x) < 2**53 for x in want if type(x) is int)
+    assert (got.value_tags is not None) == typed
+    assert not typed or got.value_tags is not None and got.value_tags.tolist() == tags
     if all(isinstance(b, LookupBlock) for b in seq.blocks()):
         assert not got.values  # no per-alert dict made
+        assert got.typed is not None or not len(seq)  # nor a Python object per value
 
 
 def test_blocks_alone_with_a_label_that_is_not_a_string_are_read_as_alerts() -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput
+from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
 from engine.sinks.alert_columns import AlertColumns, values_json
 from engine.sinks.output_block import decode, encode, expands, with_columns
 
@@ -27,8 +27,9 @@ number = st.one_of(
 
 @st.composite
 def outputs(draw: Any) -> BatchOutput:
-    """Alerts as the core makes them (blocks of one subscription and lookup time) and as objects,
-    CAPPED records among them, maybe withheld changes and removed subscriptions."""
+    """Alerts as the core makes them (one block of typed values per lookup time, or a block of one
+    subscription and lookup time) and as objects, CAPPED records among them, maybe withheld
+    changes and removed subscriptions."""
     seq = AlertSeq()
     for t in range(draw(st.integers(0, 4))):
         sid = draw(st.sampled_from(["s1", "00000000-0000-0000-0000-000000000002", "ü"]))
@@ -36,7 +37,11 @@ def outputs(draw: Any) -> BatchOutput:
         labels = draw(st.lists(st.sampled_from(LABELS), max_size=3, unique=True))
         kinds = [draw(st.sampled_from(["ENTER", "EXIT"])) for _ in keys]
         cols = [[draw(number) for _ in keys] for _ in labels]
-        seq.add_block(AlertBlock(sid, f"rule {sid}", "trades", 1000 * t, keys, kinds, labels, cols))
+        block = AlertBlock(sid, f"rule {sid}", "trades", 1000 * t, keys, kinds, labels, cols)
+        try:  # the core's lookup block, when its values are typed doubles (ints below 2**53)
+            seq.add_block(LookupBlock.of_blocks([block]) if draw(st.booleans()) else block)
+        except ValueError:
+            seq.add_block(block)
         if draw(st.booleans()):
             seq.append(Alert(sid, "r", "packets", "10.0.0.1", "CAPPED", 1000 * t, {"withheld": 3}))
     withheld = [
