@@ -30,7 +30,11 @@ and 34073b8 (``write_copy`` and the per-alert encoder against the columns).
 Each side writes to a database of its own (the same alerts, so the tables grow alike, at the
 schema of head) with its own transactional id; each delivers its own copy of the batch's alert
 list (the columns cached for one list are not the other's); the two sides alternate, and the
-median of ``--repeat`` batches per size is printed.  Real services: an embedded PostgreSQL and
+median of ``--repeat`` batches per size is printed.  Before them ``--warm-up`` batches (30 by
+default) of the largest size go through each side untimed: a fresh broker's CPU per 20,000-alert
+batch falls from ≈ 115 to ≈ 40 CPU-ms over its first ≈ 30 such batches (its JIT; Dec 1), and the
+engine's broker is warm from the input streams it takes all day.  ``--warm-up 0`` times a cold
+broker, as every run before Dec 1 did (one 200-alert batch per side first).  Real services: an embedded PostgreSQL and
 Kafka broker started here (:mod:`tidewatch.stack.embedded`, free ports, temporary run dir,
 stopped by PID at the end), or ``--database-url`` / ``--bootstrap``.
 
@@ -220,6 +224,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,20000", help="alerts per batch")
     ap.add_argument("--repeat", type=int, default=5, help="batches per size and side (median shown)")
+    ap.add_argument(
+        "--warm-up",
+        type=int,
+        default=30,
+        help="batches of the largest size delivered through each side, untimed, before the timed "
+        "ones (a fresh broker's JIT: 0 times a cold broker)",
+    )
     ap.add_argument("--subscriptions", type=int, default=10_000)
     ap.add_argument("--keys", type=int, default=5_000)
     ap.add_argument(
@@ -256,6 +267,15 @@ def main() -> None:
             for side in sides:  # connections, the encoder's kernel, the producer, the threads
                 side.deliver(warm)
             k = 0  # batches made: each gets its own as_of range (no alert id repeats)
+            if a.warm_up > 0 and sizes:
+                print(f"warming up: {a.warm_up} batches of {max(sizes):,} alerts through each side, untimed",
+                      flush=True)  # fmt: skip
+            for _ in range(a.warm_up if sizes else 0):  # the broker's JIT, PostgreSQL's caches
+                k += 1
+                out = make_batch(k, max(sizes), a.subscriptions, a.keys, seed=k)
+                for side in sides:
+                    side.deliver(out)
+                alone.publish(k, AlertColumns.of(copy_of(out.alerts), slot=None))
             for n in sizes:
                 per: dict[str, dict[str, list[float]]] = {s.name: {p: [] for p in PARTS} for s in sides}
                 per["kafka alone"] = {"kafka": []}
