@@ -145,9 +145,13 @@ def typed_values(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     tags = value_tags(values)
     if tags is None:
         raise ValueError("a lookup's values are None, int or float")
-    doubles = np.array([0.0 if v is None else float(v) for v in values], np.float64)
+    past = "an int of a lookup's values is past 2**53: a double does not hold it exactly"
+    try:
+        doubles = np.array([0.0 if v is None else float(v) for v in values], np.float64)
+    except OverflowError:  # an int past a double's range at all
+        raise ValueError(past) from None
     if not ints_exact(doubles, tags):
-        raise ValueError("an int of a lookup's values is past 2**53: a double does not hold it exactly")
+        raise ValueError(past)
     return doubles, tags
 
 

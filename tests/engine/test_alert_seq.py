@@ -197,7 +197,7 @@ def test_typed_values_give_back_the_python_numbers_they_were(values: list[Any]) 
         assert not isinstance(x, float) or math.copysign(1, x) == math.copysign(1, y)
 
 
-@pytest.mark.parametrize("value", [True, 2**53, -(2**53), np.float64(1.5), "1", 10**30])
+@pytest.mark.parametrize("value", [True, 2**53, -(2**53), np.float64(1.5), "1", 10**30, 10**400, -(10**400)])
 def test_a_value_typed_doubles_cannot_say_is_refused(value: Any) -> None:
     with pytest.raises(ValueError, match="None, int or float|2\\*\\*53"):
         typed_values([1, value])
