@@ -10,7 +10,8 @@ from the batch's columns shared with the PostgreSQL commit) and produced by two 
 the prebuilt bytes (``Producer.produce`` takes one record per call: the floor of the Python API;
 ``produce_batch`` measured no faster, its per-record dicts costing what the calls save).  The
 producer reports deliveries only when they fail (``delivery.report.only.error``): no Python
-callback per delivered record.  The same
+callback per delivered record (confluent-kafka's C trampoline still takes the GIL once per
+delivery report, docs/engine.md).  The same
 transaction commits a *progress marker*: the offset ``batch_id + 1`` of a private
 consumer group on partition 0 of ``alerts`` (``send_offsets_to_transaction``), so the
 marker is visible exactly when the batch's records are.  After a crash the engine reads
