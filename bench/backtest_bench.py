@@ -210,14 +210,14 @@ def workload(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]
     # lookup for all its rules), each for at most --naive-budget CPU seconds, each against shared
     # over the lookups it got through
     for strategy in ("naive", "scan"):
-        nv = run_eval(rules_path, name, ev_path, strategy, args.naive_budget)
-        L = len(nv["cpu"])  # type: ignore[arg-type]
-        ev_n = nv["events"][L - 1]  # type: ignore[index]
-        s_cpu, n_cpu = sh["cpu"][L - 1], nv["cpu"][L - 1]  # type: ignore[index]
-        same = sh["alerts"][:L] == nv["alerts"]  # type: ignore[index]
+        other = run_eval(rules_path, name, ev_path, strategy, args.naive_budget)
+        L = len(other["cpu"])  # type: ignore[arg-type]
+        ev_n = other["events"][L - 1]  # type: ignore[index]
+        s_cpu, n_cpu = sh["cpu"][L - 1], other["cpu"][L - 1]  # type: ignore[index]
+        same = sh["alerts"][:L] == other["alerts"]  # type: ignore[index]
         ratio = n_cpu / s_cpu
         s_look = float(np.mean(sh["lookup_cpu"][:L])) * 1000  # type: ignore[index]
-        n_look = float(np.mean(nv["lookup_cpu"])) * 1000  # type: ignore[arg-type]
+        n_look = float(np.mean(other["lookup_cpu"])) * 1000  # type: ignore[arg-type]
         full = "all" if L == len(sh["cpu"]) else "the first"  # type: ignore[arg-type]
         print(f"[{name}] evaluation only (CPU), {full} {L} lookups ({ev_n:,} events): "
               f"shared {s_cpu:.2f} s = {ev_n / s_cpu:,.0f} events/s ({s_look:.1f} ms per lookup of {args.rules} rules) | "
