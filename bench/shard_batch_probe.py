@@ -4,11 +4,15 @@ Runs ``bench/engine_bench.py`` (its arguments passed on unchanged, e.g. ``--live
 in this process with the steps of :meth:`engine.shards.engine.ShardedEngine.on_batch` timed by
 ``time.thread_time()`` around each call: the whole ``on_batch``, the shards' rows decoded
 (``decode_output``), merged (``merge_outputs``), the check of the last committed batch
-(``Store.last_committed``), the delivery (``Delivery.deliver``: ``Store.commit``, the Kafka
-transaction's ``Publisher.commit``) and the expansion behind it (``Store.project``, its own
-thread).  What ``on_batch`` takes beyond its timed parts is Spark's job for the shards' rows and
-``toArrow``, the metrics and the log line.  At exit prints, per step, CPU seconds, calls and CPU ms
-per call::
+(``Store.last_committed``), the delivery (``ShardedEngine._deliver``, of which
+``Delivery.deliver``: ``Store.commit``, the Kafka transaction's ``Publisher.commit``), the Kafka
+records produced meanwhile (``Publisher.begin`` on the producing thread, which waits for
+``Publisher._produce`` on a short-lived thread of its own; of that, ``encode_alerts``: the Avro
+records) and the expansion behind it (``Store.project``, its own thread).  What ``on_batch``
+takes beyond its timed parts is Spark's job for the shards' rows and ``toArrow``, the metrics and
+the log line.  At exit prints, per step, CPU seconds, calls and CPU ms per call, and the CPU
+seconds of the threads alive at the 2-s samples, by name (librdkafka's among them; a thread that
+lives between two samples is missed: hence the timed ``_produce``)::
 
     TIDEWATCH_SPARK_MASTER="local-cluster[2,1,3072]" .venv/bin/python bench/shard_batch_probe.py \\
         --live 120 --rules 10 --keys 100000 --stream trades --rate 50000 --lateness-ms 500 \\
@@ -21,8 +25,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
+import re
 import runpy
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import engine.shards.engine as sharded  # noqa: E402
+from engine.sinks import publish  # noqa: E402
 from engine.sinks.deliver import Delivery  # noqa: E402
 from engine.sinks.publish import Publisher  # noqa: E402
 from engine.sinks.store import Store  # noqa: E402
@@ -55,12 +63,40 @@ def timed(owner: Any, name: str, label: str) -> None:
     setattr(owner, name, wrapper)
 
 
+#: per OS thread of this process, (its name, the CPU seconds it had used when last seen)
+threads: dict[int, tuple[str, float]] = {}
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def sample_threads(every_s: float = 2.0) -> None:
+    """Note every thread's name and CPU (``/proc/self/task``: ``comm``, ``utime + stime``; the
+    name Python gave it when it is a Python thread) every ``every_s``: threads that end (a closed
+    producer's) keep their last figure."""
+    while True:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+                comm = (task / "comm").read_text().strip()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            tid = int(task.name)
+            threads[tid] = (names.get(tid, comm), (int(fields[11]) + int(fields[12])) / _TICK)
+        time.sleep(every_s)
+
+
 def report() -> None:
     for label, s in sorted(cpu.items(), key=lambda kv: -kv[1]):
         n = calls[label]
         print(
             f"step {label}: {s:.3f} CPU-s over {n} calls, {s / max(n, 1) * 1000:.2f} CPU-ms each", flush=True
         )
+    by_name: dict[str, float] = collections.defaultdict(float)
+    for name, sec in threads.values():
+        by_name[re.sub(r"[-_ ]?\d+$", "", name)] += sec
+    print("threads (CPU-s from the process's start, by name, numbers dropped): " + ", ".join(
+        f"{n} {s:.2f}" for n, s in sorted(by_name.items(), key=lambda kv: -kv[1])[:14]), flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -72,7 +108,12 @@ def main() -> None:
     timed(Store, "project", "Store.project (expansion thread)")
     timed(Delivery, "deliver", "Delivery.deliver")
     timed(Publisher, "commit", "Publisher.commit")
+    timed(Publisher, "begin", "Publisher.begin (producing thread)")
+    timed(Publisher, "_produce", "Publisher._produce (a tidewatch-kafka thread)")
+    timed(publish, "encode_alerts", "encode_alerts (in _produce)")
+    timed(sharded.ShardedEngine, "_deliver", "ShardedEngine._deliver")
     atexit.register(report)
+    threading.Thread(target=sample_threads, name="probe-sampler", daemon=True).start()
     sys.argv = [str(ROOT / "bench" / "engine_bench.py"), *sys.argv[1:]]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

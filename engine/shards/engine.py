@@ -75,7 +75,7 @@ def shard_labels(spark: Any, n: int) -> list[int]:
 class ShardedEngine:
     """One sharded engine instance (module docstring): sinks and the ``foreachBatch`` function;
     the state is in Spark's.  What tests and the command read: ``batches_done``, ``totals``,
-    ``metas`` (the last batch's :class:`ShardMeta` per shard), ``rebuilds``, :attr:`applied_until`,
+    ``metas`` (the last batch's :class:`ShardMeta` per shard), ``rebuilds``, ``skipped``, :attr:`applied_until`,
     :attr:`rules`, ``executor_pids``."""
 
     def __init__(
@@ -133,6 +133,12 @@ class ShardedEngine:
         self.snapshots_stored: list[tuple[int, int, int]] = []
         #: (start of the batch's delivery, its end, events) per delivered batch (benchmarks)
         self.delivered: list[tuple[float, float, int]] = []
+        #: batches Spark ran again after a restart that PostgreSQL had committed: skipped
+        self.skipped: list[int] = []
+        #: the last batch id this instance committed or found committed (None: unknown, read from
+        #: PostgreSQL): Spark hands one query's ``foreachBatch`` increasing batch ids, so only the
+        #: first batch of a run -- or the one after a failed delivery -- asks PostgreSQL
+        self._committed: int | None = None
         self._conf_back: tuple[Any, str] | None = None
 
     # ------------------------------------------------------------------ what the shards say
@@ -258,11 +264,16 @@ class ShardedEngine:
                     *self.snapshots_stored[-999:],
                     (m.shard, m.snapshot_of, m.snapshot_bytes),
                 ]
-        if batch_id <= self.store.last_committed():
+        last = self.store.last_committed() if self._committed is None else self._committed
+        if batch_id <= last:
             log.info("batch %d is committed already (Spark ran it again after a restart): skipped", batch_id)
+            self.skipped.append(batch_id)
+            self._committed = last
             return
         out = merge_outputs(batch_id, [o for o, _ in pairs])
+        self._committed = None  # a failed delivery: PostgreSQL says again what is committed
         self._deliver(out, metas, t0)
+        self._committed = batch_id
 
     def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
         wms = [m.watermark for m in self.metas.values() if m.watermark is not None]

@@ -36,11 +36,18 @@ _KINDS = pa.array(ALERT_KINDS, pa.large_string())
 #: Arrow IPC's zstd: a 20,000-alert batch is ≈ 0.57 MB instead of ≈ 2.0 MB, in ≈ 14 ms instead of
 #: ≈ 7 (docs/measurements/engine.md, "The alert log behind the commit")
 _IPC = pa.ipc.IpcWriteOptions(compression="zstd")
+#: below this many rows a table is written uncompressed (the reader needs no flag: Arrow marks
+#: each buffer): zstd's fixed cost, ≈ 0.3 ms of CPU for the two tables of a batch of one alert
+#: against 0.07 ms uncompressed, is the commit's largest step when batches have few alerts, and
+#: saves a few KB (docs/measurements/engine.md, "The sharded driver's fixed cost per batch")
+_COMPRESS_FROM_ROWS = 256
+_PLAIN = pa.ipc.IpcWriteOptions()
 
 
 def _ipc(tbl: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, tbl.schema, options=_IPC) as w:
+    opts = _IPC if tbl.num_rows >= _COMPRESS_FROM_ROWS else _PLAIN
+    with pa.ipc.new_stream(sink, tbl.schema, options=opts) as w:
         w.write_table(tbl)
     return bytes(sink.getvalue())
 

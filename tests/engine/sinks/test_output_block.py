@@ -113,3 +113,23 @@ def test_values_go_as_typed_doubles_unless_a_double_cannot_say_them(value: Any, 
     assert ("values_json" not in stored) is typed
     got = AlertColumns.of(decode(1, row).alerts, slot=None)
     assert got.values_json.to_pylist() == [values_json({"v": value, "n": 1})]
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 3000])
+def test_a_row_is_compressed_from_its_threshold_and_reads_back_either_way(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.sinks import output_block
+
+    out = BatchOutput(
+        batch_id=7,
+        alerts=[Alert("s1", "r", "trades", f"K{i % 40}", "ENTER", 1000 * i, {"n": i % 7}) for i in range(n)],
+    )
+    row = encode(out)
+    got = list(decode(7, row).alerts)
+    assert [(a.key, a.as_of, a.values) for a in got] == [(a.key, a.as_of, a.values) for a in out.alerts]
+    threshold = output_block._COMPRESS_FROM_ROWS
+    monkeypatch.setattr(output_block, "_COMPRESS_FROM_ROWS", 10**9)  # the same tables, plain
+    plain = encode(out)
+    assert row.alert_rows is not None and plain.alert_rows is not None
+    assert (len(row.alert_rows) < len(plain.alert_rows)) == (n >= threshold)
