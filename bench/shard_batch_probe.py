@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import os
 import re
 import runpy
 import sys
@@ -34,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,24 +66,22 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 #: per OS thread of this process, (its name, the CPU seconds it had used when last seen)
 threads: dict[int, tuple[str, float]] = {}
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def sample_threads(every_s: float = 2.0) -> None:
-    """Note every thread's name and CPU (``/proc/self/task``: ``comm``, ``utime + stime``; the
-    name Python gave it when it is a Python thread) every ``every_s``: threads that end (a closed
-    producer's) keep their last figure."""
+    """Note every thread's name and CPU (psutil's user + system time; the name Python gave it,
+    else the kernel's, ``/proc/self/task/<id>/comm``) every ``every_s``: threads that end (a
+    closed producer's) keep their last figure."""
+    me = psutil.Process()
     while True:
         names = {t.native_id: t.name for t in threading.enumerate()}
-        for task in Path("/proc/self/task").iterdir():
-            try:
-                stat = (task / "stat").read_text()
-                comm = (task / "comm").read_text().strip()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            tid = int(task.name)
-            threads[tid] = (names.get(tid, comm), (int(fields[11]) + int(fields[12])) / _TICK)
+        for t in me.threads():
+            if t.id not in names:
+                try:
+                    names[t.id] = Path(f"/proc/self/task/{t.id}/comm").read_text().strip()
+                except OSError:
+                    continue
+            threads[t.id] = (names[t.id], t.user_time + t.system_time)
         time.sleep(every_s)
 
 

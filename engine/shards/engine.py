@@ -156,9 +156,10 @@ class ShardedEngine:
         return min((m.rules for m in self.metas.values()), default=0)
 
     # ------------------------------------------------------------------ start
-    def _check_checkpoint(self) -> None:
+    def _check_checkpoint(self) -> int:
         """The checkpoint's shard count is N, and a checkpoint exists when PostgreSQL has
-        batches of this engine: else refuse (the state is in the checkpoint, nowhere else)."""
+        batches of this engine: else refuse (the state is in the checkpoint, nowhere else).
+        Returns the last batch PostgreSQL has committed for this engine (-1: none)."""
         spark_dir = self.checkpoint / "spark"
         marker = self.checkpoint / "tidewatch" / "shards.json"
         last = self.store.last_committed()
@@ -182,6 +183,7 @@ class ShardedEngine:
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({"shards": self.n}))
+        return last
 
     def start(
         self,
@@ -193,8 +195,7 @@ class ShardedEngine:
     ) -> Any:
         """Publish what a crash left unpublished, then start the streaming query (module
         docstring); returns the ``StreamingQuery``."""
-        self._check_checkpoint()
-        republish_committed(self.store, self.publisher, self.store.last_committed())
+        republish_committed(self.store, self.publisher, self._check_checkpoint())
         labels = shard_labels(spark, self.n)
         # one shuffle partition per shard: the query's session (cloned by its thread once it runs)
         # keeps it, and its checkpoint from then on; the caller's session gets its own value back

@@ -113,9 +113,8 @@ def run_sharded_scenario(
             # and the batches logged after it
             assert all(b >= 0 for b in app.rebuilt_from.values()), app.rebuilt_from
             # the batch whose Spark commit was forgotten ran again and was found in PostgreSQL
-            # (nothing delivered twice: the checks below), the batches after it delivered
+            # (nothing delivered twice: the checks below)
             assert rerun in app.skipped and app.skipped == sorted(app.skipped), (rerun, app.skipped)
-            assert app.batches_done > 0
         info["rebuilds"] = dict(app.rebuilds)
         info["rebuilt_from"] = dict(app.rebuilt_from)
 
