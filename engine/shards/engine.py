@@ -178,7 +178,7 @@ class ShardedEngine:
                     f"the checkpoint {self.checkpoint} holds {was} shards, the settings ask for "
                     f"{self.n} (engine_shards): a checkpoint's shard count is fixed. Run with "
                     f"engine_shards={was}, or start with a new checkpoint directory and a new "
-                    "--engine-id to re-read the topics into {self.n} shards."
+                    f"--engine-id to re-read the topics into {self.n} shards."
                 )
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)
