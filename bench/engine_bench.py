@@ -115,7 +115,9 @@ def admin_url(database_url: str | None, settings: Settings) -> str:
 
 
 def fresh_database(admin_url: str, revision: str = "head") -> str:
-    """A new database on ``admin_url``'s server, migrated to ``revision``: its URL."""
+    """A new database on ``admin_url``'s server, migrated to ``revision``: its URL.  It is
+    dropped when this process exits (:func:`drop_database`): a live run's alert log is
+    hundreds of MB, and the dev server kept every bench's before 2026-12-01."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -126,9 +128,26 @@ def fresh_database(admin_url: str, revision: str = "head") -> str:
     with eng.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     eng.dispose()
+    atexit.register(drop_database, admin_url, name)
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     upgrade(url, revision)
     return url
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop database ``name`` of ``admin_url``'s server, ending its sessions (PostgreSQL 13+);
+    a server that is gone already is said, not raised (called at exit)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    eng = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with eng.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    except OperationalError as exc:  # the server stopped before this process
+        print(f"bench database {name} not dropped: {exc.orig}", file=sys.stderr)
+    finally:
+        eng.dispose()
 
 
 def run_tidewatch(
