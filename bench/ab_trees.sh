@@ -20,6 +20,11 @@ fi
 old=$1 runs=$2 bench=$3
 shift 3
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# both sides talk to this checkout's services and caches (`tidewatch up --services-only` here):
+# the settings' defaults are under each tree, and OLD's copy has none (its PostgreSQL socket
+# "No such file or directory", 2026-12-01)
+export TIDEWATCH_RUN_DIR=${TIDEWATCH_RUN_DIR:-$root/.run}
+export TIDEWATCH_CACHE_DIR=${TIDEWATCH_CACHE_DIR:-$root/.cache}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 git -C "$root" archive "$old" | tar -x -C "$tmp"
