@@ -197,7 +197,8 @@ def read_topic(
     end within ``timeout`` seconds is named in a warning (pytest lists it in the summary) and what
     was read is returned: a caller may expect a transaction still open.  A clean-clone run (Nov 29)
     read one of a fresh topic's partitions and not the other in a test that then failed; the
-    warning says next time whether the read stopped at the deadline."""
+    warning says next time whether the read stopped at the deadline.  The ends are
+    :func:`end_offsets` (high watermarks, not the last stable offsets of the call)."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -207,16 +208,7 @@ def read_topic(
             "auto.offset.reset": "earliest",
         }
     )
-    # end offsets from a read_uncommitted client: with read_committed, ListOffsets answers the
-    # last stable offset, which stays at a transaction's first record until the coordinator has
-    # written its commit markers -- asynchronously, after commit_transaction returned
-    hw = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
-    md = hw.list_topics(topic, timeout=10).topics[topic]
-    ends = {}
-    for p in md.partitions:
-        lo, hi = hw.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        ends[p] = hi
-    hw.close()
+    ends = end_offsets(bootstrap, topic)
     c.assign([TopicPartition(topic, p, 0) for p in ends])
     out: list[Any] = []
     done = {p for p, hi in ends.items() if hi == 0}
@@ -225,13 +217,13 @@ def read_topic(
         for m in c.consume(1000, 0.5):
             if m.error():
                 continue
-            value, offset = m.value(), m.offset()
+            value, offset, part = m.value(), m.offset(), int(m.partition() or 0)
             if messages:
-                out.append((m.partition(), m.key(), value))
+                out.append((part, m.key(), value))
             elif value is not None:
                 out.append(decode(value, schema) if schema else value)
-            if offset is not None and offset >= ends[m.partition()] - 1:
-                done.add(m.partition())
+            if offset is not None and offset >= ends[part] - 1:
+                done.add(part)
         # transaction markers: the last offset may be a control record
         for p, hi in ends.items():
             pos = c.position([TopicPartition(topic, p)])[0].offset
@@ -301,8 +293,21 @@ def progress(db: str) -> tuple[int, int | None]:
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    """Every partition's high watermark (read_uncommitted: a transaction's marker may follow)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    """Every partition's high watermark (every record written; a commit marker once the
+    coordinator wrote it, which may be after ``commit_transaction`` returned), from a client set to
+    ``read_uncommitted`` -- librdkafka's default is ``read_committed``, for which ListOffsets
+    answers the last stable offset: a transaction's first offset until the coordinator has
+    written its commit markers, asynchronously, after ``commit_transaction`` returned (right
+    after a commit, 12 of 30 two-partition topics answered 0 for a partition, Dec 1).  Reading
+    up to the last stable offset of that moment is what lost a committed transaction's tail in
+    a clean-clone run of tests/engine/sinks/test_publish_batch.py."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         return {p: int(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in parts}

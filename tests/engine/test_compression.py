@@ -104,8 +104,15 @@ def topic_compression(bootstrap: str, topic: str) -> str:
 
 
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
-    """The end (high watermark) of every partition of ``topics``."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    """The end (high watermark) of every partition of ``topics`` (read_uncommitted: librdkafka's
+    default, read_committed, answers the last stable offsets)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
         out = {}
         for t in topics:

@@ -45,7 +45,14 @@ DOWN_S = float(os.environ.get("TIDEWATCH_TEST_BROKER_DOWN_S", "4"))
 
 def _high_watermarks(bootstrap: str, topic: str) -> int:
     """Sum of the partitions' high watermarks (records written, committed or not)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
+    # read_uncommitted: librdkafka's default (read_committed) answers the last stable offsets
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)

@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy.pool import NullPool
 
-from tests.engine.support import read_topic
+from tests.engine.support import end_offsets, read_topic
 from tests.services import free_port
 from tests.tidewatch.stack.test_supervised_stack import (
     _alive,
@@ -89,10 +89,7 @@ def _batches(db: sa.Engine) -> tuple[int, int, int | None]:
 def _read_raw(bootstrap: str, topic: str, timeout: float = 120.0) -> list[tuple[int, int, int, bytes]]:
     """Every committed record of ``topic`` as (partition, offset, Kafka timestamp ms, value),
     ``read_committed``, up to the end offsets of now (as :func:`tests.engine.support.read_topic`)."""
-    hw = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}"})
-    parts = hw.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {p: hw.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-    hw.close()
+    ends = end_offsets(bootstrap, topic)  # high watermarks, not the last stable offsets
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,
