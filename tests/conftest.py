@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.containers import ContainerRuntime, kafka_container, postgres_container
-from tests.services import free_port, own_service
+from tests.services import create_database, free_port, own_service
 from tidewatch.settings import PROJECT_ROOT, Settings, get_settings
 
 if TYPE_CHECKING:
@@ -127,20 +127,4 @@ def project_root() -> Path:
 @pytest.fixture()
 def restartable_db(restartable_pg: Settings) -> str:
     """URL of a new database on the ``restartable_pg`` server, migrated to head."""
-    import uuid
-
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    from tidewatch.db.migrate import upgrade
-
-    name = f"test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(restartable_pg.sqlalchemy_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    url = make_url(restartable_pg.sqlalchemy_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    return url
+    return create_database(restartable_pg.sqlalchemy_url, "test_", migrate=True)

@@ -1,10 +1,12 @@
-"""Embedded services of the tests' own (not containers): free ports, and a service of
-:mod:`tidewatch.stack` started for a test session and stopped by PID at the end."""
+"""Embedded services of the tests' own (not containers): free ports, a service of
+:mod:`tidewatch.stack` started for a test session and stopped by PID at the end, and throwaway
+databases on a test server."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -42,3 +44,43 @@ def own_service(service: Any, s: Settings) -> Iterator[Settings]:
         service.stop(s)
         assert process.read_record(s.run_dir, service.NAME) is None
         shutil.rmtree(s.run_dir.parent, ignore_errors=True)
+
+
+def create_database(
+    admin_url: str, prefix: str, *, template: str | None = None, migrate: bool = False
+) -> str:
+    """A new database on the server of ``admin_url`` (a role that may create databases), named
+    ``prefix`` and ten random hex digits; a copy of the database of the URL ``template`` when
+    given (faster than migrating each), else empty, and then migrated to head when ``migrate``.
+    Its URL, with the role and password of ``admin_url``; :func:`drop_database` drops it."""
+    import sqlalchemy as sa
+
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
+    copy = f' TEMPLATE "{sa.engine.make_url(template).database}"' if template else ""
+    _execute(admin_url, f'CREATE DATABASE "{name}"{copy}')
+    url = sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    if migrate:
+        from tidewatch.db.migrate import upgrade
+
+        upgrade(url)
+    return url
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    """Drop the database of ``url`` (of :func:`create_database`), its connections closed first
+    (``WITH (FORCE)``); no error when it is gone already."""
+    import sqlalchemy as sa
+
+    _execute(admin_url, f'DROP DATABASE IF EXISTS "{sa.engine.make_url(url).database}" WITH (FORCE)')
+
+
+def _execute(admin_url: str, statement: str) -> None:
+    """``statement`` outside a transaction (CREATE / DROP DATABASE), on a connection of its own."""
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(statement))
+    finally:
+        admin.dispose()

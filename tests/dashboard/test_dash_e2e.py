@@ -52,6 +52,7 @@ from dashboard.catchup import format_values
 from dashboard.cli import streamlit_command
 from dashboard.timefmt import clock
 from tests.dashboard.support import PASSWORD
+from tests.services import create_database
 from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineMetric, Subscription
 from tidewatch.settings import get_settings
 
@@ -143,18 +144,11 @@ class Pipeline:
 
     def __init__(self, pg_url: str, bootstrap: str, tmp: Path) -> None:
         from engine.sinks.publish import ensure_topics
-        from tidewatch.db.migrate import upgrade
 
         self.run = uuid.uuid4().hex[:8]
         self.bootstrap = bootstrap
         self.tmp = tmp
-        db = f"dash_e2e_{self.run}"
-        admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{db}"'))
-        admin.dispose()
-        self.db_url = sa.engine.make_url(pg_url).set(database=db).render_as_string(hide_password=False)
-        upgrade(self.db_url)
+        self.db_url = create_database(pg_url, "dash_e2e_", migrate=True)
         self.db = sa.create_engine(self.db_url, poolclass=sa.pool.NullPool)
         self.topics = {
             role: f"{role}-e2e-{self.run}"

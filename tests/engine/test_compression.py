@@ -27,8 +27,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +47,7 @@ from tests.engine.test_engine_integration import (  # noqa: E402
     topics_of,
     wait_for,
 )
+from tests.services import create_database  # noqa: E402
 from tidewatch.kafka.topics import TopicSpec, create_topics  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
 
@@ -88,12 +87,7 @@ class Case:
 
 def copy_database(pg_url: str, template: str) -> str:
     """A new database copied from the migrated ``template`` (faster than migrating each)."""
-    name = f"engine_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{make_url(template).database}"'))
-    admin.dispose()
-    return make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    return create_database(pg_url, "engine_", template=template)
 
 
 def topic_compression(bootstrap: str, topic: str) -> str:

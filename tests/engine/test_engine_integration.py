@@ -32,23 +32,13 @@ from tests.engine.support import (  # noqa: E402
     read_topic,
     result_at,
 )
+from tests.services import create_database  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
 
 
 def fresh_database(pg_url: str) -> str:
     """A new empty database on the test server, migrated to head; its URL."""
-    from sqlalchemy.engine import make_url
-
-    from tidewatch.db.migrate import upgrade
-
-    name = f"engine_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    return url
+    return create_database(pg_url, "engine_", migrate=True)
 
 
 def engine_settings(run: str, checkpoint: Path, **extra: Any) -> Settings:

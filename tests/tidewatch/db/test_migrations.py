@@ -9,8 +9,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool, text
-from sqlalchemy.engine import make_url
 
+from tests.services import create_database, drop_database
 from tidewatch.db import migrate
 from tidewatch.db.models import Base
 
@@ -37,17 +37,11 @@ TABLES = {
 @pytest.fixture()
 def scratch_url(pg_url):
     """A fresh database on the test server (dropped afterwards), so downgrading hurts no one."""
-    name = f"tw_migr_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    url = create_database(pg_url, "tw_migr_")
     try:
         yield url
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(pg_url, url)
 
 
 def _tables(url: str) -> set[str]:

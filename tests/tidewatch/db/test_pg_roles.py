@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
+from tests.services import create_database, drop_database
 from tidewatch.db import migrate
 from tidewatch.settings import get_settings
 
@@ -44,12 +45,8 @@ class RoleDb:
 @pytest.fixture(scope="module")
 def role_db(pg_url: str) -> Iterator[RoleDb]:
     """A fresh database migrated to head with a password for each role (from the environment)."""
-    name = f"tw_roles_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=pool.NullPool)
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    base = make_url(pg_url).set(database=name)
-    owner_url = base.render_as_string(hide_password=False)
+    owner_url = create_database(pg_url, "tw_roles_")
+    base = make_url(owner_url)
     passwords = {p: f"{p}-{secrets.token_urlsafe(12)}" for p in ROLES}
     with pytest.MonkeyPatch.context() as mp:
         for proc, (_, env) in ROLES.items():
@@ -67,9 +64,7 @@ def role_db(pg_url: str) -> Iterator[RoleDb]:
         yield RoleDb(owner_url, owner_url, urls, passwords)
     finally:
         migrate.downgrade(owner_url, "base")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(pg_url, owner_url)
 
 
 def _run(url: str, sql: str, params: dict[str, object] | None = None) -> None:
