@@ -309,8 +309,8 @@ def test_a_batch_committed_but_missing_from_kafka_is_republished_with_its_dead_l
     assert _rows(db, "SELECT count(*) FROM alerts")[0][0] == 0
     assert _rows(db, "SELECT count(*) FROM engine_dead_letters")[0][0] == len(bad)
     # the open transaction holds read_committed readers back: nothing to wait 20 s for
-    assert read_topic(bootstrap, s.topic_dead_letter, "dead_letter", timeout=5) == []
-    assert read_topic(bootstrap, s.topic_alerts, "alerts", timeout=5) == []
+    assert read_topic(bootstrap, s.topic_dead_letter, "dead_letter", timeout=5, expect_open=True) == []
+    assert read_topic(bootstrap, s.topic_alerts, "alerts", timeout=5, expect_open=True) == []
 
     for _ in range(2):  # the second start finds the batch published: nothing is produced again
         again = start()

@@ -109,9 +109,12 @@ def sinks(restartable_kafka: Settings, restartable_pg: Settings) -> Iterator[_Si
         got.close()
 
 
-def _alert_ids(s: _Sinks, timeout: float = 20.0) -> list[str]:
+def _alert_ids(s: _Sinks, timeout: float = 20.0, *, expect_open: bool = False) -> list[str]:
     st = s.publisher.settings
-    return [a["id"] for a in read_topic(st.kafka_bootstrap or "", st.topic_alerts, "alerts", timeout)]
+    bootstrap = st.kafka_bootstrap or ""
+    return [
+        a["id"] for a in read_topic(bootstrap, st.topic_alerts, "alerts", timeout, expect_open=expect_open)
+    ]
 
 
 def _pg_batches(s: _Sinks) -> list[int]:
@@ -129,7 +132,7 @@ def test_kafka_commits_only_after_postgres_committed_its_records_produced_meanwh
 
     def held_commit(*args: Any, **kw: Any) -> Any:
         s.wait_for("kafka.begin", "end")
-        invisible.append(_alert_ids(s, timeout=3.0))  # the records are in Kafka, uncommitted
+        invisible.append(_alert_ids(s, 3.0, expect_open=True))  # the records are in Kafka, uncommitted
         return real_commit(*args, **kw)
 
     s.pg_commit = held_commit
