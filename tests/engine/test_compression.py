@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 pytestmark = pytest.mark.integration
@@ -41,6 +40,7 @@ from tests.engine.support import (  # noqa: E402
     produce_rules,
     read_topic,
 )
+from tests.engine.support import end_offsets as support_end_offsets  # noqa: E402
 from tests.engine.test_engine_integration import (  # noqa: E402
     engine_settings,
     fresh_database,
@@ -98,23 +98,8 @@ def topic_compression(bootstrap: str, topic: str) -> str:
 
 
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
-    """The end (high watermark) of every partition of ``topics`` (read_uncommitted: librdkafka's
-    default, read_committed, answers the last stable offsets)."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"t-{uuid.uuid4()}",
-            "isolation.level": "read_uncommitted",
-        }
-    )
-    try:
-        out = {}
-        for t in topics:
-            for p in c.list_topics(t, timeout=10).topics[t].partitions:
-                out[(t, p)] = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-        return out
-    finally:
-        c.close()
+    """The end (high watermark, :func:`tests.engine.support.end_offsets`) of every partition of ``topics``."""
+    return {(t, p): hi for t in topics for p, hi in support_end_offsets(bootstrap, t).items()}
 
 
 def consumed_offsets(progress: list[Any]) -> dict[tuple[str, int], int]:

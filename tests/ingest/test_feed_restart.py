@@ -28,10 +28,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
+from tests.engine.support import end_offsets
 from tests.ingest.support import read_topic
 from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
@@ -45,19 +45,7 @@ DOWN_S = float(os.environ.get("TIDEWATCH_TEST_BROKER_DOWN_S", "4"))
 
 def _high_watermarks(bootstrap: str, topic: str) -> int:
     """Sum of the partitions' high watermarks (records written, committed or not)."""
-    # read_uncommitted: librdkafka's default (read_committed) answers the last stable offsets
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"t-{uuid.uuid4()}",
-            "isolation.level": "read_uncommitted",
-        }
-    )
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
-    finally:
-        c.close()
+    return sum(end_offsets(bootstrap, topic).values())
 
 
 def test_feed_rides_out_a_broker_restart(restartable_kafka: Settings, tmp_path: Path) -> None:
