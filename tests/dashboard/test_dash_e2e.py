@@ -488,6 +488,7 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
     page2.get_by_text("2 alert(s) while you were away").wait_for(timeout=TIMEOUT_MS)
     # a summary first (per subscription entered / left, the busiest keys), the raw log one click away
     page2.locator('[data-testid="stDataFrame"]', has_text="MSFT").first.wait_for(timeout=TIMEOUT_MS)
+    _wait(lambda: any(r[0] == NAME for r in _table_rows(page2, "entered")), TIMEOUT_MS / 1000, "the summary")
     (summary,) = [r for r in _table_rows(page2, "entered") if r[0] == NAME] or [[]]
     assert summary[:4] == [NAME, "active", "1", "1"], summary  # name, state, entered, left
     page2.get_by_text("Raw alert log").click()
@@ -504,7 +505,9 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
     assert [s[3] for s in shown] == [f"{AGG} = 1400", f"{AGG} = 0"]
     (key, since, _) = current[0]
     # the current result set, at the engine's now, with its values: a table, times in UTC
-    assert [key, clock(since), f"{AGG} = 1400"] in _table_rows(page2, f"{AGG} = 1400")
+    row = [key, clock(since), f"{AGG} = 1400"]
+    # waited for: the table is drawn after the raw log's rerun (read at once, it was once still absent)
+    _wait(lambda: row in _table_rows(page2, f"{AGG} = 1400"), TIMEOUT_MS / 1000, "the current-results table")
     page2.screenshot(path=str(IMG / "while_you_were_away.png"), full_page=True)
     _wait(lambda: pipeline.scalar(cursor_q) == log[-1][0], 15, "the cursor to move past what was shown")
     ctx2.close()

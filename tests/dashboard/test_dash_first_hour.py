@@ -138,8 +138,10 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     _wait(lambda: pipeline.scalar(n_alerts) >= 2, PIPELINE_S, "the first alerts", procs)
     page.get_by_text("2 alert(s) shown").wait_for(timeout=TIMEOUT_MS)
     page.locator('[data-testid="stDataFrame"]', has_text="entered").first.wait_for(timeout=TIMEOUT_MS)
-    summary = _table_rows(page, "entered")
-    assert [NAME, "active", "2", "0", "2"] in [r[:5] for r in summary], summary
+    row = [NAME, "active", "2", "0", "2"]
+    _wait(
+        lambda: row in [r[:5] for r in _table_rows(page, "entered")], TIMEOUT_MS / 1000, "the summary", procs
+    )
     # the busiest-keys table renders after the summary (a page refresh may come between): poll it
     _wait(
         lambda: (
