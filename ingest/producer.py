@@ -164,14 +164,20 @@ def ensure_topic(
     return create_topics(admin, [spec], timeout=timeout)[topic] == "created"
 
 
+#: How many offsets before the end of each partition ``newest_event_ms`` reads: on a topic written in
+#: transactions the last offsets are commit markers, not records.
+NEWEST_TAIL = 64
+
+
 def newest_event_ms(
     settings: Settings, bootstrap: str, topic: str, stream: str, timeout: float = 10.0
 ) -> int | None:
-    """The largest event time (``ts``) among the last record of each partition of ``topic``;
-    None if the topic is empty, missing or cannot be read (e.g. a principal without read
-    rights).  A restarted demo feed starts its history backfill after it: events older than
-    what the engine has already seen would all be late (dead letters)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    """The largest event time (``ts``) among the last committed records of each partition of
+    ``topic`` (the last ``NEWEST_TAIL`` offsets, read to the end: a transactional writer leaves
+    commit markers there); None if the topic is empty, missing or cannot be read (e.g. a
+    principal without read rights).  A restarted demo feed starts its history backfill after it:
+    events older than what the engine has already seen would all be late (dead letters)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     from tidewatch.wire.avro import decode
 
@@ -182,6 +188,7 @@ def newest_event_ms(
             **client_config(s, "feed"),
             "group.id": "tidewatch-feed-newest",
             "enable.auto.commit": False,
+            "enable.partition.eof": True,
             "log_level": 0,
         }
     )
@@ -190,27 +197,29 @@ def newest_event_ms(
         meta = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if meta is None or meta.error is not None:
             return None
-        last = []
+        tails = []
         for part in meta.partitions:
             lo, hi = c.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout)
             if hi > lo:
-                last.append(TopicPartition(topic, part, hi - 1))
-        if not last:
+                tails.append(TopicPartition(topic, part, max(lo, hi - NEWEST_TAIL)))
+        if not tails:
             return None
-        c.assign(last)
-        left = {(tp.partition, tp.offset) for tp in last}
+        c.assign(tails)
+        open_parts = {tp.partition for tp in tails}
         deadline = time.monotonic() + timeout
-        while left and time.monotonic() < deadline:
-            for m in c.consume(len(left), 0.5):
-                if m.error() or (m.partition(), m.offset()) not in left:
+        while open_parts and time.monotonic() < deadline:
+            for m in c.consume(64, 0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        open_parts.discard(m.partition())
                     continue
-                left.discard((m.partition(), m.offset()))
                 value = m.value()
                 if value is None:
                     continue
                 try:
                     ts = int(decode(value, stream)["ts"])
-                except Exception:  # noqa: BLE001 - not our record (a transaction marker is skipped by the client)
+                except Exception:  # noqa: BLE001 - not a record of this stream
                     continue
                 newest = ts if newest is None else max(newest, ts)
     except KafkaException:

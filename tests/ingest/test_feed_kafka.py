@@ -176,6 +176,38 @@ def test_cli_feeds_a_pcap(kafka_bootstrap: str, tmp_path: Path) -> None:
     assert sorted(batch.column("src_port").to_pylist()) == list(range(40000, 40200))
 
 
+def test_newest_event_ms_reads_past_the_commit_markers_of_a_transactional_writer(
+    kafka_bootstrap: str,
+) -> None:
+    """On a topic written in transactions the last offset of a partition is a commit marker,
+    not a record: the newest event time is still found (and an aborted record is not counted)."""
+    from confluent_kafka import Producer
+
+    from ingest.producer import newest_event_ms
+    from tidewatch.wire.avro import encode_batch
+
+    topic = f"it-newest-tx-{uuid.uuid4().hex[:8]}"
+    ensure_topic(get_settings(), kafka_bootstrap, topic, 1)
+    chunk = next(
+        TradeGenerator(TradeConfig(rate=2_000, n_symbols=5), seed=4).chunks(
+            1_700_000_000_000, 1_700_000_001_000, 1000
+        )
+    )
+    records = encode_batch("trades", chunk).messages()[:5]
+    ts = [int(t) for t in np.asarray(chunk["ts"])[:5]]
+    assert ts[4] > max(ts[:4])  # the aborted record is the newest: counting it would show
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"it-{topic}", "log_level": 0})
+    p.init_transactions(30)
+    for rec in records[:4]:  # a transaction per record: record, marker, record, marker, ...
+        p.begin_transaction()
+        p.produce(topic, rec, partition=0)
+        p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, records[4], partition=0)
+    p.abort_transaction(30)
+    assert newest_event_ms(get_settings(), kafka_bootstrap, topic, "trades") == max(ts[:4])
+
+
 def test_a_restarted_demo_feed_backfills_only_what_the_topic_lacks(
     kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
