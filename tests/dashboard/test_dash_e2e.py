@@ -316,6 +316,27 @@ def _table_rows(page: Any, has_text: str) -> list[list[str]]:
     return [r for r in rows if r]
 
 
+def _wait_rows(
+    page: Any,
+    has_text: str,
+    ok: Callable[[list[list[str]]], bool],
+    what: str,
+    procs: list[Proc] | None = None,
+) -> None:
+    """Poll :func:`_table_rows` until ``ok`` holds for them (Streamlit draws a table some time
+    after the text around it); fail with the rows last read."""
+    last: list[list[list[str]]] = [[]]
+
+    def check() -> bool:
+        last[0] = _table_rows(page, has_text)
+        return ok(last[0])
+
+    try:
+        _wait(check, TIMEOUT_MS / 1000, what, procs)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; the table's rows last read: {last[0]}") from None
+
+
 def _floats(values: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()}
 
@@ -488,7 +509,7 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
     page2.get_by_text("2 alert(s) while you were away").wait_for(timeout=TIMEOUT_MS)
     # a summary first (per subscription entered / left, the busiest keys), the raw log one click away
     page2.locator('[data-testid="stDataFrame"]', has_text="MSFT").first.wait_for(timeout=TIMEOUT_MS)
-    _wait(lambda: any(r[0] == NAME for r in _table_rows(page2, "entered")), TIMEOUT_MS / 1000, "the summary")
+    _wait_rows(page2, "entered", lambda rows: any(r[0] == NAME for r in rows), "the summary")
     (summary,) = [r for r in _table_rows(page2, "entered") if r[0] == NAME] or [[]]
     assert summary[:4] == [NAME, "active", "1", "1"], summary  # name, state, entered, left
     page2.get_by_text("Raw alert log").click()
@@ -507,7 +528,7 @@ def test_subscribe_alert_disconnect_and_catch_up_on_the_real_pipeline(
     # the current result set, at the engine's now, with its values: a table, times in UTC
     row = [key, clock(since), f"{AGG} = 1400"]
     # waited for: the table is drawn after the raw log's rerun (read at once, it was once still absent)
-    _wait(lambda: row in _table_rows(page2, f"{AGG} = 1400"), TIMEOUT_MS / 1000, "the current-results table")
+    _wait_rows(page2, f"{AGG} = 1400", lambda rows: row in rows, "the current-results table")
     page2.screenshot(path=str(IMG / "while_you_were_away.png"), full_page=True)
     _wait(lambda: pipeline.scalar(cursor_q) == log[-1][0], 15, "the cursor to move past what was shown")
     ctx2.close()

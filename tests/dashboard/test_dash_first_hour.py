@@ -40,6 +40,7 @@ from tests.dashboard.test_dash_e2e import (
     _sidebar,
     _table_rows,
     _wait,
+    _wait_rows,
     _watch_dialogs,
 )
 from tidewatch.db.models import Alert, Subscription
@@ -139,9 +140,7 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     page.get_by_text("2 alert(s) shown").wait_for(timeout=TIMEOUT_MS)
     page.locator('[data-testid="stDataFrame"]', has_text="entered").first.wait_for(timeout=TIMEOUT_MS)
     row = [NAME, "active", "2", "0", "2"]
-    _wait(
-        lambda: row in [r[:5] for r in _table_rows(page, "entered")], TIMEOUT_MS / 1000, "the summary", procs
-    )
+    _wait_rows(page, "entered", lambda rows: row in [r[:5] for r in rows], "the summary", procs)
     # the busiest-keys table renders after the summary (a page refresh may come between): poll it
     _wait(
         lambda: (
