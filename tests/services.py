@@ -4,31 +4,63 @@ databases on a test server."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from tidewatch.settings import Settings
 
+#: Linux's default ``net.ipv4.ip_local_port_range``, when it cannot be read
+_EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+    return lo, hi
+
+
+def _port_pool() -> range:
+    """Ports outside the kernel's ephemeral range, which ``bind(0)`` and every outgoing connection
+    draw from: a service stopped and started again on its port (``restartable_kafka``) must not
+    find it taken meanwhile by some process's ``bind(0)`` or by a client's connection to it (the
+    clean-clone run of 2b0dd08: the relay's broker could not start again on 43099).  Above the
+    project's own defaults (19092, 15432, 18501)."""
+    lo, hi = _ephemeral_range()
+    return range(20000, lo) if lo > 21000 else range(hi + 1, 65536)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, outside the kernel's ephemeral range (:func:`_port_pool`)."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
     """``n`` ports free now and distinct from each other (all bound at once, then released): for
     daemons started one after another, where a port picked for a later one must not be one an
-    earlier one has not bound yet (a worker's web UI on the port picked for the master's)."""
+    earlier one has not bound yet (a worker's web UI on the port picked for the master's).
+    Outside the kernel's ephemeral range (:func:`_port_pool`), picked at random."""
+    pool, rng = _port_pool(), random.SystemRandom()
     with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
+        got: list[int] = []
+        while len(got) < n:
+            port = rng.choice(pool)
+            if port in got:
+                continue
+            s = stack.enter_context(socket.socket())
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            got.append(port)
+        return got
 
 
 @contextmanager

@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,7 +51,7 @@ from dashboard.catchup import format_values
 from dashboard.cli import streamlit_command
 from dashboard.timefmt import clock
 from tests.dashboard.support import PASSWORD
-from tests.services import create_database
+from tests.services import create_database, free_port
 from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineMetric, Subscription
 from tidewatch.settings import get_settings
 
@@ -78,12 +77,6 @@ G = 1000  # pane width (ms)
 TIMEOUT_MS = 30_000  # a page element to appear
 ENGINE_START_S = 150  # Spark's JVM, the connectors and the first batch, on a busy 2-core box
 PIPELINE_S = 90  # trades sent -> alert committed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(cond: Callable[[], Any], timeout: float, what: str, procs: list[Proc] | None = None) -> Any:
@@ -200,7 +193,7 @@ class Pipeline:
         """The engine first (it takes longest to start), then the relay and the dashboard."""
         self.engine = self._tidewatch("engine", "engine", "run", "--engine-id", f"e2e-{self.run}")
         self.relay = self._tidewatch("relay", "subscriptions", "relay")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._start_dashboard()
 

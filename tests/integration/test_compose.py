@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -25,15 +24,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.services import free_port
 from tidewatch.settings import PROJECT_ROOT, get_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -79,13 +73,13 @@ def compose_project(request: pytest.FixtureRequest, container_runtime) -> Iterat
     s = get_settings()
     for image in (s.image_kafka, s.image_postgres, "localhost/tidewatch-app:latest"):
         container_runtime.require_image(image)
-    kafka_port = _free_port()
+    kafka_port = free_port()
     env = {
         **os.environ,
         "TIDEWATCH_BASE_IMAGE": "localhost/tidewatch-base:bookworm",
         "TIDEWATCH_COMPOSE_KAFKA_PORT": str(kafka_port),
-        "TIDEWATCH_COMPOSE_PG_PORT": str(_free_port()),
-        "TIDEWATCH_COMPOSE_DASHBOARD_PORT": str(_free_port()),
+        "TIDEWATCH_COMPOSE_PG_PORT": str(free_port()),
+        "TIDEWATCH_COMPOSE_DASHBOARD_PORT": str(free_port()),
         "TIDEWATCH_DEMO_TRADE_RATE": "20",
         "TIDEWATCH_DEMO_HISTORY_MINUTES": "1",
     }

@@ -282,7 +282,10 @@ def start(settings: Settings) -> process.ProcessRecord:
         assert rec is not None
         return rec
     if process.port_open("127.0.0.1", s.kafka_port):
-        raise RuntimeError(f"port {s.kafka_port} is taken by a process tidewatch did not start")
+        raise RuntimeError(
+            f"port {s.kafka_port} is taken by {process.port_holder(s.kafka_port)}, which tidewatch did not "
+            "start: stop it, or set TIDEWATCH_KAFKA_PORT to a free port"
+        )
     props = prepare(s)
     d = kafka_dir(s)
     rec = process.spawn(

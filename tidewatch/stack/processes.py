@@ -225,5 +225,22 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port``, for an error message: ``"pid 123 (java)"``; ``"an unknown
+    process"`` when the system does not say (another user's process, no rights to list)."""
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid is None:
+                    break
+                try:
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                except psutil.Error:
+                    return f"pid {conn.pid}"
+    except psutil.Error:
+        pass
+    return "an unknown process"
+
+
 def am_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0

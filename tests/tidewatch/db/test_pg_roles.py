@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
-from tests.services import create_database, drop_database
+from tests.services import create_database, drop_database, free_port
 from tidewatch.db import migrate
 from tidewatch.settings import get_settings
 
@@ -310,7 +310,6 @@ def test_embedded_stack_creates_the_roles_and_gives_each_process_its_url() -> No
     """``tidewatch up``'s PostgreSQL: the superuser creates the roles (the application role has no
     CREATEROLE), 0002 grants, and the engine / dashboard / relay processes get their role's URL."""
     import shutil
-    import socket
     import tempfile
     from pathlib import Path
 
@@ -318,9 +317,7 @@ def test_embedded_stack_creates_the_roles_and_gives_each_process_its_url() -> No
     from tidewatch.stack import embedded as stack
     from tidewatch.stack import postgres_server as postgres
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     root = Path(tempfile.mkdtemp(prefix="tidewatch-roles-test-"))
     root.chmod(0o755)
     pw = {p: f"{p}-{secrets.token_urlsafe(9)}" for p in ROLES}

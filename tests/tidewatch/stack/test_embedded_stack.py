@@ -8,11 +8,10 @@ binaries, the Kafka jars), no container engine.
 
 from __future__ import annotations
 
-import socket
-
 import psutil
 import pytest
 
+from tests.services import free_port
 from tidewatch.db import migrate
 from tidewatch.kafka.admin import admin_client
 from tidewatch.settings import Settings, get_settings
@@ -24,22 +23,16 @@ from tidewatch.stack import processes as process
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_services_up_then_down_leaves_nothing(run_root):
     base = get_settings()
-    kp = _free_port()
+    kp = free_port()
     s = Settings(
         run_dir=run_root / "run",
         cache_dir=base.cache_dir,
         kafka_port=kp,
         kafka_bootstrap=f"127.0.0.1:{kp}",
-        kafka_controller_port=_free_port(),
-        pg_port=_free_port(),
+        kafka_controller_port=free_port(),
+        pg_port=free_port(),
     )
     if postgres.find_bin_dir(s) is None:
         pytest.fail("PostgreSQL binaries missing: run scripts/setup.sh")

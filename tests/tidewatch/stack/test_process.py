@@ -91,3 +91,15 @@ def test_stop_lets_the_parent_stop_its_own_children_first(tmp_path):
     assert process.stop(tmp_path, "orderly", timeout=10) is True
     assert said.read_text() == "child alive"  # the child was not signalled behind its parent's back
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_port_holder_names_the_listening_process() -> None:
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert process.port_holder(port) == f"pid {os.getpid()} ({psutil.Process().name()})"
+    assert process.port_holder(port) == "an unknown process"  # nobody listens any more
