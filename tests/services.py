@@ -34,7 +34,13 @@ def _port_pool() -> range:
     clean-clone run of 2b0dd08: the relay's broker could not start again on 43099).  Above the
     project's own defaults (19092, 15432, 18501)."""
     lo, hi = _ephemeral_range()
-    return range(20000, lo) if lo > 21000 else range(hi + 1, 65536)
+    return range(20000, lo) if lo > 21000 else range(hi + 1, 65536)  # empty if the range is all
+
+
+def _kernel_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def free_port() -> int:
@@ -46,12 +52,13 @@ def free_ports(n: int) -> list[int]:
     """``n`` ports free now and distinct from each other (all bound at once, then released): for
     daemons started one after another, where a port picked for a later one must not be one an
     earlier one has not bound yet (a worker's web UI on the port picked for the master's).
-    Outside the kernel's ephemeral range (:func:`_port_pool`), picked at random."""
+    Outside the kernel's ephemeral range (:func:`_port_pool`), picked at random; the kernel's
+    choice where that range leaves no other port."""
     pool, rng = _port_pool(), random.SystemRandom()
     with ExitStack() as stack:
         got: list[int] = []
         while len(got) < n:
-            port = rng.choice(pool)
+            port = rng.choice(pool) if len(pool) > 100 else _kernel_port()
             if port in got:
                 continue
             s = stack.enter_context(socket.socket())
