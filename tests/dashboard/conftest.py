@@ -1,9 +1,11 @@
 """Fixtures of the dashboard tests: a migrated database of their own inside the session's
-PostgreSQL container (``pg_url``), users with unique names, alerts written as the engine does."""
+PostgreSQL container (``pg_url``), users with unique names, alerts written as the engine does;
+for the end-to-end tests, their services as processes and chromium (``tests/dashboard/e2e.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import auth
 from subscriptions.service import SubscriptionService
+from tests.dashboard.e2e import ARGS, CHROMIUM, Pipeline
 from tests.dashboard.support import PASSWORD, unique
 from tidewatch.db import migrate
 from tidewatch.db.session import session_factory
@@ -63,3 +66,29 @@ def new_user(sm: sessionmaker[Session]) -> Any:
 @pytest.fixture
 def svc(sm: sessionmaker[Session]) -> SubscriptionService:
     return SubscriptionService(sm, settings=get_settings())
+
+
+@pytest.fixture
+def pipeline(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Pipeline]:
+    """The end-to-end tests' relay, engine and dashboard processes on a fresh database and topics."""
+    p = Pipeline(pg_url, kafka_bootstrap, tmp_path)
+    try:
+        p.start()
+        yield p
+    finally:
+        p.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Debian's chromium, headless, driven by Playwright (no downloaded browser)."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()

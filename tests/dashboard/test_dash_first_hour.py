@@ -26,30 +26,24 @@ import sqlalchemy as sa
 
 from dashboard.rules import TEMPLATES
 from dashboard.ui import EMPTY_TITLE
-from tests.dashboard import test_dash_e2e
-from tests.dashboard.support import PASSWORD
-from tests.dashboard.test_dash_e2e import (
+from tests.dashboard.e2e import (
     ENGINE_START_S,
     IMG,
     PIPELINE_S,
     TIMEOUT_MS,
     G,
     Pipeline,
-    _codes,
-    _login,
-    _sidebar,
-    _table_rows,
-    _wait,
-    _wait_rows,
-    _watch_dialogs,
+    code_blocks,
+    login,
+    sidebar,
+    wait,
+    wait_rows,
+    watch_dialogs,
 )
+from tests.dashboard.support import PASSWORD
 from tidewatch.db.models import Alert, Subscription
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-# the end-to-end test's fixtures: its services, and chromium
-pipeline = test_dash_e2e.pipeline
-browser = test_dash_e2e.browser
 
 TEMPLATE = "Volume over 5 minutes (Arasu & Widom, Example 2.1)"
 NAME = "Volume over 5 minutes"
@@ -72,7 +66,7 @@ def _sign_up(page: Any, url: str, username: str) -> None:
             time.sleep(0.5)
         return bool(form.get_by_label("User name").is_visible())
 
-    _wait(sign_up_tab_open, 30, "the Sign up tab")
+    wait(sign_up_tab_open, 30, "the Sign up tab")
     form.get_by_label("User name").fill(username)
     form.get_by_label("Password", exact=True).fill(PASSWORD)
     form.get_by_label("Password again").fill(PASSWORD)
@@ -87,7 +81,7 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     dialogs: list[str] = []
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = ctx.new_page()
-    _watch_dialogs(page, dialogs)
+    watch_dialogs(page, dialogs)
 
     # 1. sign up: an empty state that leads to Subscribe
     _sign_up(page, url, username)
@@ -104,7 +98,7 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     rule_box.wait_for(timeout=TIMEOUT_MS)
     page.locator('[data-testid="stSelectbox"]', has_text="Template").click()
     page.get_by_role("option", name=TEMPLATE).click()
-    _wait(lambda: rule_box.input_value() == TEMPLATES[TEMPLATE], 20, "the template in the editor")
+    wait(lambda: rule_box.input_value() == TEMPLATES[TEMPLATE], 20, "the template in the editor")
     page.get_by_text("The rule is valid.").wait_for(timeout=TIMEOUT_MS)
     name_box = page.get_by_role("textbox", name="Name", exact=True)
     name_box.fill(NAME)
@@ -115,7 +109,7 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     page.get_by_text(f"Subscribed: {NAME}.").wait_for(timeout=TIMEOUT_MS)
     sub_id = pipeline.scalar(sa.select(Subscription.id).where(Subscription.owner == username))
     active = f"subscription {sub_id} ("
-    _wait(
+    wait(
         lambda: any(active in ln and "is active" in ln for ln in pipeline.engine.text().splitlines()),
         ENGINE_START_S,
         "the engine to apply the subscription",
@@ -123,7 +117,7 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     )
 
     # 3. trades arrive: the Alerts page sums them up, the log one tab away
-    _sidebar(page, "Alerts")
+    sidebar(page, "Alerts")
     page.get_by_text("No alerts match yet.").wait_for(timeout=TIMEOUT_MS)  # subscribed, nothing yet
     b1 = int(time.time() * 1000) // G * G - 3 * G
     pipeline.feed(
@@ -136,17 +130,16 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
         ]
     )
     n_alerts = sa.select(sa.func.count()).select_from(Alert).where(Alert.subscription_id == sub_id)
-    _wait(lambda: pipeline.scalar(n_alerts) >= 2, PIPELINE_S, "the first alerts", procs)
+    wait(lambda: pipeline.scalar(n_alerts) >= 2, PIPELINE_S, "the first alerts", procs)
     page.get_by_text("2 alert(s) shown").wait_for(timeout=TIMEOUT_MS)
     page.locator('[data-testid="stDataFrame"]', has_text="entered").first.wait_for(timeout=TIMEOUT_MS)
     row = [NAME, "active", "2", "0", "2"]
-    _wait_rows(page, "entered", lambda rows: row in [r[:5] for r in rows], "the summary", procs)
+    wait_rows(page, "entered", lambda rows: row in [r[:5] for r in rows], "the summary", procs)
     # the busiest-keys table renders after the summary (a page refresh may come between): poll it
-    _wait(
-        lambda: (
-            sorted(r[0] for r in _table_rows(page, "MSFT") if r[0] in ("AAPL", "MSFT")) == ["AAPL", "MSFT"]
-        ),
-        TIMEOUT_MS / 1000,
+    wait_rows(
+        page,
+        "MSFT",
+        lambda rows: sorted(r[0] for r in rows if r[0] in ("AAPL", "MSFT")) == ["AAPL", "MSFT"],
         "the busiest keys AAPL and MSFT",
         procs,
     )
@@ -161,25 +154,23 @@ def test_a_new_users_first_hour(pipeline: Pipeline, browser: Any) -> None:
     ctx.close()
     b2 = max(b1 + 3 * G, int(time.time() * 1000) // G * G - 3 * G)
     pipeline.feed([("IBM", b2 + 100, 800), ("IBM", b2 + 200, 800), ("ZZZ", b2 + 2 * G, 1)])
-    _wait(lambda: pipeline.scalar(n_alerts) >= 3, PIPELINE_S, "the alert while away", procs)
+    wait(lambda: pipeline.scalar(n_alerts) >= 3, PIPELINE_S, "the alert while away", procs)
     ctx2 = browser.new_context(viewport={"width": 1400, "height": 1000})
     page2 = ctx2.new_page()
-    _watch_dialogs(page2, dialogs)
-    _login(page2, url, username)
+    watch_dialogs(page2, dialogs)
+    login(page2, url, username)
     page2.get_by_text("1 alert(s) while you were away").wait_for(timeout=TIMEOUT_MS)
     page2.locator('[data-testid="stDataFrame"]', has_text="IBM").first.wait_for(timeout=TIMEOUT_MS)
     # the tables render one after the other (Streamlit's grid fills its cells late): poll them
-    _wait(lambda: bool(_table_rows(page2, "in result now")), TIMEOUT_MS / 1000, "the summary table", procs)
-    summary = _table_rows(page2, "in result now")
+    summary = wait_rows(page2, "in result now", bool, "the summary table", procs)
     assert [r[:6] for r in summary] == [[NAME, "active", "1", "0", "1", "3"]], summary
-    _wait(lambda: len(_table_rows(page2, "AAPL")) >= 3, TIMEOUT_MS / 1000, "the current results", procs)
-    current = _table_rows(page2, "AAPL")
+    current = wait_rows(page2, "AAPL", lambda rows: len(rows) >= 3, "the current results", procs)
     assert sorted(r[0] for r in current) == ["AAPL", "IBM", "MSFT"]
     assert all(r[1].count(":") == 2 and r[1][:4].isdigit() for r in current)  # "YYYY-MM-DD HH:MM:SS"
     _shot(page2, "4_away")
     page2.get_by_text("Raw alert log").click()
     page2.get_by_text(f"Subscription: {NAME}").wait_for(timeout=TIMEOUT_MS)
-    (listing,) = _codes(page2)
+    (listing,) = code_blocks(page2)
     assert "ENTER  IBM" in listing and "AAPL" not in listing
     ctx2.close()
     assert dialogs == []
