@@ -1,6 +1,6 @@
 """A new user's first hour, in a real browser on the real pipeline (issue 21, "Proof").
 
-The same services as ``test_dash_e2e.py`` (its :class:`Pipeline`: relay, engine, dashboard on
+The same services as ``test_dash_e2e.py`` (:class:`tests.dashboard.e2e.Pipeline`: relay, engine, dashboard on
 the session's PostgreSQL and Kafka containers; Debian's chromium driven by Playwright):
 
 1. sign up: the landing page is the empty state, which says what to do and has a button to
