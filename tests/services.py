@@ -37,12 +37,6 @@ def _port_pool() -> range:
     return range(20000, lo) if lo > 21000 else range(hi + 1, 65536)  # empty if the range is all
 
 
-def _kernel_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def free_port() -> int:
     """A port free now, outside the kernel's ephemeral range (:func:`_port_pool`)."""
     return free_ports(1)[0]
@@ -53,20 +47,17 @@ def free_ports(n: int) -> list[int]:
     daemons started one after another, where a port picked for a later one must not be one an
     earlier one has not bound yet (a worker's web UI on the port picked for the master's).
     Outside the kernel's ephemeral range (:func:`_port_pool`), picked at random; the kernel's
-    choice where that range leaves no other port."""
+    choice (port 0) where that range leaves no other port."""
     pool, rng = _port_pool(), random.SystemRandom()
     with ExitStack() as stack:
         got: list[int] = []
         while len(got) < n:
-            port = rng.choice(pool) if len(pool) > 100 else _kernel_port()
-            if port in got:
-                continue
             s = stack.enter_context(socket.socket())
-            try:
-                s.bind(("127.0.0.1", port))
+            try:  # a port taken, by another process or by one bound here already, is refused
+                s.bind(("127.0.0.1", rng.choice(pool) if len(pool) > 100 else 0))
             except OSError:
                 continue
-            got.append(port)
+            got.append(int(s.getsockname()[1]))
         return got
 
 
