@@ -1,0 +1,100 @@
+"""The documentation's links resolve: every relative link in ``README.md`` and ``docs/**/*.md``
+names a file of the repository, and every ``#anchor`` names a heading of the page it points
+to (no services, nothing imported).
+
+``docs/ARCHITECTURE.md`` promises that a reader finds any step of the data flow in one step;
+a link to a heading renamed since, or to a moved file, breaks that promise silently on GitHub
+(it opens the top of the page, or a 404).  Anchors are made as GitHub makes them: the heading's
+text without its Markdown (code ticks, links, emphasis), lower-cased, every character that is
+neither a word character, a hyphen nor a space dropped, spaces made hyphens, and ``-1``, ``-2``
+... appended to repeats.  Links inside code spans and fenced blocks are not links.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+_CODE = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+(?:\([^()\s]*\))?[^()\s]*)(?:\s+\"[^\"]*\")?\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+_EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading's text (see the module docstring)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text only
+    text = text.replace("`", "").replace("*", "")
+    text = re.sub(r"(?<!\w)_|_(?!\w)", "", text)  # emphasis underscores, not snake_case
+    text = re.sub(r"[^\w\- ]", "", text.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor ``page``'s headings give, repeats numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in _HEADING.finditer(_FENCE.sub("", page.read_text(encoding="utf-8"))):
+        base = slug(m.group(2))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def links(page: Path) -> list[str]:
+    """The relative link targets of ``page`` (outside code), in order."""
+    text = _CODE.sub("", _FENCE.sub("", page.read_text(encoding="utf-8")))
+    return [t for t in _LINK.findall(text) if not _EXTERNAL.match(t)]
+
+
+def broken(page: Path) -> list[str]:
+    """``page``'s links that name no file, or no heading of the page they name."""
+    out = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            out.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            out.append(f"{target}: no heading of {dest.name} has that anchor")
+    return out
+
+
+def test_slug_follows_github() -> None:
+    assert slug("Events/s against Spark's bare read (issue #19), 2026-12-02") == (
+        "eventss-against-sparks-bare-read-issue-19-2026-12-02"
+    )
+    assert slug("Decode: JVM `from_avro` or Numba over Arrow") == "decode-jvm-from_avro-or-numba-over-arrow"
+    assert slug("Alert delivery: columns, one COPY into `alerts`, one Avro kernel") == (
+        "alert-delivery-columns-one-copy-into-alerts-one-avro-kernel"
+    )
+    assert slug("**CI-COUNT** — 5,000 keys × 3 %") == "ci-count--5000-keys--3-"
+
+
+def test_repeated_headings_are_numbered(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("# A\n\n## Tests\n\n```\n# not a heading\n```\n\n## Tests\n", encoding="utf-8")
+    assert anchors(page) == {"a", "tests", "tests-1"}
+
+
+def test_broken_links_are_found(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other page\n", encoding="utf-8")
+    page = tmp_path / "p.md"
+    page.write_text(
+        "# Here\n[ok](other.md#other-page) [self](#here) `[code](nowhere.md)` [web](https://x.org/#y)\n"
+        "[gone](missing.md) [bad](other.md#nothing) [bad self](#there)\n",
+        encoding="utf-8",
+    )
+    assert [b.split(":")[0] for b in broken(page)] == ["missing.md", "other.md#nothing", "#there"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_resolve(page: Path) -> None:
+    assert broken(page) == []
