@@ -1,6 +1,10 @@
-"""The documentation's links resolve: every relative link in ``README.md`` and ``docs/**/*.md``
-names a file of the repository, and every ``#anchor`` names a heading of the page it points
-to (no services, nothing imported).
+"""The documentation's shape (no services, nothing imported), for ``README.md`` and ``docs/**/*.md``:
+
+* its links resolve: every relative link names a file of the repository, and every ``#anchor``
+  names a heading of the page it points to;
+* its tables are whole: every row has as many cells as its header (GitHub drops a row's extra
+  cells without a word, and leaves missing ones empty; a pipe in a cell's code span splits the
+  cell unless it is escaped, ``\\|``).
 
 ``docs/ARCHITECTURE.md`` promises that a reader finds any step of the data flow in one step;
 a link to a heading renamed since, or to a moved file, breaks that promise silently on GitHub
@@ -25,6 +29,7 @@ _CODE = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+(?:\([^()\s]*\))?[^()\s]*)(?:\s+\"[^\"]*\")?\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
 _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+_RULE = re.compile(r"^\s*\|?\s*:?-{3,}")  # a table's header rule: |---|---| or | :--- |
 
 
 def slug(heading: str) -> str:
@@ -67,6 +72,32 @@ def broken(page: Path) -> list[str]:
     return out
 
 
+def _cells(line: str) -> int:
+    """How many cells a table row has, as GitHub counts them: every pipe that is not escaped
+    splits, inside a code span too (a pipe in a cell's code is written ``\\|``)."""
+    line = line.replace("\\|", " ").strip()
+    return len(line.removeprefix("|").removesuffix("|").split("|"))
+
+
+def uneven_rows(page: Path) -> list[str]:
+    """``page``'s table rows whose cell count differs from their header's, as ``line N: n of m``."""
+    text = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text(encoding="utf-8"))
+    lines = text.split("\n")
+    out = []
+    i = 0
+    while i < len(lines) - 1:
+        if lines[i].lstrip().startswith("|") and _RULE.match(lines[i + 1]):
+            want, j = _cells(lines[i]), i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                if (got := _cells(lines[j])) != want:
+                    out.append(f"line {j + 1}: {got} cells of {want}")
+                j += 1
+            i = j
+        else:
+            i += 1
+    return out
+
+
 def test_slug_follows_github() -> None:
     assert slug("Events/s against Spark's bare read (issue #19), 2026-12-02") == (
         "eventss-against-sparks-bare-read-issue-19-2026-12-02"
@@ -95,6 +126,20 @@ def test_broken_links_are_found(tmp_path: Path) -> None:
     assert [b.split(":")[0] for b in broken(page)] == ["missing.md", "other.md#nothing", "#there"]
 
 
+def test_uneven_rows_are_found(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text(
+        "| a | b |\n|---|---|\n| 1 | `x \\| y` |\n| 1 | `x | y` |\n| 1 |\n\n```\n| a |\n|---|\n| 1 | 2 |\n```\n",
+        encoding="utf-8",
+    )
+    assert uneven_rows(page) == ["line 4: 3 cells of 2", "line 5: 1 cells of 2"]
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_resolve(page: Path) -> None:
     assert broken(page) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_tables_are_whole(page: Path) -> None:
+    assert uneven_rows(page) == []
