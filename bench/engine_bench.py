@@ -199,8 +199,10 @@ def run_tidewatch(
             return app.totals["events"] + app.totals["dead_letters"]
 
         deadline = time.monotonic() + timeout_s
+        cpu_at: list[tuple[float, float]] = []  # (perf_counter, this process's CPU-s), every 0.05 s
         while seen() < n and time.monotonic() < deadline:
             time.sleep(0.05)
+            cpu_at.append((time.perf_counter(), sum(me.cpu_times()[:2])))
         wall = time.perf_counter() - t0
         done = int(seen())
         cpu_s = sum(me.cpu_times()[:2]) - cpu_start
@@ -210,10 +212,16 @@ def run_tidewatch(
     rss = psutil.Process().memory_info().rss
     # steady state: from the end of the first batch to the end of the last (Spark's query start-up
     # and the first batch's JIT warm-up excluded; Spark's per-batch cost between batches included)
-    steady = None
+    steady = steady_cpu = None
     if len(batches) >= 3:
         rest = sum(b[2] for b in batches[1:])
         steady = rest / (batches[-1][1] - batches[0][1])
+        # the driver's CPU over the same span: the first sample after the first batch's end to
+        # the last sample (taken as the last batch's events were counted); the start-up's fixed
+        # cost -- the query's start, the rules' restore, the first batch's JIT -- left out
+        after = [c for t, c in cpu_at if t >= batches[0][1]]
+        if len(after) >= 2:
+            steady_cpu = (after[-1] - after[0], rest)
     per_batch = [round(b[1] - b[0], 3) for b in batches]
     return {
         "seconds": wall,
@@ -227,6 +235,8 @@ def run_tidewatch(
         "state_bytes": app.core.state_nbytes(),
         "driver_rss_bytes": rss,
         "cpu_s": cpu_s,  # the engine process's CPU while it drained the backlog (start-up included)
+        # the same from the end of the first batch on: (CPU-s, events of the later batches)
+        "steady_cpu": steady_cpu,
     }
 
 
@@ -1023,6 +1033,8 @@ def main() -> None:
             tw = run_tidewatch(spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout)
             tw["events_per_s"] = tw["events"] / tw["seconds"]
             tw["driver_cpu_us_per_event"] = tw["cpu_s"] / max(tw["events"], 1) * 1e6
+            sc = tw["steady_cpu"]
+            tw["driver_cpu_us_per_event_steady"] = sc[0] / max(sc[1], 1) * 1e6 if sc else None
             out[f"tidewatch_{mode}"] = tw
             if i == 0:
                 out["tidewatch"] = tw
@@ -1032,15 +1044,21 @@ def main() -> None:
                 f"(query start included; steady {steady or 0:,.0f} events/s) "
                 f"({tw['batches']} batches, {tw['alerts']:,} alerts, {tw['dead_letters']:,} dead letters, state {tw['state_bytes'] / 1e6:.1f} MB, "
                 f"driver RSS {tw['driver_rss_bytes'] / 1e9:.2f} GB, driver CPU {tw['cpu_s']:.1f} s = "
-                f"{tw['driver_cpu_us_per_event']:.2f} us/event)",
+                f"{tw['driver_cpu_us_per_event']:.2f} us/event; "
+                f"steady {tw['driver_cpu_us_per_event_steady'] or 0:.2f})",
                 flush=True,
             )
         if "driver" in modes and "executors" in modes:
-            ratio = out["tidewatch_driver"]["driver_cpu_us_per_event"] / max(
-                out["tidewatch_executors"]["driver_cpu_us_per_event"], 1e-9
-            )
+            d, e = out["tidewatch_driver"], out["tidewatch_executors"]
+            ratio = d["driver_cpu_us_per_event"] / max(e["driver_cpu_us_per_event"], 1e-9)
             out["driver_cpu_ratio"] = ratio
-            print(f"driver CPU per event, driver mode / executors mode = {ratio:,.1f}x", flush=True)
+            ds, es = d["driver_cpu_us_per_event_steady"], e["driver_cpu_us_per_event_steady"]
+            out["driver_cpu_ratio_steady"] = ds / max(es, 1e-9) if ds and es else None
+            print(
+                f"driver CPU per event, driver mode / executors mode = {ratio:,.1f}x "
+                f"(steady {out['driver_cpu_ratio_steady'] or float('nan'):,.1f}x)",
+                flush=True,
+            )
         tw = out["tidewatch"]
         steady = tw["steady_events_per_s"]
         if not a.no_bare:  # Spark's ceiling, same topic, same batch size as Tidewatch

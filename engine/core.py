@@ -507,10 +507,10 @@ class EngineCore:
 
     def _run_pane_lookups(self, taus: range, out: BatchOutput) -> None:
         """:meth:`_run_lookups` with the pending pane rows: per ``tau`` each (stream, key field)'s
-        rows with ``pane <= tau`` (:meth:`PanePartial.split`) go to ``Evaluator.apply_panes``
-        with the same events raw (one dict for every key field of the stream, as the evaluator
-        retains them for PSoup); a stream with no key field in use or in ``raw_fed`` gets its
-        raw events (``apply``), its due pane rows dropped."""
+        rows with ``pane <= tau`` (cut for all the ``taus`` at once, :meth:`PanePartial.split_at`)
+        go to ``Evaluator.apply_panes`` with the same events raw (one dict for every key field of
+        the stream, as the evaluator retains them for PSoup); a stream with no key field in use
+        or in ``raw_fed`` gets its raw events (``apply``), its due pane rows dropped."""
         bufs: dict[str, tuple[Decoded, np.ndarray]] = {}
         for stream, p in self.pending.items():
             if len(p) > 1 and np.any(p.ts[1:] < p.ts[:-1]):
@@ -519,7 +519,10 @@ class EngineCore:
         cursor = dict.fromkeys(bufs, 0)
         ev: Any = self.evaluator
         needs_raw = key_specs(ev)[1]  # raw events kept with pane rows only where rules read them
-        for tau in taus:
+        due_at: dict[tuple[str, str], list[PanePartial]] = {}  # per key field, the rows due at each tau
+        for key in [k for k in self.panes if k[0] in bufs]:
+            due_at[key], self.panes[key] = self.panes[key].split_at(taus)
+        for i, tau in enumerate(taus):
             span = (_NO_TS if self.applied_until is None else self.applied_until, tau)
             for stream, (p, ts) in bufs.items():
                 lo = cursor[stream]
@@ -529,7 +532,7 @@ class EngineCore:
                 keys = [k for k in self.panes if k[0] == stream]
                 fed = bool(keys) and stream not in self.raw_fed
                 for key in keys:
-                    due, self.panes[key] = self.panes[key].split(tau)
+                    due = due_at[key][i]
                     if fed and len(due):
                         keep = raw if stream in needs_raw else None
                         ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=keep, span=span)

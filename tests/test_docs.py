@@ -17,6 +17,7 @@ neither a word character, a hyphen nor a space dropped, spaces made hyphens, and
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -41,21 +42,29 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(page: Path) -> set[str]:
+@cache
+def prose(page: Path) -> str:
+    """``page``'s text with its fenced blocks blanked (their lines kept empty, so line numbers
+    hold); read once per page."""
+    return _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text(encoding="utf-8"))
+
+
+@cache
+def anchors(page: Path) -> frozenset[str]:
     """Every anchor ``page``'s headings give, repeats numbered as GitHub numbers them."""
     seen: dict[str, int] = {}
     out = set()
-    for m in _HEADING.finditer(_FENCE.sub("", page.read_text(encoding="utf-8"))):
+    for m in _HEADING.finditer(prose(page)):
         base = slug(m.group(2))
         n = seen.get(base, 0)
         seen[base] = n + 1
         out.add(base if n == 0 else f"{base}-{n}")
-    return out
+    return frozenset(out)
 
 
 def links(page: Path) -> list[str]:
     """The relative link targets of ``page`` (outside code), in order."""
-    text = _CODE.sub("", _FENCE.sub("", page.read_text(encoding="utf-8")))
+    text = _CODE.sub("", prose(page))
     return [t for t in _LINK.findall(text) if not _EXTERNAL.match(t)]
 
 
@@ -81,8 +90,7 @@ def _cells(line: str) -> int:
 
 def uneven_rows(page: Path) -> list[str]:
     """``page``'s table rows whose cell count differs from their header's, as ``line N: n of m``."""
-    text = _FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text(encoding="utf-8"))
-    lines = text.split("\n")
+    lines = prose(page).split("\n")
     out = []
     i = 0
     while i < len(lines) - 1:

@@ -33,11 +33,12 @@ LAST (bits), MIN and MAX (values).  Two things are canonical rather than order-d
   the other zero (``aggregate``'s own result depends on the order it reduces in); they compare
   equal, so no rule's answer changes.
 
-:meth:`PanePartial.split` cuts off the panes due at a lookup time (``pane <= tau``); the rest
-stays pending and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries
-pending rows over a change of the column sets (new sets from the executors re-run over the
-same records).  :func:`merge_output` turns a batch's whole
-executor output (``mapInArrow(...).toArrow()``) into what the driver needs.
+:meth:`PanePartial.split` cuts off the panes due at a lookup time (``pane <= tau``;
+:meth:`PanePartial.split_at` for a batch's lookup times in one pass); the rest stays pending
+and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries pending rows over
+a change of the column sets (new sets from the executors re-run over the same records).
+:func:`merge_output` turns a batch's whole executor output (``mapInArrow(...).toArrow()``) into
+what the driver needs.
 """
 
 from __future__ import annotations
@@ -290,6 +291,18 @@ class PanePartial:
         stays pending."""
         due = self.pane <= until
         return self.take(due), self.take(~due)
+
+    def split_at(self, taus: range) -> tuple[list[PanePartial], PanePartial]:
+        """What :meth:`split` gives lookup by lookup over the increasing ``taus``, cut in one
+        pass: ``(due, rest)`` where ``due[i]`` holds the rows with ``taus[i-1] < pane <= taus[i]``
+        (every row with ``pane <= taus[0]`` in ``due[0]``) and ``rest`` the rows after the last
+        lookup.  Each row is copied once, not once per lookup it waits through; rows keep their
+        order within each part."""
+        at = np.searchsorted(np.asarray(taus, np.int64), self.pane, "left")  # first tau >= pane
+        order = np.argsort(at, kind="stable")  # stable: increasing positions within each part
+        cut = np.searchsorted(at[order], np.arange(len(taus) + 2), "left")
+        parts = [self.take(order[cut[i] : cut[i + 1]]) for i in range(len(taus) + 1)]
+        return parts[:-1], parts[-1]
 
     def with_spec(self, spec: KeySpec, extra: PanePartial | None = None) -> PanePartial:
         """The same rows under another spec of the same (stream, key field) -- after rules were

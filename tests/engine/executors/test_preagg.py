@@ -140,6 +140,15 @@ def test_partials_merge_across_batches_and_split_at_a_lookup(
         # merging in the other order (and with an empty part) changes nothing
         again = PanePartial.merge([rest, PanePartial.empty(ks), due])
         assert_pane_rows_equal(again.pane_rows(), merged.pane_rows(), f"{ks.key} re-merged")
+        # a batch's lookups cut at once equal the cuts one lookup after another
+        taus = range(tau, tau + data.draw(st.sampled_from([0, 1, 2500, 5000])) + 1, 1000)
+        cuts, left = merged.split_at(taus)
+        assert len(cuts) == len(taus)
+        left_one = merged
+        for t, cut in zip(taus, cuts, strict=True):
+            one, left_one = left_one.split(t)
+            assert_pane_rows_equal(cut.pane_rows(), one.pane_rows(), f"{ks.key} due at {t}")
+        assert_pane_rows_equal(left.pane_rows(), left_one.pane_rows(), f"{ks.key} pending after {taus}")
 
 
 def _records(t: pa.Table) -> list[tuple[Any, ...]]:
