@@ -57,7 +57,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -76,6 +75,7 @@ from bench.engine_bench import fresh_database  # noqa: E402
 from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock  # noqa: E402
 from engine.runtime.gc_tuning import tune_gc  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
+from tidewatch.stack.spark_cluster import free_port  # noqa: E402
 
 #: the two sides, and the parts of a delivery timed for each
 SIDES = ("inline", "deferred")
@@ -141,12 +141,6 @@ def copy_of(alerts: AlertSeq) -> AlertSeq:
     return seq
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
     """``(PostgreSQL URL, Kafka bootstrap, settings)``: the given ones, or an embedded server and
@@ -161,16 +155,16 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
         return
     root = Path(tempfile.mkdtemp(prefix="tw-delivery-bench-"))
     root.chmod(0o755)  # the PostgreSQL server runs as the postgres user when this runs as root
-    port = _free_port()
+    port = free_port()
     s = Settings(
         run_dir=root / "run",
         cache_dir=get_settings().cache_dir,
-        pg_port=_free_port(),
+        pg_port=free_port(),
         pg_password="tidewatch-bench",
         database_url=None,
         kafka_port=port,
         kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_controller_port=_free_port(),
+        kafka_controller_port=free_port(),
         kafka_security="plaintext",
     )
     started: list[Any] = []

@@ -39,7 +39,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -54,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import live_producer, make_events, make_mixed_rules, run_settings  # noqa: E402
+from tidewatch.stack.spark_cluster import free_port  # noqa: E402
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -62,12 +62,6 @@ log = logging.getLogger("tidewatch.soak")
 
 
 # ---------------------------------------------------------------- infrastructure
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Stack:
     """Kafka and PostgreSQL for the soak: given, or started here (embedded) and stopped here."""
@@ -131,14 +125,14 @@ def start_stack(a: argparse.Namespace) -> Stack:
 
     run_dir = Path(tempfile.mkdtemp(prefix="tw-soak-run-"))
     run_dir.chmod(0o755)  # the postgres server user (when root runs this) must reach it
-    kafka_port = _free_port()
+    kafka_port = free_port()
     s = base.model_copy(
         update={
             "run_dir": run_dir,
             "kafka_port": kafka_port,
             "kafka_bootstrap": f"127.0.0.1:{kafka_port}",
-            "kafka_controller_port": _free_port(),
-            "pg_port": _free_port(),
+            "kafka_controller_port": free_port(),
+            "pg_port": free_port(),
             "kafka_heap": a.kafka_heap,
         }
     )

@@ -519,7 +519,7 @@ class EngineCore:
         cursor = dict.fromkeys(bufs, 0)
         ev: Any = self.evaluator
         needs_raw = key_specs(ev)[1]  # raw events kept with pane rows only where rules read them
-        due_at: dict[tuple[str, str], list[PanePartial]] = {}  # per key field, the rows due at each tau
+        due_at: dict[tuple[str, str], dict[int, PanePartial]] = {}  # per key field: tau index -> rows due
         for key in [k for k in self.panes if k[0] in bufs]:
             due_at[key], self.panes[key] = self.panes[key].split_at(taus)
         for i, tau in enumerate(taus):
@@ -532,8 +532,8 @@ class EngineCore:
                 keys = [k for k in self.panes if k[0] == stream]
                 fed = bool(keys) and stream not in self.raw_fed
                 for key in keys:
-                    due = due_at[key][i]
-                    if fed and len(due):
+                    due = due_at[key].get(i)
+                    if fed and due is not None:
                         keep = raw if stream in needs_raw else None
                         ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=keep, span=span)
                 if not fed and raw is not None:

@@ -292,17 +292,24 @@ class PanePartial:
         due = self.pane <= until
         return self.take(due), self.take(~due)
 
-    def split_at(self, taus: range) -> tuple[list[PanePartial], PanePartial]:
+    def split_at(self, taus: range) -> tuple[dict[int, PanePartial], PanePartial]:
         """What :meth:`split` gives lookup by lookup over the increasing ``taus``, cut in one
         pass: ``(due, rest)`` where ``due[i]`` holds the rows with ``taus[i-1] < pane <= taus[i]``
-        (every row with ``pane <= taus[0]`` in ``due[0]``) and ``rest`` the rows after the last
-        lookup.  Each row is copied once, not once per lookup it waits through; rows keep their
-        order within each part."""
+        (every row with ``pane <= taus[0]`` in ``due[0]``), present only for the lookups that
+        have rows (a stream idle for a day spans ``86,400`` lookups of one second, nearly all
+        empty), and ``rest`` the rows after the last lookup.  Each row is copied once, not once
+        per lookup it waits through; rows keep their order within each part."""
+        if not len(self):
+            return {}, self
+        n = len(taus)
         at = np.searchsorted(np.asarray(taus, np.int64), self.pane, "left")  # first tau >= pane
         order = np.argsort(at, kind="stable")  # stable: increasing positions within each part
-        cut = np.searchsorted(at[order], np.arange(len(taus) + 2), "left")
-        parts = [self.take(order[cut[i] : cut[i + 1]]) for i in range(len(taus) + 1)]
-        return parts[:-1], parts[-1]
+        at = at[order]
+        starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
+        ends = np.r_[starts[1:], len(at)]
+        due = {int(at[a]): self.take(order[a:b]) for a, b in zip(starts, ends, strict=True)}
+        rest = due.pop(n, None)
+        return due, self.take(_I0) if rest is None else rest
 
     def with_spec(self, spec: KeySpec, extra: PanePartial | None = None) -> PanePartial:
         """The same rows under another spec of the same (stream, key field) -- after rules were

@@ -9,9 +9,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
-    """Every message of ``topic`` (all partitions, from the start to the end), read with
-    ``isolation`` (``read_committed`` skips aborted transactions)."""
+def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """Every message of ``topic`` (all partitions, from the start to the end) as confluent-kafka
+    ``Message`` objects, read with ``isolation`` (``read_committed`` skips aborted transactions;
+    ``read_uncommitted`` counts them): the feed's own records as they stand in the log.  The
+    engine's tests read decoded values with ``tests.engine.support.read_topic`` instead."""
     c = Consumer(
         {
             "bootstrap.servers": bootstrap,

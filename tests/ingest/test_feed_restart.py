@@ -32,7 +32,7 @@ import pytest
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
 from tests.engine.support import end_offsets
-from tests.ingest.support import read_topic
+from tests.ingest.support import read_messages
 from tidewatch.settings import Settings, get_settings
 from tidewatch.stack import kafka_broker as kafka
 from tidewatch.wire.avro import decode_batch, field_names
@@ -87,7 +87,7 @@ def test_feed_rides_out_a_broker_restart(restartable_kafka: Settings, tmp_path: 
     errors = log.read_text()
     assert proc.returncode == 0, errors[-3000:]
     assert "failed 0, unconfirmed 0" in errors
-    got_msgs = read_topic(bootstrap, topic)
+    got_msgs = read_messages(bootstrap, topic)
     print(
         f"\n{n} records; {before} written when the broker stopped; down {outage:.1f} s; got {len(got_msgs)}"
     )

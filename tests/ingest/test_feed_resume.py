@@ -25,7 +25,7 @@ import pytest
 
 from ingest.producer import ensure_topic
 from ingest.trades_gen import TradeConfig, TradeGenerator
-from tests.ingest.support import read_topic
+from tests.ingest.support import read_messages
 from tidewatch.settings import get_settings
 from tidewatch.wire.avro import decode_batch, field_names
 from tidewatch.wire.csv_io import read_csv_chunks, write_csv
@@ -122,7 +122,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
             proc.stderr.close()
         seen.append(_records(progress))
     assert seen == sorted(seen) and 0 < seen[-1] < n, seen
-    uncommitted = len(read_topic(kafka_bootstrap, topic, "read_uncommitted"))
+    uncommitted = len(read_messages(kafka_bootstrap, topic, "read_uncommitted"))
 
     done = subprocess.run(
         _feed_cmd(trades_csv, kafka_bootstrap, topic, progress),
@@ -137,7 +137,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
     state = json.loads(progress.read_text())
     assert state["records"] == n and state["done"] is True
 
-    got = _frame(read_topic(kafka_bootstrap, topic, "read_committed"))
+    got = _frame(read_messages(kafka_bootstrap, topic, "read_committed"))
     print(f"\n{n} records, kills at {seen}; read_uncommitted saw {uncommitted} before the last run")
     # the kills landed inside open transactions: their records are in the log, aborted
     assert uncommitted > seen[-1]
@@ -162,7 +162,7 @@ def test_feed_killed_mid_file_and_resumed_sends_every_record_once(
         timeout=180,
     )
     assert again.returncode == 0, again.stderr
-    assert len(read_topic(kafka_bootstrap, topic, "read_committed")) == n
+    assert len(read_messages(kafka_bootstrap, topic, "read_committed")) == n
 
 
 def test_resume_refuses_a_changed_file(kafka_bootstrap: str, trades_csv: Path, tmp_path: Path) -> None:
