@@ -261,29 +261,39 @@ class PanePartial:
     def take(self, idx: np.ndarray) -> PanePartial:
         """The rows ``idx`` (increasing positions or a boolean mask)."""
         idx = np.flatnonzero(idx) if idx.dtype == bool else np.asarray(idx, np.int64)
-        new = np.full(len(self), -1, np.int64)
-        new[idx] = np.arange(len(idx))
-        sets = []
+        new: np.ndarray | None = None
+        dist: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
         for sp in self.sets:
-            dist = []
+            dist.append([])
             for r, v, m in sp.distinct:
+                if new is None:  # O(rows) once, and only when a COUNT DISTINCT has rows to remap
+                    new = np.full(len(self), -1, np.int64)
+                    new[idx] = np.arange(len(idx))
                 nr = new[r]
                 keep = nr >= 0
-                dist.append((nr[keep], v[keep], m[keep]))
-            sets.append(
-                SetPartial(
-                    sp.count[idx],
-                    sp.sum_hi[idx],
-                    sp.sum_lo[idx],
-                    sp.mins[idx],
-                    sp.maxs[idx],
-                    sp.first[idx],
-                    sp.last[idx],
-                    sp.first_at[idx],
-                    sp.last_at[idx],
-                    dist,
-                )
+                dist[-1].append((nr[keep], v[keep], m[keep]))
+        return self._rows(idx, dist)
+
+    def _rows(
+        self, idx: np.ndarray, dist: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
+    ) -> PanePartial:
+        """The rows ``idx`` with the distinct triples ``dist`` (per set, per field) already
+        renumbered to the new rows."""
+        sets = [
+            SetPartial(
+                sp.count[idx],
+                sp.sum_hi[idx],
+                sp.sum_lo[idx],
+                sp.mins[idx],
+                sp.maxs[idx],
+                sp.first[idx],
+                sp.last[idx],
+                sp.first_at[idx],
+                sp.last_at[idx],
+                d,
             )
+            for sp, d in zip(self.sets, dist, strict=True)
+        ]
         return PanePartial(self.spec, self.keys[idx], self.pane[idx], self.total[idx], self.key_at[idx], sets)
 
     def split(self, until: int) -> tuple[PanePartial, PanePartial]:
@@ -304,10 +314,25 @@ class PanePartial:
         n = len(taus)
         at = np.searchsorted(np.asarray(taus, np.int64), self.pane, "left")  # first tau >= pane
         order = np.argsort(at, kind="stable")  # stable: increasing positions within each part
-        at = at[order]
-        starts = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])
+        parts, starts = np.unique(at[order], return_index=True)
         ends = np.r_[starts[1:], len(at)]
-        due = {int(at[a]): self.take(order[a:b]) for a, b in zip(starts, ends, strict=True)}
+        # each row's position within its part, for renumbering the distinct triples in one pass
+        # (O(rows + triples) per batch, not O(rows) per part)
+        pos = np.empty(len(at), np.int64)
+        pos[order] = np.arange(len(at)) - np.repeat(starts, ends - starts)
+        dist: list[list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]] = [
+            [[] for _ in self.sets] for _ in parts
+        ]
+        for s, sp in enumerate(self.sets):
+            for r, v, m in sp.distinct:
+                o = np.argsort(at[r], kind="stable")  # by part, keeping (row, value) order
+                r, v, m = r[o], v[o], m[o]
+                cut = np.searchsorted(at[r], parts, "left")
+                for j, (a, b) in enumerate(zip(cut, np.r_[cut[1:], len(r)], strict=True)):
+                    dist[j][s].append((pos[r[a:b]], v[a:b], m[a:b]))
+        due = {
+            int(p): self._rows(order[a:b], d) for p, a, b, d in zip(parts, starts, ends, dist, strict=True)
+        }
         rest = due.pop(n, None)
         return due, self.take(_I0) if rest is None else rest
 

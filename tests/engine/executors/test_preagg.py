@@ -149,6 +149,9 @@ def test_partials_merge_across_batches_and_split_at_a_lookup(
             one, left_one = left_one.split(t)
             cut = cuts.get(i, PanePartial.empty(ks))  # only the lookups with rows have a part
             assert_pane_rows_equal(cut.pane_rows(), one.pane_rows(), f"{ks.key} due at {t}")
+            for cs, os_ in zip(cut.sets, one.sets, strict=True):  # the triples stay (row, value)-sorted
+                for c3, o3 in zip(cs.distinct, os_.distinct, strict=True):
+                    assert all(np.array_equal(a, b) for a, b in zip(c3, o3, strict=True)), t
         assert_pane_rows_equal(left.pane_rows(), left_one.pane_rows(), f"{ks.key} pending after {taus}")
 
 
