@@ -238,6 +238,7 @@ class Evaluator:
         self._uid += 1
         rule = Rule(name, plan, self._uid, st, agg_structs, index_structs)
         self.rules[name] = rule
+        alert_values.forget_plan(self)
         if fresh or new_state or domain_fresh:
             self._replay(st, fresh, new_state, dom_raw if domain_fresh else None, history)
         extra = None if self.strategy != "shared" or plan.single_atom else extra_atoms(plan)
@@ -271,6 +272,7 @@ class Evaluator:
     def remove_rule(self, name: str) -> None:
         """Unregister a rule; structures nobody uses any more are dropped."""
         rule = self.rules.pop(name)
+        alert_values.forget_plan(self)
         st = rule.state
         st.domain_users.pop(name, None)
         st.domain_readers.pop(name, None)
@@ -728,12 +730,12 @@ class Evaluator:
         (structure, aggregate text) share one computation over the union of their keys: one
         structure read per distinct aggregate at a lookup, not one per rule
         (:func:`engine.evaluation.alert_values.value_columns`)."""
-        return alert_values.value_columns(self.rules, wanted, now)
+        return alert_values.value_columns(self.rules, wanted, now, alert_values.plan_for(self, self.rules))
 
     def value_table(self, wanted: dict[str, list[str]], now: int) -> alert_values.ValueTable:
         """:meth:`value_columns` as flat columns over all the rules of ``wanted``: what a lookup's
         alerts carry as one block (:func:`engine.evaluation.alert_values.value_table`)."""
-        return alert_values.value_table(self.rules, wanted, now)
+        return alert_values.value_table(self.rules, wanted, now, alert_values.plan_for(self, self.rules))
 
     def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Where the next batch's rows are written in every per-key row buffer (the domains' and

@@ -54,13 +54,21 @@ rule_st = st.tuples(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rules=st.lists(rule_st, min_size=1, max_size=8),
+    swap=rule_st,
     n_events=st.integers(0, 80),
     seed=st.integers(0, 2**16),
     pane_ms=st.sampled_from([None, 1000]),
 )
 def test_value_columns_equal_a_brute_force_over_the_events(
-    rules: list[tuple[str, list[tuple[str, int]]]], n_events: int, seed: int, pane_ms: int | None
+    rules: list[tuple[str, list[tuple[str, int]]]],
+    swap: tuple[str, list[tuple[str, int]]],
+    n_events: int,
+    seed: int,
+    pane_ms: int | None,
 ) -> None:
+    """The values against the brute force, as one table too; again after a rule was removed,
+    and after another of its name was added (the evaluator's cached value plan made anew each
+    time), asked for in another order."""
     rng = np.random.default_rng(seed)
     ts = np.sort(rng.integers(0, NOW // 1000, n_events) * 1000 + rng.integers(1, 1000, n_events))
     ev = {
@@ -73,22 +81,55 @@ def test_value_columns_equal_a_brute_force_over_the_events(
         "length": rng.integers(40, 1500, n_events).astype(np.int64),
         "tcp_flags": np.array(["S"] * n_events, dtype=object),
     }
-    e = Evaluator("shared", ci_p=2, pane_ms=pane_ms)
+    # history retained: the rule added after the events fills its new structures from it
+    e = Evaluator("shared", ci_p=2, pane_ms=pane_ms, history_ms=NOW)
     texts: dict[str, tuple[str, list[tuple[str, int]]]] = {}
-    for i, (field, aggs) in enumerate(rules):
-        having = " AND ".join(f"{a} OVER LAST {w} SECONDS > -1" for a, w in aggs)
-        e.add_rule(
-            f"r{i}",
-            compile_rule(f"SELECT {field} FROM packets GROUP BY {field} HAVING {having}", get_settings()),
-        )
-        texts[f"r{i}"] = (field, aggs)
+    for i, rule in enumerate(rules):
+        _add(e, f"r{i}", rule)
+        texts[f"r{i}"] = rule
     half = n_events // 2
     e.apply("packets", {k: v[:half] for k, v in ev.items()})
     e.apply("packets", {k: v[half:] for k, v in ev.items()})
+    _check(e, texts, _wanted(texts, rng), ev)
+    e.remove_rule("r0")
+    del texts["r0"]
+    _check(e, texts, _wanted(texts, rng), ev)
+    _add(e, "r0", swap)
+    texts["r0"] = swap
+    _check(e, texts, _wanted(dict(reversed(texts.items())), rng), ev)
+    assert e.value_columns({}, NOW) == {}
+    empty = e.value_table({}, NOW)
+    assert (
+        empty.label_counts.tolist() == []
+        and empty.labels == []
+        and len(empty.doubles) == len(empty.tags) == 0
+    )
+
+
+def _add(e: Evaluator, name: str, rule: tuple[str, list[tuple[str, int]]]) -> None:
+    field, aggs = rule
+    having = " AND ".join(f"{a} OVER LAST {w} SECONDS > -1" for a, w in aggs)
+    e.add_rule(
+        name, compile_rule(f"SELECT {field} FROM packets GROUP BY {field} HAVING {having}", get_settings())
+    )
+
+
+def _wanted(
+    texts: dict[str, tuple[str, list[tuple[str, int]]]], rng: np.random.Generator
+) -> dict[str, list[str]]:
     wanted: dict[str, list[str]] = {}
     for name, (field, _) in texts.items():
         domain = (SRC if field == "src_ip" else DST) + ["never-seen"]
         wanted[name] = [str(k) for k in rng.choice(domain, int(rng.integers(0, 4)), replace=False)]
+    return wanted
+
+
+def _check(
+    e: Evaluator,
+    texts: dict[str, tuple[str, list[tuple[str, int]]]],
+    wanted: dict[str, list[str]],
+    ev: dict[str, np.ndarray],
+) -> None:
     got = e.value_columns(wanted, NOW)
     assert list(got) == list(wanted)
     for name, keys in wanted.items():
@@ -102,7 +143,6 @@ def test_value_columns_equal_a_brute_force_over_the_events(
             for key, value in zip(keys, column, strict=True):
                 want = _brute(agg, int(window.split()[0]), field, key, ev)
                 assert _same(value, want), (name, key, label, value, want)
-    assert e.value_columns({}, NOW) == {}
     # the same values as one table (what a lookup's block carries): labels rule by rule, values
     # alert by alert in its rule's label order, of the same Python types
     table = e.value_table(wanted, NOW)
@@ -112,9 +152,3 @@ def test_value_columns_equal_a_brute_force_over_the_events(
     got_values = typed_objects(table.doubles, table.tags).tolist()
     assert len(got_values) == len(want_values)
     assert all(_same(a, b) for a, b in zip(got_values, want_values, strict=True))
-    empty = e.value_table({}, NOW)
-    assert (
-        empty.label_counts.tolist() == []
-        and empty.labels == []
-        and len(empty.doubles) == len(empty.tags) == 0
-    )
