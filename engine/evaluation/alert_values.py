@@ -116,7 +116,8 @@ def value_table(
 
 class ValuePlan:
     """What :func:`value_table` reads of each rule, made once for a set of rules (not once per
-    lookup: with 10,000 rules, making it at every lookup was a tenth of the driver's time) --
+    lookup: with 10,000 rules, making it at every lookup for the rules with alerts took about a
+    quarter of the evaluation thread in a profile, docs/measurements/engine.md, Dec 2 evening) --
     per rule, by row (``row_of[rule.uid]``):
 
     * its layout (:func:`_layout`): ``labels[row]``, ``label_counts[row]`` and ``columns[row]``
@@ -127,9 +128,9 @@ class ValuePlan:
       (:func:`_signatures`); ``n_aggs[row]``;
     * ``state_of[row]``: its key state, an index of ``states``.
 
-    A plan is only valid for the rules it was made of, as they were: the evaluator drops it when
-    a rule is added or removed (:meth:`engine.evaluation.evaluator.Evaluator.value_table`) and
-    never writes it into a snapshot."""
+    A plan is only valid for the rules it was made of, as they were: the evaluator asks for it
+    with :func:`plan_for`, drops it with :func:`forget_plan` when a rule is added or removed, and
+    never writes it into a snapshot; a rule it was not made for raises ``ValueError``."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
         rs = list(rules)
