@@ -266,6 +266,9 @@ class PanePartial:
         for sp in self.sets:
             dist.append([])
             for r, v, m in sp.distinct:
+                if not len(r):
+                    dist[-1].append((r, v, m))
+                    continue
                 if new is None:  # O(rows) once, and only when a COUNT DISTINCT has rows to remap
                     new = np.full(len(self), -1, np.int64)
                     new[idx] = np.arange(len(idx))
