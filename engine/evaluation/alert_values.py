@@ -75,9 +75,7 @@ def value_columns(
     the :class:`ValuePlan` of ``rules`` (made for the rules of ``wanted`` if not given)."""
     if not wanted:
         return {}
-    rs = [rules[n] for n in wanted]
-    plan = plan or ValuePlan(rs)
-    rows, starts, doubles, tags = _matrix(plan, rs, wanted, now)
+    plan, rows, starts, doubles, tags = _matrix(rules, wanted, now, plan)
     values = typed_objects(doubles.reshape(-1), tags.reshape(-1)).reshape(doubles.shape)
     out: ValueColumns = {}
     for i, (name, row) in enumerate(zip(wanted, rows.tolist(), strict=True)):
@@ -100,9 +98,7 @@ def value_table(
     (:class:`engine.messages.LookupBlock`); ``plan`` as for :func:`value_columns`."""
     if not wanted:
         return ValueTable(np.zeros(0, np.int64), [], np.zeros(0, np.float64), np.zeros(0, np.int8))
-    rs = [rules[n] for n in wanted]
-    plan = plan or ValuePlan(rs)
-    rows, starts, doubles, tags = _matrix(plan, rs, wanted, now)
+    plan, rows, starts, doubles, tags = _matrix(rules, wanted, now, plan)
     m = plan.label_counts[rows]
     width = doubles.shape[1]
     labels = list(chain.from_iterable(map(plan.labels.__getitem__, rows.tolist())))
@@ -202,13 +198,15 @@ def _layout(rule: Rule) -> tuple[list[str], list[int]]:
 
 
 def _matrix(
-    plan: ValuePlan, rs: list[Rule], wanted: dict[str, list[str]], now: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, starts, doubles, tags)``: the plan's rows of the rules ``rs`` of ``wanted`` (in
-    its order), where each one's alerts start (``starts[i]:starts[i + 1]``, the keys of
-    ``wanted[name]`` in order) and the matrices of every alert's aggregates (row: alert, column:
-    the rule's aggregate ``j``) as doubles and their type tags (:func:`_read`; past a rule's last
-    aggregate: 0.0, NULL)."""
+    rules: dict[str, Rule], wanted: dict[str, list[str]], now: int, plan: ValuePlan | None
+) -> tuple[ValuePlan, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(plan, rows, starts, doubles, tags)``: ``plan`` (made for the rules of ``wanted`` if
+    none is given), its rows of the rules of ``wanted`` (in its order), where each one's alerts
+    start (``starts[i]:starts[i + 1]``, the keys of ``wanted[name]`` in order) and the matrices
+    of every alert's aggregates (row: alert, column: the rule's aggregate ``j``) as doubles and
+    their type tags (:func:`_read`; past a rule's last aggregate: 0.0, NULL)."""
+    rs = [rules[n] for n in wanted]
+    plan = plan or ValuePlan(rs)
     rows = plan.rows(rs)
     starts = _starts(np.fromiter(map(len, wanted.values()), np.int64, len(rs)))
     ids = _key_ids(plan, rows, wanted, starts)
@@ -229,7 +227,7 @@ def _matrix(
             s, spec = plan.sigs[g]
             pos = order[cut[g] : cut[g + 1]]
             flat[pos], flat_tags[pos] = _read(spec, s, ids[pos // width], now)
-    return rows, starts, doubles, tags
+    return plan, rows, starts, doubles, tags
 
 
 def _key_ids(
@@ -240,11 +238,12 @@ def _key_ids(
     ids = np.empty(int(starts[-1]), np.int64)
     lists = list(wanted.values())
     state_of = plan.state_of[rows]
+    counts = np.diff(starts)
     for k in np.unique(state_of).tolist():
         st = plan.states[k]
         members = np.flatnonzero(state_of == k)
         keys = chain.from_iterable(map(lists.__getitem__, members.tolist()))
-        n = int(np.diff(starts)[members].sum())
+        n = int(counts[members].sum())
         got = np.fromiter(map(st._ids.get, keys, repeat(len(st.interner))), np.int64, n)
         if len(members) == len(rows):
             ids[:] = got
