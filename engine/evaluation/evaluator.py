@@ -85,7 +85,7 @@ from engine.evaluation.batches import (
 from engine.evaluation.history import History, RowsKeep
 from engine.evaluation.lookup import Lookup
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate, pane_of
-from engine.evaluation.rules import Changes, Group, Rule, extra_atoms
+from engine.evaluation.rules import Changes, Group, Rule, extra_atoms, loose_rules
 from engine.evaluation.state import KeyState, Structure, set_name
 from subscriptions import rule_ast as A
 from subscriptions.compiler import AggSpec, Plan
@@ -622,8 +622,8 @@ class Evaluator:
                 self._lookup_group(g, now, changes)
             elif len(uids) < len(g.members):
                 self._lookup_group(g, now, changes, np.array(sorted(uids), np.int64))
-        for rule in self.rules.values():
-            if rule.group is not None or rule.name in skip:
+        for rule in loose_rules(self, self.rules, self._uid):
+            if rule.name in skip:
                 continue
             cur = ctx.evaluate(rule)
             enter = sorted_diff(cur, rule.prev)

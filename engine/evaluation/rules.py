@@ -12,10 +12,12 @@
   over to the post-check.
 * :class:`Changes`: result changes of one lookup, blocks of (rule names, key values) that
   entered / exited.
+* :func:`loose_rules`: the rules of no group (each looked up on its own), kept per rule set.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -266,3 +268,21 @@ class Changes:
 
     def __len__(self) -> int:
         return sum(int(k.shape[0]) for _, k, _ in self.parts)
+
+
+#: per evaluator: (its rule set's stamp, its rules of no group) -- not in the evaluator, so
+#: never in a snapshot
+_LOOSE: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], list[Rule]]] = weakref.WeakKeyDictionary()
+
+
+def loose_rules(owner: Any, rules: dict[str, Rule], last_uid: int) -> list[Rule]:
+    """``owner``'s rules of no group (``rule.group is None``), in the order of ``rules``: made
+    again only when the rule set changed, i.e. when ``(len(rules), last_uid)`` did (``last_uid``:
+    the uid given to the latest rule added -- an added rule raises it, a removed one lowers the
+    count, and a rule's group is set once, when it is added).  A lookup then walks these, not
+    every rule (thousands, nearly all in groups)."""
+    stamp = (len(rules), int(last_uid))
+    got = _LOOSE.get(owner)
+    if got is None or got[0] != stamp:
+        got = _LOOSE[owner] = (stamp, [r for r in rules.values() if r.group is None])
+    return got[1]
