@@ -42,6 +42,7 @@ from engine.cap import cap_alerts
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.evaluation.alert_values import ValueTable
+from engine.evaluation.panes import PaneRows
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import ExecutorBatch, PanePartial
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
@@ -507,7 +508,7 @@ class EngineCore:
 
     def _run_pane_lookups(self, taus: range, out: BatchOutput) -> None:
         """:meth:`_run_lookups` with the pending pane rows: per ``tau`` each (stream, key field)'s
-        rows with ``pane <= tau`` (cut for all the ``taus`` at once, :meth:`PanePartial.split_at`)
+        rows with ``pane <= tau`` (cut for all the ``taus`` at once, :meth:`PanePartial.rows_at`)
         go to ``Evaluator.apply_panes`` with the same events raw (one dict for every key field of
         the stream, as the evaluator retains them for PSoup); a stream with no key field in use
         or in ``raw_fed`` gets its raw events (``apply``), its due pane rows dropped."""
@@ -519,9 +520,9 @@ class EngineCore:
         cursor = dict.fromkeys(bufs, 0)
         ev: Any = self.evaluator
         needs_raw = key_specs(ev)[1]  # raw events kept with pane rows only where rules read them
-        due_at: dict[tuple[str, str], dict[int, PanePartial]] = {}  # per key field: tau index -> rows due
+        due_at: dict[tuple[str, str], dict[int, PaneRows]] = {}  # per key field: tau index -> rows due
         for key in [k for k in self.panes if k[0] in bufs]:
-            due_at[key], self.panes[key] = self.panes[key].split_at(taus)
+            due_at[key], self.panes[key] = self.panes[key].rows_at(taus)
         for i, tau in enumerate(taus):
             span = (_NO_TS if self.applied_until is None else self.applied_until, tau)
             for stream, (p, ts) in bufs.items():
@@ -535,7 +536,7 @@ class EngineCore:
                     due = due_at[key].get(i)
                     if fed and due is not None:
                         keep = raw if stream in needs_raw else None
-                        ev.apply_panes(stream, due.pane_rows(), key=key[1], raw=keep, span=span)
+                        ev.apply_panes(stream, due, key=key[1], raw=keep, span=span)
                 if not fed and raw is not None:
                     ev.apply(stream, raw, span=span)
                 elif not keys and raw is None and self._seen_after(stream, span[0]):

@@ -43,7 +43,9 @@ what the driver needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numba as nb
 import numpy as np
@@ -72,6 +74,9 @@ from engine.executors.preagg import (
 _PANE, _DISTINCT = KINDS.index("pane"), KINDS.index("distinct")
 _REASON_RANK = {r: i for i, r in enumerate(("undecodable", "invalid", "future", "late", "lost"))}
 assert set(_REASON_RANK) == set(REASONS)
+_T = TypeVar("_T")
+#: COUNT DISTINCT triples (rows, values, multiplicities) per column set, per field
+_Dist = list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
 
 
 # ---------------------------------------------------------------- kernels
@@ -262,7 +267,7 @@ class PanePartial:
         """The rows ``idx`` (increasing positions or a boolean mask)."""
         idx = np.flatnonzero(idx) if idx.dtype == bool else np.asarray(idx, np.int64)
         new: np.ndarray | None = None
-        dist: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+        dist: _Dist = []
         for sp in self.sets:
             dist.append([])
             for r, v, m in sp.distinct:
@@ -277,9 +282,7 @@ class PanePartial:
                 dist[-1].append((nr[keep], v[keep], m[keep]))
         return self._rows(idx, dist)
 
-    def _rows(
-        self, idx: np.ndarray, dist: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]
-    ) -> PanePartial:
+    def _rows(self, idx: np.ndarray, dist: _Dist) -> PanePartial:
         """The rows ``idx`` with the distinct triples ``dist`` (per set, per field) already
         renumbered to the new rows."""
         sets = [
@@ -312,6 +315,15 @@ class PanePartial:
         have rows (a stream idle for a day spans ``86,400`` lookups of one second, nearly all
         empty), and ``rest`` the rows after the last lookup.  Each row is copied once, not once
         per lookup it waits through; rows keep their order within each part."""
+        return self._cut(taus, self._rows)
+
+    def rows_at(self, taus: range) -> tuple[dict[int, PaneRows], PanePartial]:
+        """:meth:`split_at` with each due part as its :meth:`pane_rows`, made from this partial's
+        rows at once (each gathered once, in its final order: not cut, then ordered)."""
+        return self._cut(taus, self._pane_rows)
+
+    def _cut(self, taus: range, make: Callable[[np.ndarray, _Dist], _T]) -> tuple[dict[int, _T], PanePartial]:
+        """:meth:`split_at` with the due parts made by ``make(rows, distinct triples)``."""
         if not len(self):
             return {}, self
         n = len(taus)
@@ -323,9 +335,7 @@ class PanePartial:
         # (O(rows + triples) per batch, not O(rows) per part)
         pos = np.empty(len(at), np.int64)
         pos[order] = np.arange(len(at)) - np.repeat(starts, ends - starts)
-        dist: list[list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]] = [
-            [[] for _ in self.sets] for _ in parts
-        ]
+        dist: list[_Dist] = [[[] for _ in self.sets] for _ in parts]
         for s, sp in enumerate(self.sets):
             for r, v, m in sp.distinct:
                 o = np.argsort(at[r], kind="stable")  # by part, keeping (row, value) order
@@ -333,10 +343,13 @@ class PanePartial:
                 cut = np.searchsorted(at[r], parts, "left")
                 for j, (a, b) in enumerate(zip(cut, np.r_[cut[1:], len(r)], strict=True)):
                     dist[j][s].append((pos[r[a:b]], v[a:b], m[a:b]))
-        due = {
-            int(p): self._rows(order[a:b], d) for p, a, b, d in zip(parts, starts, ends, dist, strict=True)
-        }
-        rest = due.pop(n, None)
+        due: dict[int, _T] = {}
+        rest: PanePartial | None = None
+        for p, a, b, d in zip(parts.tolist(), starts, ends, dist, strict=True):
+            if p == n:
+                rest = self._rows(order[a:b], d)
+            else:
+                due[p] = make(order[a:b], d)
         return due, self.take(_I0) if rest is None else rest
 
     def with_spec(self, spec: KeySpec, extra: PanePartial | None = None) -> PanePartial:
@@ -396,39 +409,48 @@ class PanePartial:
 
     def pane_rows(self) -> PaneRows:
         """The rows as ``Evaluator.apply_panes`` takes them: keys as first seen, then panes."""
-        n = len(self)
+        return self._pane_rows(None, [sp.distinct for sp in self.sets])
+
+    def _pane_rows(self, idx: np.ndarray | None, dist: _Dist) -> PaneRows:
+        """:meth:`pane_rows` of the rows ``idx`` (all: ``None``) with the distinct triples
+        ``dist`` (per set, per field) numbered by position in ``idx``."""
+        keys, pane, key_at = (self.keys, self.pane, self.key_at) if idx is None else (
+            self.keys[idx], self.pane[idx], self.key_at[idx]
+        )  # fmt: skip
+        n = len(keys)
         if n:
-            kc, kuniq = pd.factorize(self.keys, sort=False)
+            kc, kuniq = pd.factorize(keys, sort=False)
             kc = np.asarray(kc, np.int64)
-            _, kmin = _merge_total(kc, len(kuniq), np.zeros(n, np.int64), self.key_at)  # each key's earliest
+            _, kmin = _merge_total(kc, len(kuniq), np.zeros(n, np.int64), key_at)  # each key's earliest
             rank = np.empty(len(kuniq), np.int64)
             rank[np.lexsort((kmin[:, 2], kmin[:, 1], kmin[:, 0]))] = np.arange(len(kuniq))
-            order = np.lexsort((self.pane, rank[kc]))
+            order = np.lexsort((pane, rank[kc]))
         else:
             order = np.zeros(0, np.int64)
         new = np.empty(n, np.int64)
         new[order] = np.arange(n)
+        sel = order if idx is None else idx[order]  # the rows in their final order, in this partial
         sets: dict[str, PaneAggregates] = {}
-        for s, sp in zip(self.spec.sets, self.sets, strict=True):
-            agg = PaneAggregates(count=sp.count[order])
+        for s, sp, ds in zip(self.spec.sets, self.sets, dist, strict=True):
+            agg = PaneAggregates(count=sp.count[sel])
             if s.sums:
-                hi, lo = sp.sum_hi[order], sp.sum_lo[order]
+                hi, lo = sp.sum_hi[sel], sp.sum_lo[sel]
                 fl = to_float_many(np.ascontiguousarray(hi), np.ascontiguousarray(lo))
                 for c, f in enumerate(s.sums):
                     agg.sums[f] = np.ascontiguousarray(fl[:, c])
                     agg.exact[f] = (np.ascontiguousarray(hi[:, c]), np.ascontiguousarray(lo[:, c]))
             for c, f in enumerate(s.minmax):
-                agg.mins[f] = np.ascontiguousarray(sp.mins[order, c])
-                agg.maxs[f] = np.ascontiguousarray(sp.maxs[order, c])
+                agg.mins[f] = np.ascontiguousarray(sp.mins[sel, c])
+                agg.maxs[f] = np.ascontiguousarray(sp.maxs[sel, c])
             for c, f in enumerate(s.firstlast):
-                agg.first[f] = np.ascontiguousarray(sp.first[order, c])
-                agg.last[f] = np.ascontiguousarray(sp.last[order, c])
-            for f, (r, v, m) in zip(s.distinct, sp.distinct, strict=True):
+                agg.first[f] = np.ascontiguousarray(sp.first[sel, c])
+                agg.last[f] = np.ascontiguousarray(sp.last[sel, c])
+            for f, (r, v, m) in zip(s.distinct, ds, strict=True):
                 nr = new[r]
                 o = np.argsort(nr, kind="stable")  # within a row: still sorted by value
                 agg.distinct[f] = (nr[o], v[o], m[o])
             sets[s.name] = agg
-        return PaneRows(keys=self.keys[order], pane=self.pane[order], total=self.total[order], sets=sets)
+        return PaneRows(keys=keys[order], pane=pane[order], total=self.total[sel], sets=sets)
 
 
 _I0 = np.zeros(0, np.int64)

@@ -153,6 +153,17 @@ def test_partials_merge_across_batches_and_split_at_a_lookup(
                 for c3, o3 in zip(cs.distinct, os_.distinct, strict=True):
                     assert all(np.array_equal(a, b) for a, b in zip(c3, o3, strict=True)), t
         assert_pane_rows_equal(left.pane_rows(), left_one.pane_rows(), f"{ks.key} pending after {taus}")
+        # rows_at (the core's: each part's pane rows made at once) equals split_at, then pane_rows
+        rows, left_rows = merged.rows_at(taus)
+        assert set(rows) == set(cuts)
+        for i, cut in cuts.items():
+            want = cut.pane_rows()
+            assert_pane_rows_equal(rows[i], want, f"{ks.key} rows at {taus[i]}")
+            for name, agg in want.sets.items():  # the triples exactly, in the same order
+                for f, w3 in agg.distinct.items():
+                    g3 = rows[i].sets[name].distinct[f]
+                    assert all(np.array_equal(a, b) for a, b in zip(g3, w3, strict=True)), (i, f)
+        assert_pane_rows_equal(left_rows.pane_rows(), left.pane_rows(), f"{ks.key} pending after rows_at")
 
 
 def test_split_at_makes_parts_only_for_lookups_with_rows() -> None:
