@@ -12,7 +12,7 @@ In-process (always): the driver CPU (``time.process_time``) of
 
 * ``today``: :func:`engine.executors.reference.driver_path` of the whole batch (decode +
   validation + dead letters + ``panes.aggregate``);
-* ``merge``: :func:`engine.executors.merge.merge_output` of the tasks' output +
+* ``merge``: :func:`engine.executors.output.merge_output` of the tasks' output +
   ``PanePartial.pane_rows()`` (what ``Evaluator.apply_panes`` takes) -- the tasks (one per Kafka
   partition, as Spark's Kafka source splits) run untimed before, their CPU reported apart.
 
@@ -39,7 +39,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engine_bench import make_trades  # noqa: E402
-from engine.executors.merge import merge_output  # noqa: E402
+from engine.executors.output import merge_output  # noqa: E402
 from engine.executors.preagg import KeySpec, SetSpec, batch_params, preaggregate, spark_preaggregate  # noqa: E402
 from engine.executors.reference import driver_path  # noqa: E402
 from subscriptions import rule_ast as A  # noqa: E402

@@ -43,7 +43,7 @@ from engine.decode import STREAMS, predecode
 from engine.errors import CheckpointMismatch, SnapshotUnreadable
 from engine.executors.collect import collect_preaggregated
 from engine.executors.history import records_source, spark_history
-from engine.executors.merge import ExecutorBatch, merge_output, preaggregate_here
+from engine.executors.output import ExecutorBatch, merge_output, preaggregate_here
 from engine.executors.preagg import BatchParams
 from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput

@@ -44,7 +44,8 @@ from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.evaluation.alert_values import ValueTable
 from engine.evaluation.panes import PaneRows
 from engine.executors.history import HistoryIndex
-from engine.executors.merge import ExecutorBatch, PanePartial
+from engine.executors.merge import PanePartial
+from engine.executors.output import ExecutorBatch
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
 from engine.lookup_changes import ENTER, EXIT, in_order, runs
 from engine.messages import Alert, AlertBlock, BatchOutput, LookupBlock, RuleInfo, SubscriptionChange

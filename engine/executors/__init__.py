@@ -10,8 +10,10 @@
   Spark context, the batch's parameters as a task-local property, checked by a token);
 * :mod:`engine.executors.merge` -- the driver's side: the exact merge of the partial pane rows of
   several tasks and batches (:class:`~engine.executors.merge.PanePartial`) into the
-  :class:`engine.evaluation.panes.PaneRows` that ``Evaluator.apply_panes`` takes, and the rest of
-  a batch's executor output (:func:`~engine.executors.merge.merge_output`);
+  :class:`engine.evaluation.panes.PaneRows` that ``Evaluator.apply_panes`` takes;
+* :mod:`engine.executors.output` -- a batch's whole executor output read by the driver
+  (:func:`~engine.executors.output.merge_output`: the partials merged, dead letters, maxima,
+  offsets, raw events, subscription records);
 * :mod:`engine.executors.reference` -- today's driver path on the same records (decode +
   ``panes.aggregate`` in the driver), the oracle of the tests and the benchmark.
 

@@ -3,7 +3,7 @@ Spark context, the batch's parameters as a task-local property.
 
 :func:`collect_preaggregated` runs :class:`engine.executors.preagg.Preaggregator` over Spark's
 Kafka DataFrame and collects its output (``toArrow``) -- what
-:func:`engine.executors.merge.merge_output` takes.  Its rows are those of
+:func:`engine.executors.output.merge_output` takes.  Its rows are those of
 ``spark_preaggregate(df, params).toArrow()``; only the way the parameters reach the tasks differs
 (:data:`engine.executors.preagg.PARAMS_PROPERTY`), checked on every output by the token the tasks
 write back (:data:`engine.executors.preagg.TOKEN_KEY`).
@@ -40,7 +40,7 @@ _TOKENS = itertools.count(1)
 
 def collect_preaggregated(df: Any, params: BatchParams) -> pa.Table:
     """``df`` (Spark's Kafka source) through the executors with ``params``, collected
-    (``toArrow``): what :func:`engine.executors.merge.merge_output` takes.
+    (``toArrow``): what :func:`engine.executors.output.merge_output` takes.
 
     The same rows as ``spark_preaggregate(df, params).toArrow()``, but the Python function is
     made and pickled once per Spark context, not per batch (cloudpickle and the Py4J calls that

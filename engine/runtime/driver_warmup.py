@@ -15,7 +15,7 @@ factory subscribes :data:`RULES` (every aggregate of every stream, integer and f
 predicates, FILTER, a historical window, ROWS windows) and takes :data:`BATCHES` small batches of
 synthetic events of both streams through the path of the engine's mode (:func:`warm_batch`) --
 in executors mode the executors' pure function run in this process and merged
-(:func:`engine.executors.merge.preaggregate_here`), as a replay does -- so that lookups happen,
+(:func:`engine.executors.output.preaggregate_here`), as a replay does -- so that lookups happen,
 results enter and leave, and the alerts' values are read.  Its alerts are made into the columns
 both sinks read (:func:`read_alerts`).  Nothing is read from or
 written to Kafka or PostgreSQL, and the engine's own core is not touched: the warm-up changes
@@ -175,10 +175,10 @@ def warm_batch(
 ) -> BatchOutput:
     """One batch of Kafka ``records`` (of the event streams of ``topics``, nothing before them)
     through ``core`` by the path of the engine's mode: the executors' pure function run here and
-    merged (:func:`engine.executors.merge.preaggregate_here`, as a replay does), or the driver's
+    merged (:func:`engine.executors.output.preaggregate_here`, as a replay does), or the driver's
     decode."""
     if executors:
-        from engine.executors.merge import preaggregate_here
+        from engine.executors.output import preaggregate_here
 
         params = core.batch_params(dict(topics))
         eb = preaggregate_here(records, params, batch=batch)

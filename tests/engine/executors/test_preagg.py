@@ -5,7 +5,7 @@ ties and pane edges, and bad ones of every reason (undecodable, truncated, inval
 late) -- are split at random among "tasks" (any subset of records, each task's input cut into
 several record batches, sometimes aggregated in tiny chunks); each task runs
 :class:`engine.executors.preagg.Preaggregator` as ``mapInArrow`` would, the outputs are merged
-by :func:`engine.executors.merge.merge_output`, and the result must equal
+by :func:`engine.executors.output.merge_output`, and the result must equal
 :func:`engine.executors.reference.driver_path` on the whole batch: pane rows of every key field
 and column set (order, counts, exact and float sums, MIN/MAX, FIRST/LAST with their ties,
 COUNT DISTINCT), dead letters (every field, same order), events per stream, per-partition
@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from engine.decode import Decoded
 from engine.evaluation.panes import PaneSpec, aggregate
-from engine.executors.merge import PanePartial, merge_output, preaggregate_here
+from engine.executors.merge import PanePartial
+from engine.executors.output import merge_output, preaggregate_here
 from engine.executors.preagg import OUTPUT_SCHEMA, Preaggregator, column_sets, preaggregate
 from engine.executors.reference import _batch_view, driver_path
 from tests.engine.executors.support import (

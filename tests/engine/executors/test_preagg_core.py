@@ -15,7 +15,7 @@ from engine.core import EngineCore
 from engine.decode import STREAMS
 from engine.evaluation.evaluator import Evaluator
 from engine.executors.history import records_source
-from engine.executors.merge import preaggregate_here
+from engine.executors.output import preaggregate_here
 from engine.messages import SubscriptionChange
 from engine.rule_evaluator import rule_compiler
 from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows

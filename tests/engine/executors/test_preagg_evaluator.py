@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from engine.decode import Decoded, empty
 from engine.evaluation.evaluator import Evaluator
-from engine.executors.merge import PanePartial, preaggregate_here
+from engine.executors.merge import PanePartial
+from engine.executors.output import preaggregate_here
 from engine.executors.preagg import batch_params, key_specs
 from engine.executors.reference import driver_path
 from subscriptions.compiler import compile_rule

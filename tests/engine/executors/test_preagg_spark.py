@@ -20,7 +20,7 @@ import pytest
 
 from engine.executors import collect
 from engine.executors.collect import collect_preaggregated
-from engine.executors.merge import merge_output
+from engine.executors.output import merge_output
 from engine.executors.preagg import spark_preaggregate
 from engine.executors.reference import driver_path
 from tests.engine.executors.support import (

@@ -4,7 +4,7 @@ micro-batch needs are the ones the warm-up loaded."""
 
 from __future__ import annotations
 
-from engine.executors.merge import preaggregate_here
+from engine.executors.output import preaggregate_here
 from engine.executors.warmup import warm_up_records
 from tests.engine.executors.support import BASE, TOPICS, params
 
