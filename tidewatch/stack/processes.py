@@ -3,7 +3,10 @@
 Every process ``tidewatch up`` starts is recorded in ``<run_dir>/pids/<name>.json``
 (pid, process start time, command, port).  ``stop`` signals exactly that process and
 its descendants, never anything found by name; the start time guards against a
-recycled PID.
+recycled PID.  The start time is kept twice: as a wall-clock time, and as seconds since
+boot, which a step of the system clock (NTP, a virtual machine resumed) does not move --
+psutil's wall-clock start time of a running process does move with it, and a broker whose
+record no longer matched could be neither stopped nor started again on its port.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ class ProcessRecord:
     port: int | None = None
     log: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    since_boot: float | None = None  # the start in seconds since boot (None in older records)
+
+
+def since_boot(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds since the system booted: psutil's start time less its
+    boot time, both read from the wall clock now, so a clock step cancels out (on Linux the
+    kernel keeps the start as clock ticks since boot)."""
+    return proc.create_time() - psutil.boot_time()
 
 
 def pid_dir(run_dir: Path) -> Path:
@@ -77,7 +88,10 @@ def process_of(rec: ProcessRecord) -> psutil.Process | None:
     """The live process a record names, or ``None`` (dead, zombie, or PID reused)."""
     try:
         proc = psutil.Process(rec.pid)
-        if abs(proc.create_time() - rec.create_time) > 1.0:
+        same_start = abs(proc.create_time() - rec.create_time) <= 1.0 or (
+            rec.since_boot is not None and abs(since_boot(proc) - rec.since_boot) <= 0.05
+        )
+        if not same_start:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
@@ -112,13 +126,15 @@ def spawn(
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
+    started = psutil.Process(proc.pid)
     rec = ProcessRecord(
         name=name,
         pid=proc.pid,
-        create_time=psutil.Process(proc.pid).create_time(),
+        create_time=started.create_time(),
         argv=list(argv),
         port=port,
         log=str(log),
+        since_boot=since_boot(started),
     )
     write_record(run_dir, rec)
     return rec
@@ -128,13 +144,15 @@ def adopt(
     run_dir: Path, name: str, pid: int, argv: Sequence[str], *, port: int | None, log: Path
 ) -> ProcessRecord:
     """Record a process started by someone else on our behalf (e.g. ``pg_ctl`` starting postgres)."""
+    started = psutil.Process(pid)
     rec = ProcessRecord(
         name=name,
         pid=pid,
-        create_time=psutil.Process(pid).create_time(),
+        create_time=started.create_time(),
         argv=list(argv),
         port=port,
         log=str(log),
+        since_boot=since_boot(started),
     )
     write_record(run_dir, rec)
     return rec

@@ -40,6 +40,34 @@ def test_stale_record_with_reused_pid_is_not_running(tmp_path):
     assert me.is_running()
 
 
+def test_a_step_of_the_system_clock_does_not_lose_a_process(tmp_path, monkeypatch):
+    """psutil's start time of a running process is its ticks since boot plus the boot time read
+    from the wall clock now: a clock step (NTP, a resumed virtual machine) moves it.  The record's
+    seconds since boot still name the process, so it is running and ``stop`` ends it."""
+    from psutil import _pslinux
+
+    rec = process.spawn(
+        tmp_path, "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], log=tmp_path / "l"
+    )
+    proc = psutil.Process(rec.pid)
+    real = _pslinux.boot_time
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: real() + 7.0)  # the clock stepped 7 s ahead
+    assert abs(psutil.Process(rec.pid).create_time() - rec.create_time) > 6  # the wall-clock start moved
+    assert process.is_running(rec)
+    assert process.stop(tmp_path, "sleeper", timeout=5) is True
+    assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    # a recycled PID still is not taken for the recorded process: neither start time matches
+    me = psutil.Process()
+    stale = process.ProcessRecord(
+        name="x",
+        pid=me.pid,
+        create_time=me.create_time() - 1000,
+        argv=["x"],
+        since_boot=process.since_boot(me) - 1000,
+    )
+    assert process.process_of(stale) is None
+
+
 def test_wait_until_times_out_and_names_what(tmp_path):
     try:
         process.wait_until(lambda: False, timeout=0.3, interval=0.05, what="the moon")
@@ -103,3 +131,28 @@ def test_port_holder_names_the_listening_process() -> None:
         port = s.getsockname()[1]
         assert process.port_holder(port) == f"pid {os.getpid()} ({psutil.Process().name()})"
     assert process.port_holder(port) == "an unknown process"  # nobody listens any more
+
+
+# a server that ignores SIGTERM, as a broker stuck in its controlled shutdown does: it listens on a
+# port and says which, then sleeps
+_STUBBORN = (
+    "import signal, socket, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    "open(sys.argv[1], 'w').write(str(s.getsockname()[1])); time.sleep(120)"
+)
+
+
+def test_stop_kills_a_process_that_outlives_its_timeout_and_frees_its_port(tmp_path):
+    said = tmp_path / "port.txt"
+    rec = process.spawn(
+        tmp_path, "stubborn", [sys.executable, "-c", _STUBBORN, str(said)], log=tmp_path / "s.log"
+    )
+    deadline = time.monotonic() + 10
+    while not said.exists() or not said.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = int(said.read_text())
+    assert process.port_open("127.0.0.1", port)
+    assert process.stop(tmp_path, "stubborn", timeout=0.5) is True
+    proc = psutil.Process(rec.pid) if psutil.pid_exists(rec.pid) else None
+    assert proc is None or proc.status() == psutil.STATUS_ZOMBIE  # killed, not left running unrecorded
+    assert not process.port_open("127.0.0.1", port)  # so a restart on the same port can bind it
