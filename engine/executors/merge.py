@@ -34,8 +34,9 @@ LAST (bits), MIN and MAX (values).  Two things are canonical rather than order-d
   equal, so no rule's answer changes.
 
 :meth:`PanePartial.split` cuts off the panes due at a lookup time (``pane <= tau``;
-:meth:`PanePartial.split_at` for a batch's lookup times in one pass); the rest stays pending
-and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries pending rows over
+:meth:`PanePartial.split_at` for a batch's lookup times in one pass, and
+:meth:`PanePartial.rows_at` the same with each due part already as its pane rows, each row
+gathered once, which is what the engine's lookups read); the rest stays pending and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries pending rows over
 a change of the column sets (new sets from the executors re-run over the same records).
 :func:`engine.executors.output.merge_output` turns a batch's whole executor output
 (``mapInArrow(...).toArrow()``) into what the driver needs, these partials among it.
@@ -53,10 +54,7 @@ import pandas as pd
 
 from engine.algorithms.fixed128 import add, to_float_many
 from engine.evaluation.panes import PaneAggregates, PaneRows
-from engine.executors.preagg import (
-    KeySpec,
-    SetSpec,
-)
+from engine.executors.preagg import KeySpec, SetSpec
 
 _T = TypeVar("_T")
 #: COUNT DISTINCT triples (rows, values, multiplicities) per column set, per field
