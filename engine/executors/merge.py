@@ -36,8 +36,9 @@ LAST (bits), MIN and MAX (values).  Two things are canonical rather than order-d
 :meth:`PanePartial.split` cuts off the panes due at a lookup time (``pane <= tau``;
 :meth:`PanePartial.split_at` for a batch's lookup times in one pass, and
 :meth:`PanePartial.rows_at` the same with each due part already as its pane rows, each row
-gathered once, which is what the engine's lookups read); the rest stays pending and merges with the next batch's rows; :meth:`PanePartial.with_spec` carries pending rows over
-a change of the column sets (new sets from the executors re-run over the same records).
+gathered once, which is what the engine's lookups read); the rest stays pending and merges
+with the next batch's rows; :meth:`PanePartial.with_spec` carries pending rows over a change
+of the column sets (new sets from the executors re-run over the same records).
 :func:`engine.executors.output.merge_output` turns a batch's whole executor output
 (``mapInArrow(...).toArrow()``) into what the driver needs, these partials among it.
 """

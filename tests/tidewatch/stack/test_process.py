@@ -148,7 +148,7 @@ def test_stop_kills_a_process_that_outlives_its_timeout_and_frees_its_port(tmp_p
         tmp_path, "stubborn", [sys.executable, "-c", _STUBBORN, str(said)], log=tmp_path / "s.log"
     )
     deadline = time.monotonic() + 10
-    while not said.exists() or not said.read_text() and time.monotonic() < deadline:
+    while (not said.exists() or not said.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     port = int(said.read_text())
     assert process.port_open("127.0.0.1", port)
