@@ -3,10 +3,11 @@
 Every process ``tidewatch up`` starts is recorded in ``<run_dir>/pids/<name>.json``
 (pid, process start time, command, port).  ``stop`` signals exactly that process and
 its descendants, never anything found by name; the start time guards against a
-recycled PID.  The start time is kept twice: as a wall-clock time, and as seconds since
-boot, which a step of the system clock (NTP, a virtual machine resumed) does not move --
-psutil's wall-clock start time of a running process does move with it, and a broker whose
-record no longer matched could be neither stopped nor started again on its port.
+recycled PID.  The start time is kept twice: as a wall-clock time (for people, and for
+records written before the other was kept), and as seconds since boot, which a step of the
+system clock (NTP, a virtual machine resumed) does not move and which identifies the process --
+psutil's wall-clock start time of a running process does move with such a step, and a broker
+whose record no longer matched could be neither stopped nor started again on its port.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class ProcessRecord:
 def since_boot(proc: psutil.Process) -> float:
     """When ``proc`` started, in seconds since the system booted: psutil's start time less its
     boot time, both read from the wall clock now, so a clock step cancels out (on Linux the
-    kernel keeps the start as clock ticks since boot)."""
+    kernel keeps the start as clock ticks since boot).  ``proc`` must be a fresh
+    ``psutil.Process``: it keeps its start time from the first call."""
     return proc.create_time() - psutil.boot_time()
 
 
@@ -88,9 +90,10 @@ def process_of(rec: ProcessRecord) -> psutil.Process | None:
     """The live process a record names, or ``None`` (dead, zombie, or PID reused)."""
     try:
         proc = psutil.Process(rec.pid)
-        same_start = abs(proc.create_time() - rec.create_time) <= 1.0 or (
-            rec.since_boot is not None and abs(since_boot(proc) - rec.since_boot) <= 0.05
-        )
+        if rec.since_boot is not None:  # clock ticks since boot: 0.01 s, and no clock step moves it
+            same_start = abs(since_boot(proc) - rec.since_boot) <= 0.05
+        else:  # a record written before since_boot was kept
+            same_start = abs(proc.create_time() - rec.create_time) <= 1.0
         if not same_start:
             return None
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -126,24 +129,14 @@ def spawn(
             env=dict(env) if env is not None else None,
             start_new_session=True,
         )
-    started = psutil.Process(proc.pid)
-    rec = ProcessRecord(
-        name=name,
-        pid=proc.pid,
-        create_time=started.create_time(),
-        argv=list(argv),
-        port=port,
-        log=str(log),
-        since_boot=since_boot(started),
-    )
-    write_record(run_dir, rec)
-    return rec
+    return adopt(run_dir, name, proc.pid, argv, port=port, log=log)
 
 
 def adopt(
     run_dir: Path, name: str, pid: int, argv: Sequence[str], *, port: int | None, log: Path
 ) -> ProcessRecord:
-    """Record a process started by someone else on our behalf (e.g. ``pg_ctl`` starting postgres)."""
+    """Record the running process ``pid`` as ``name``: one :func:`spawn` started, or one started
+    by someone else on our behalf (e.g. ``pg_ctl`` starting postgres)."""
     started = psutil.Process(pid)
     rec = ProcessRecord(
         name=name,
