@@ -13,8 +13,9 @@ everything else over all the lookup's alerts at once --
 * the keys to key ids: one ``dict.get`` pass (in C) over the keys of every rule of a key state;
 * each (alert, aggregate) pair to its *signature* (structure, aggregate text): a table of the
   rules' signatures indexed by each alert's rule, the pairs grouped by a radix sort;
-* each signature read once, for the distinct key ids of all its pairs
-  (:func:`engine.evaluation.lookup.aggregate_at`), and scattered into one matrix of doubles with
+* each structure's aggregate read by one call for all its windows (the signatures of one
+  *read*, :func:`_reads`), for the distinct (signature, key id) pairs
+  (:func:`engine.evaluation.lookup.aggregate_over`), and scattered into one matrix of doubles with
   one of type tags beside it (COUNT and COUNT DISTINCT as ``int``, others as ``float``, NULL --
   NaN -- as ``None``: :data:`engine.messages.INT` ...).
 
@@ -35,9 +36,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from engine.evaluation.lookup import aggregate_at
+from engine.evaluation.lookup import aggregate_over
 from engine.evaluation.rules import unique_ids
 from engine.messages import FLOAT, INT, NULL, entry_layout, typed_objects
+from subscriptions.rule_ast import RowsWindow
 
 if TYPE_CHECKING:
     from engine.evaluation.rules import Rule
@@ -122,7 +124,11 @@ class ValuePlan:
     * ``sig_of[row, j]``: the signature of its aggregate ``j`` (-1 past its last), an index of
       ``sigs``, one (structure, spec) per distinct (structure, aggregate text) of all the rules
       (:func:`_signatures`); ``n_aggs[row]``;
-    * ``state_of[row]``: its key state, an index of ``states``.
+    * ``state_of[row]``: its key state, an index of ``states``;
+    * ``read_of[g]``: signature ``g``'s *read*, an index of ``reads`` -- one (structure, function,
+      ROWS or not) per structure and function: the signatures of one read differ only in their
+      window, ``sig_a[g]`` and ``sig_b[g]`` (a time window's start and end before the lookup
+      time, in ms; a ROWS window's n and 0), and are read by one call (:func:`_reads`).
 
     A plan is only valid for the rules it was made of, as they were: the evaluator asks for it
     with :func:`plan_for`, drops it with :func:`forget_plan` when a rule is added or removed, and
@@ -136,6 +142,7 @@ class ValuePlan:
         self.labels = [labels for labels, _ in self.layouts]
         self.label_counts = np.array([len(at) for _, at in self.layouts], np.int64).reshape(-1)
         self.sig_of, self.sigs = _signatures(rs)
+        self.read_of, self.reads, self.sig_a, self.sig_b = _reads(self.sigs)
         width = self.sig_of.shape[1]
         self.n_aggs = np.array([len(r.plan.aggs) for r in rs], np.int64).reshape(-1)
         self.columns = np.zeros((len(rs), width), np.int64)
@@ -214,19 +221,21 @@ def _matrix(
     doubles = np.zeros((int(starts[-1]), width), np.float64)
     tags = np.full((int(starts[-1]), width), NULL, np.int8)
     if doubles.size:
-        # (alert, aggregate) -> signature
+        # (alert, aggregate) -> signature, the padding (-1) left out
         pair_sig = plan.sig_of[np.repeat(rows, np.diff(starts)), :width].ravel()
-        if len(plan.sigs) < 2**15:  # NumPy's stable sort of 16-bit integers is a radix sort: O(pairs)
-            pair_sig = pair_sig.astype(np.int16)
-        order = np.argsort(pair_sig, kind="stable")
-        # sorted, signature g's pairs are order[cut[g]:cut[g + 1]] (the padding, -1, first)
-        n = np.bincount(pair_sig.astype(np.intp) + 1, minlength=len(plan.sigs) + 1)
-        cut = np.cumsum(n)
+        at = np.flatnonzero(pair_sig >= 0)
+        sig = pair_sig[at]
+        read = plan.read_of[sig]
+        if len(plan.reads) < 2**15:  # NumPy's stable sort of 16-bit integers is a radix sort: O(pairs)
+            read = read.astype(np.int16)
+        order = np.argsort(read, kind="stable")
+        # sorted, read r's pairs are order[cut[r]:cut[r + 1]]
+        cut = _starts(np.bincount(read, minlength=len(plan.reads)))
         flat, flat_tags = doubles.reshape(-1), tags.reshape(-1)
-        for g in np.flatnonzero(n[1:]).tolist():  # only the signatures read
-            s, spec = plan.sigs[g]
-            pos = order[cut[g] : cut[g + 1]]
-            flat[pos], flat_tags[pos] = _read(spec, s, ids[pos // width], now)
+        for r in np.flatnonzero(cut[1:] > cut[:-1]).tolist():  # only the reads used
+            sel = order[cut[r] : cut[r + 1]]
+            pos = at[sel]
+            flat[pos], flat_tags[pos] = _read(plan.reads[r], plan, sig[sel], ids[pos // width], now)
     return plan, rows, starts, doubles, tags
 
 
@@ -277,14 +286,51 @@ def _signatures(rs: list[Rule]) -> tuple[np.ndarray, list[tuple[Structure, AggSp
     return np.asarray(flat, np.int64).reshape(len(rs), width), sigs
 
 
-def _read(spec: AggSpec, s: Structure, ids: np.ndarray, now: int) -> tuple[np.ndarray, np.ndarray]:
-    """The aggregate ``spec`` of structure ``s`` for key ids ``ids`` at ``now`` as ``(doubles,
-    tags)``: COUNT / COUNT DISTINCT tagged ``int`` (their doubles truncated, as ``int()`` would),
-    others ``float``, NULL (NaN) tagged ``None`` with 0.0; read once per distinct id."""
-    u, inv = unique_ids(ids)
-    x = np.asarray(aggregate_at(spec, s, u, now), np.float64)[inv.reshape(-1)]
+def _reads(
+    sigs: list[tuple[Structure, AggSpec]],
+) -> tuple[np.ndarray, list[tuple[Structure, str, bool]], np.ndarray, np.ndarray]:
+    """``(read_of, reads, a, b)`` of the signatures ``sigs``: ``reads`` one (structure, function,
+    ROWS window or not) per distinct such triple, ``read_of[g]`` signature ``g``'s; ``a[g]``,
+    ``b[g]`` its window's bounds -- a time window's ``start_ms`` and ``end_ms`` (it holds the
+    rows with ``now - a < ts <= now - b``), a ROWS window's ``n`` and 0."""
+    index: dict[tuple[int, str, bool], int] = {}
+    reads: list[tuple[Structure, str, bool]] = []
+    read_of = np.zeros(len(sigs), np.int64)
+    a = np.zeros(len(sigs), np.int64)
+    b = np.zeros(len(sigs), np.int64)
+    for g, (s, spec) in enumerate(sigs):
+        w = spec.window
+        rows = isinstance(w, RowsWindow)
+        key = (id(s), spec.func, rows)
+        r = index.get(key)
+        if r is None:
+            r = index[key] = len(reads)
+            reads.append((s, spec.func, rows))
+        read_of[g] = r
+        a[g], b[g] = (w.n, 0) if rows else (w.start_ms, w.end_ms)  # type: ignore[union-attr]
+    return read_of, reads, a, b
+
+
+def _read(
+    read: tuple[Structure, str, bool], plan: ValuePlan, sig: np.ndarray, ids: np.ndarray, now: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The aggregates of one read (``plan.reads[r]``: one structure and function) for pairs of
+    signature ``sig[i]`` and key id ``ids[i]`` at ``now``, in one call for all the read's
+    windows, as ``(doubles, tags)``: COUNT / COUNT DISTINCT tagged ``int`` (their doubles
+    truncated, as ``int()`` would), others ``float``, NULL (NaN) tagged ``None`` with 0.0; each
+    distinct (signature, key id) read once."""
+    s, func, rows = read
+    top = int(ids.max()) + 1 if len(ids) else 1
+    u, inv = unique_ids(sig * top + ids)
+    g, k = np.divmod(u, top)
+    a, b = plan.sig_a[g], plan.sig_b[g]
+    if rows:
+        got = aggregate_over(func, s, k, n=a)
+    else:
+        got = aggregate_over(func, s, k, lo=now - a, hi=now - b)
+    x = np.asarray(got, np.float64)[inv.reshape(-1)]
     nan = np.isnan(x)
-    integral = spec.func in ("COUNT", "DISTINCT")
+    integral = func in ("COUNT", "DISTINCT")
     tags = np.full(len(x), INT if integral else FLOAT, np.int8)
     if nan.any():
         x = np.where(nan, 0.0, x)

@@ -152,29 +152,40 @@ def aggregate_at(spec: AggSpec, s: Structure, keys: np.ndarray, now: int | np.nd
     (float64; NaN for NULL): a lookup's read, and -- with ``now`` an array aligned with ``keys``
     -- one key's value at many lookup times in one call (:mod:`engine.evaluation.key_series`)."""
     w = spec.window
+    if isinstance(w, A.RowsWindow):
+        return aggregate_over(spec.func, s, keys, n=w.n)
+    return aggregate_over(spec.func, s, keys, lo=now - w.start_ms, hi=now - w.end_ms)  # type: ignore[union-attr]
+
+
+def aggregate_over(
+    func: str, s: Structure, keys: np.ndarray, lo: Any = None, hi: Any = None, n: Any = None
+) -> np.ndarray:
+    """The aggregate ``func`` of structure ``s`` for each key id of ``keys`` (float64; NaN for
+    NULL) over its rows with ``lo < ts <= hi`` -- or, with ``n``, over its last ``n`` rows (a
+    ``LAST n ROWS`` window) --, each bound a scalar or an array aligned with ``keys``: one call
+    reads one structure's aggregate over many windows (:func:`aggregate_at` is one window; the
+    alerts' values read every window of a structure at once, :mod:`engine.evaluation.alert_values`)."""
     obj = s.obj
-    rows = isinstance(w, A.RowsWindow)
-    if not rows:
-        lo, hi = now - w.start_ms, now - w.end_ms  # type: ignore[union-attr]
-    f = spec.func
+    rows = n is not None
+    f = func
     if f == "COUNT":
-        cnt, _ = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-        return cnt.astype(np.float64)
+        cnt, _ = obj.rows(keys, n) if rows else obj.window(keys, lo, hi)
+        return cnt.astype(np.float64)  # type: ignore[no-any-return]
     if f in ("SUM", "AVG"):
-        cnt, sums = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        cnt, sums = obj.rows(keys, n) if rows else obj.window(keys, lo, hi)
         tot = sums[:, 0].astype(np.float64)
         if f == "SUM":
-            return tot
+            return tot  # type: ignore[no-any-return]
         with np.errstate(all="ignore"):
             return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
     if f in ("FIRST", "LAST"):
         col = s.first_col if f == "FIRST" else s.last_col
-        first, last = obj.first_last_rows(keys, w.n, col) if rows else obj.first_last(keys, lo, hi, col)  # type: ignore[union-attr]
-        return first if f == "FIRST" else last
+        first, last = obj.first_last_rows(keys, n, col) if rows else obj.first_last(keys, lo, hi, col)
+        return first if f == "FIRST" else last  # type: ignore[no-any-return]
     if f in ("MIN", "MAX"):
-        mn, mx = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
-        return mn if f == "MIN" else mx
+        mn, mx = obj.rows(keys, n) if rows else obj.window(keys, lo, hi)
+        return mn if f == "MIN" else mx  # type: ignore[no-any-return]
     if f == "DISTINCT":
-        d = obj.rows(keys, w.n) if rows else obj.window(keys, lo, hi)  # type: ignore[union-attr]
+        d = obj.rows(keys, n) if rows else obj.window(keys, lo, hi)
         return np.asarray(d, dtype=np.float64)
     raise ValueError(f)

@@ -2,7 +2,8 @@
 the values alerts carry, for many rules in
 one vectorized pass, against a brute force over the raw events (one rule, one key, one aggregate
 at a time), for rules of two key states (src_ip, dst_ip), rules sharing aggregates, an
-aggregate twice in one rule, keys never seen and rules asked for no key."""
+aggregate twice in one rule, one aggregate over several windows (time and ROWS: one read of a
+structure serves them all), keys never seen and rules asked for no key."""
 
 from __future__ import annotations
 
@@ -18,18 +19,26 @@ from engine.messages import typed_objects
 from subscriptions.compiler import compile_rule
 from tidewatch.settings import get_settings
 
-AGGS = ["COUNT(*)", "SUM(length)", "AVG(length)", "MIN(length)", "MAX(length)"]
-WINDOWS = [2, 5, 10]
+AGGS = ["COUNT(*)", "SUM(length)", "AVG(length)", "MIN(length)", "MAX(length)", "COUNT(DISTINCT dst_port)"]
+WINDOWS = ["2 SECONDS", "5 SECONDS", "10 SECONDS", "3 ROWS", "7 ROWS"]
 SRC = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
 DST = ["10.9.9.1", "10.9.9.2"]
 NOW = 20_000
 
 
-def _brute(agg: str, window_s: int, key_field: str, key: str, ev: dict[str, np.ndarray]) -> Any:
+def _brute(agg: str, window: str, key_field: str, key: str, ev: dict[str, np.ndarray]) -> Any:
     """The aggregate over the raw events of ``key`` with ``NOW - window < ts <= NOW`` (no event
-    lies on a window's edge: the events' times are never whole seconds)."""
-    m = (ev[key_field] == key) & (ev["ts"] > NOW - window_s * 1000) & (ev["ts"] <= NOW)
+    lies on a window's edge: the events' times are never whole seconds), or over its last ``n``
+    events for ``n ROWS`` (the events are in time order)."""
+    n, unit = window.split()
+    m = (ev[key_field] == key) & (ev["ts"] <= NOW)
+    if unit == "SECONDS":
+        m &= ev["ts"] > NOW - int(n) * 1000
+    else:
+        m[np.flatnonzero(m)[: -int(n)]] = False
     length = ev["length"][m].astype(np.float64)
+    if agg == "COUNT(DISTINCT dst_port)":
+        return len(set(ev["dst_port"][m].tolist()))
     if agg == "COUNT(*)":
         return int(m.sum())
     if agg == "SUM(length)":
@@ -47,7 +56,7 @@ def _same(got: Any, want: Any) -> bool:
 
 rule_st = st.tuples(
     st.sampled_from(["src_ip", "dst_ip"]),
-    st.lists(st.tuples(st.sampled_from(AGGS), st.sampled_from(WINDOWS)), min_size=1, max_size=3),
+    st.lists(st.tuples(st.sampled_from(AGGS), st.sampled_from(WINDOWS)), min_size=1, max_size=4),
 )
 
 
@@ -60,8 +69,8 @@ rule_st = st.tuples(
     pane_ms=st.sampled_from([None, 1000]),
 )
 def test_value_columns_equal_a_brute_force_over_the_events(
-    rules: list[tuple[str, list[tuple[str, int]]]],
-    swap: tuple[str, list[tuple[str, int]]],
+    rules: list[tuple[str, list[tuple[str, str]]]],
+    swap: tuple[str, list[tuple[str, str]]],
     n_events: int,
     seed: int,
     pane_ms: int | None,
@@ -83,7 +92,7 @@ def test_value_columns_equal_a_brute_force_over_the_events(
     }
     # history retained: the rule added after the events fills its new structures from it
     e = Evaluator("shared", ci_p=2, pane_ms=pane_ms, history_ms=NOW)
-    texts: dict[str, tuple[str, list[tuple[str, int]]]] = {}
+    texts: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for i, rule in enumerate(rules):
         _add(e, f"r{i}", rule)
         texts[f"r{i}"] = rule
@@ -106,16 +115,16 @@ def test_value_columns_equal_a_brute_force_over_the_events(
     )
 
 
-def _add(e: Evaluator, name: str, rule: tuple[str, list[tuple[str, int]]]) -> None:
+def _add(e: Evaluator, name: str, rule: tuple[str, list[tuple[str, str]]]) -> None:
     field, aggs = rule
-    having = " AND ".join(f"{a} OVER LAST {w} SECONDS > -1" for a, w in aggs)
+    having = " AND ".join(f"{a} OVER LAST {w} > -1" for a, w in aggs)
     e.add_rule(
         name, compile_rule(f"SELECT {field} FROM packets GROUP BY {field} HAVING {having}", get_settings())
     )
 
 
 def _wanted(
-    texts: dict[str, tuple[str, list[tuple[str, int]]]], rng: np.random.Generator
+    texts: dict[str, tuple[str, list[tuple[str, str]]]], rng: np.random.Generator
 ) -> dict[str, list[str]]:
     wanted: dict[str, list[str]] = {}
     for name, (field, _) in texts.items():
@@ -126,7 +135,7 @@ def _wanted(
 
 def _check(
     e: Evaluator,
-    texts: dict[str, tuple[str, list[tuple[str, int]]]],
+    texts: dict[str, tuple[str, list[tuple[str, str]]]],
     wanted: dict[str, list[str]],
     ev: dict[str, np.ndarray],
 ) -> None:
@@ -135,13 +144,13 @@ def _check(
     for name, keys in wanted.items():
         field, aggs = texts[name]
         labels, columns = got[name]
-        want_labels = list(dict.fromkeys(f"{a} OVER LAST {w} SECONDS" for a, w in aggs))
+        want_labels = list(dict.fromkeys(f"{a} OVER LAST {w}" for a, w in aggs))
         assert labels == want_labels
         assert len(columns) == len(labels) and all(len(c) == len(keys) for c in columns)
         for label, column in zip(labels, columns, strict=True):
             agg, window = label.split(" OVER LAST ")
             for key, value in zip(keys, column, strict=True):
-                want = _brute(agg, int(window.split()[0]), field, key, ev)
+                want = _brute(agg, window, field, key, ev)
                 assert _same(value, want), (name, key, label, value, want)
     # the same values as one table (what a lookup's block carries): labels rule by rule, values
     # alert by alert in its rule's label order, of the same Python types
