@@ -9,6 +9,8 @@ Modules, each importing only those above it:
 * :mod:`engine.evaluation.history` -- the retained input a rule added later is filled from
   (PSoup), bounded by the windows in use (ROWS windows: each key's newest n rows);
 * :mod:`engine.evaluation.state` -- the shared state per (stream, key field) (sections 3-4);
+* :mod:`engine.evaluation.reach` -- how far back the rules in use read (what the history keeps,
+  how often structures expire), worked out once per rule set;
 * :mod:`engine.evaluation.rules` -- rules, groups of rules looked up together, a lookup's changes;
 * :mod:`engine.evaluation.lookup` -- one lookup: index candidates, exact post-check;
 * :mod:`engine.evaluation.evaluator` -- :class:`Evaluator`, the entry point the engine and the

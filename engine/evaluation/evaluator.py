@@ -82,9 +82,10 @@ from engine.evaluation.batches import (
     pair_diff,
     sorted_diff,
 )
-from engine.evaluation.history import History, RowsKeep
+from engine.evaluation.history import History
 from engine.evaluation.lookup import Lookup
 from engine.evaluation.panes import ColumnSet, PaneRows, PaneSpec, aggregate, pane_of
+from engine.evaluation.reach import Reach, forget_reach, reach_for
 from engine.evaluation.rules import Changes, Group, Rule, extra_atoms, loose_rules
 from engine.evaluation.state import KeyState, Structure, set_name
 from subscriptions import rule_ast as A
@@ -158,6 +159,7 @@ class Evaluator:
         (``history``: where the events of units retained as pane rows only are read from)."""
         if name in self.rules:
             raise ValueError(f"rule {name!r} already exists")
+        forget_reach(self)  # the structures' users change below
         st = self.states.get((plan.stream, plan.key))
         if st is None:
             st = KeyState(plan.stream, plan.key, self.ci_p, self.pane_ms)
@@ -292,6 +294,7 @@ class Evaluator:
                 del st.structs[k]
         if not st.domain_users:
             del self.states[(st.stream, st.key)]
+        forget_reach(self)
 
     def _replay(
         self,
@@ -551,27 +554,8 @@ class Evaluator:
             raise KeyError(f"no rule reads {stream}" + (f" by {key}" if key else ""))
         return self._spec(st, None)  # type: ignore[return-value]
 
-    def _retention(self, stream: str) -> tuple[int, list[RowsKeep]]:
-        """What raw history of ``stream`` is kept: (how far back batches are kept -- the
-        longest time window in use, at least ``history_ms`` --, the newest rows per key and
-        predicate that ROWS windows in use can read)."""
-        longest = self.history_ms or 0
-        rows: dict[tuple[str, str], RowsKeep] = {}
-        for st in self.states.values():
-            if st.stream != stream:
-                continue
-            for (_, pred_text, _, _), s in st.structs.items():
-                longest = max(longest, s.horizon())
-                n = s.rows_keep()
-                if n is None:
-                    continue
-                k = (st.key, pred_text)
-                if k not in rows or rows[k].n < n:
-                    rows[k] = RowsKeep(st.key, s.predicate, n)
-        return longest, list(rows.values())
-
     def _retain(self, stream: str, unit: Unit) -> None:
-        keep, rows = self._retention(stream)
+        keep, rows = self._reach().retention(stream)
         self._history.retain(stream, unit, self._max_ts[stream] - keep, rows)
 
     def expire(self, now: int) -> None:
@@ -588,11 +572,13 @@ class Evaluator:
             for s in st.structs.values():
                 s.expire(now)
 
+    def _reach(self) -> Reach:
+        """The windows in use summed up once per rule set (:mod:`engine.evaluation.reach`):
+        what the raw history keeps, the longest time window."""
+        return reach_for(self, self.states.values(), self.history_ms or 0)
+
     def _maybe_expire(self, now: int) -> None:
-        longest = 0
-        for st in self.states.values():
-            for s in st.structs.values():
-                longest = max(longest, s.horizon())
+        longest = self._reach().longest
         every = max(1000, longest // 8)
         if self._last_expire is None or now - self._last_expire >= every:
             self.expire(now)
