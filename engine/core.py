@@ -47,7 +47,7 @@ from engine.executors.history import HistoryIndex
 from engine.executors.merge import PanePartial
 from engine.executors.output import ExecutorBatch
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
-from engine.lookup_changes import ENTER, EXIT, in_order, runs
+from engine.lookup_changes import ENTER, EXIT, entered, exited, in_order, runs
 from engine.messages import Alert, AlertBlock, BatchOutput, LookupBlock, RuleInfo, SubscriptionChange
 from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
 from engine.rule_evaluator import RuleEvaluator, make_evaluator, rule_compiler
@@ -629,12 +629,7 @@ class EngineCore:
                 cur = current.get(sid)
                 if cur is None:
                     cur = current[sid] = set()
-                if enter:
-                    got = set(ks).difference(cur)
-                    cur.update(got)
-                else:
-                    got = cur.intersection(ks)
-                    cur.difference_update(got)
+                got = entered(cur, ks) if enter else exited(cur, ks)
                 if got:
                     both = by_rule.get(sid)
                     if both is None:

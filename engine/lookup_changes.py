@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ENTER", "EXIT", "in_order", "runs"]
+__all__ = ["ENTER", "EXIT", "entered", "exited", "in_order", "runs"]
 
 ENTER, EXIT = "ENTER", "EXIT"
 
@@ -23,6 +23,31 @@ def runs(names: np.ndarray, keys: np.ndarray) -> list[tuple[str, list[str]]]:
     cut = (np.flatnonzero(names[1:] != names[:-1]) + 1).tolist()
     ks = keys.tolist()
     return [(str(names[a]), ks[a:b]) for a, b in zip([0, *cut], [*cut, n], strict=True)]
+
+
+def entered(cur: set[str], ks: list[str]) -> list[str]:
+    """The keys of ``ks`` not in ``cur`` (each once, in no particular order), added to ``cur``.
+    The evaluator reports a rule's entering keys once each and none it held, so the common case
+    is checked by one ``isdisjoint`` and the count ``cur`` grew by -- no set made per run."""
+    if cur.isdisjoint(ks):
+        n = len(cur)
+        cur.update(ks)
+        return ks if len(cur) - n == len(ks) else list(dict.fromkeys(ks))
+    got = set(ks).difference(cur)
+    cur.update(got)
+    return list(got)
+
+
+def exited(cur: set[str], ks: list[str]) -> list[str]:
+    """The keys of ``ks`` in ``cur`` (each once, in no particular order), removed from ``cur``:
+    :func:`entered`'s converse (the common case: ``cur`` holds every key of ``ks``)."""
+    if cur.issuperset(ks):
+        n = len(cur)
+        cur.difference_update(ks)
+        return ks if n - len(cur) == len(ks) else list(dict.fromkeys(ks))
+    got = cur.intersection(ks)
+    cur.difference_update(got)
+    return list(got)
 
 
 def in_order(enter: list[str], gone: list[str]) -> tuple[list[str], list[str]]:
