@@ -150,6 +150,20 @@ def drop_database(admin_url: str, name: str) -> None:
         eng.dispose()
 
 
+def subscription_value(sid: str, name: str, text: str, settings: Settings, with_plan: bool) -> dict[str, Any]:
+    """A rule's record on the ``subscriptions`` topic.  ``with_plan``: what ``tidewatch subscribe``
+    and the dashboard publish (:func:`subscriptions.service.change_message`: the text and the
+    compiled plan, compiled here, before the run, as the subscription service does at subscribe
+    time -- the engine rebuilds the plan from its JSON, also at every replay); else the text
+    alone, as an outside producer may write it (the engine compiles the text, at every replay too)."""
+    from subscriptions.compiler import compile_rule
+
+    value: dict[str, Any] = {"id": sid, "name": name, "rule": text}
+    if with_plan:
+        value["plan"] = compile_rule(text, settings).to_json()
+    return value
+
+
 def run_tidewatch(
     spark: Any,
     settings: Settings,
@@ -159,6 +173,7 @@ def run_tidewatch(
     cols: dict[str, np.ndarray],
     max_offsets: int,
     timeout_s: float,
+    with_plan: bool = True,
 ) -> dict[str, Any]:
     import json as _json
 
@@ -174,7 +189,7 @@ def run_tidewatch(
         p.produce(
             settings.topic_subscriptions,
             key=sid.encode(),
-            value=_json.dumps({"id": sid, "name": r.name, "rule": r.text}).encode(),
+            value=_json.dumps(subscription_value(sid, r.name, r.text, settings, with_plan)).encode(),
         )
     p.flush()
     # the rules first (active before any event, as in a live system), then the engine is stopped,
@@ -553,8 +568,8 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for i, text in enumerate(texts):
         sid = str(uuid.uuid4())
-        p.produce(settings.topic_subscriptions, key=sid.encode(),
-                  value=json.dumps({"id": sid, "name": f"m{i}", "rule": text}).encode())  # fmt: skip
+        value = subscription_value(sid, f"m{i}", text, settings, not a.text_rules)
+        p.produce(settings.topic_subscriptions, key=sid.encode(), value=json.dumps(value).encode())
     p.flush()
     batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
     t_sub = time.perf_counter()
@@ -955,6 +970,13 @@ def main() -> None:
         "snapshot_every_batches = 50); 0: no snapshots",
     )
     ap.add_argument(
+        "--text-rules",
+        action="store_true",
+        help="subscribe the rules as their text alone, as an outside producer may (the engine "
+        "compiles each text, again at a replay); default: as `tidewatch subscribe` does, the text "
+        "with its compiled plan",
+    )
+    ap.add_argument(
         "--shards",
         default="0",
         help="live mode: engine_shards of each run, comma-separated, run one after the other in this "
@@ -1015,6 +1037,7 @@ def main() -> None:
         "baseline_max_offsets_per_trigger": a.baseline_max_offsets,
         "rate": a.rate,
         "command": " ".join(sys.argv),
+        "subscribed_as": "text" if a.text_rules else "text and plan",
     }
     modes = [m for m in a.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
@@ -1030,7 +1053,9 @@ def main() -> None:
             if i:
                 ensure_topics(bootstrap, s_mode)
                 db = fresh_database(admin_url(a.database_url, base))
-            tw = run_tidewatch(spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout)
+            tw = run_tidewatch(
+                spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout, not a.text_rules
+            )
             tw["events_per_s"] = tw["events"] / tw["seconds"]
             tw["driver_cpu_us_per_event"] = tw["cpu_s"] / max(tw["events"], 1) * 1e6
             sc = tw["steady_cpu"]
