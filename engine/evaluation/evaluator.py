@@ -65,6 +65,7 @@ key seen since its key field came into use (a key field new to the rules: the ke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -478,6 +479,8 @@ class Evaluator:
         if raw_cols is not None:
             st.apply(BatchView(stream, raw_cols))
         st.apply_panes(rows)
+        if rows.key_codes is not None:  # retained without them (the history's memory)
+            rows = dataclasses.replace(rows, key_codes=None)
         if len(rows):
             pane = np.asarray(rows.pane, np.int64)
             self._note(stream, None, int(pane.min()), int(pane.max()), n=int(np.asarray(rows.total).sum()))

@@ -77,6 +77,12 @@ class PaneRows:
     pane: np.ndarray  # int64 pane end ``kg``
     total: np.ndarray  # int64: events of the row before any predicate
     sets: dict[str, PaneAggregates]
+    #: the keys factorized, when their maker had them: ``(codes, uniques)`` exactly as
+    #: ``pd.factorize(keys, sort=False)`` gives them (codes int64 in first-seen order, uniques an
+    #: object array), so that the key ids are interned once per distinct key, not hashed per row
+    #: (:meth:`engine.evaluation.state.KeyState.apply_panes`); None: factorize ``keys``.  Not
+    #: retained with the rows (:meth:`engine.evaluation.evaluator.Evaluator.apply_panes`)
+    key_codes: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.pane)

@@ -407,7 +407,8 @@ class KeyState:
         if len(rows) == 0:
             return []
         if ids is None:
-            ids = self.ids_of(rows.keys)
+            kc = rows.key_codes
+            ids = self.ids_of(rows.keys) if kc is None else self._intern(*kc)
         ts = np.asarray(rows.pane, dtype=np.int64)
         if domain is None:
             domain = structs is None and self.domain_live[False]

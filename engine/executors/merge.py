@@ -408,8 +408,13 @@ class PanePartial:
             rank = np.empty(len(kuniq), np.int64)
             rank[np.lexsort((kmin[:, 2], kmin[:, 1], kmin[:, 0]))] = np.arange(len(kuniq))
             order = np.lexsort((pane, rank[kc]))
+            # the ordered keys factorized: their codes are the ranks (rows go by rank, then pane)
+            uniq = np.empty(len(kuniq), object)
+            uniq[rank] = np.asarray(kuniq, dtype=object)
+            codes: tuple[np.ndarray, np.ndarray] | None = (rank[kc][order], uniq)
         else:
             order = np.zeros(0, np.int64)
+            codes = None
         new = np.empty(n, np.int64)
         new[order] = np.arange(n)
         sel = order if idx is None else idx[order]  # the rows in their final order, in this partial
@@ -433,7 +438,7 @@ class PanePartial:
                 o = np.argsort(nr, kind="stable")  # within a row: still sorted by value
                 agg.distinct[f] = (nr[o], v[o], m[o])
             sets[s.name] = agg
-        return PaneRows(keys=keys[order], pane=pane[order], total=self.total[sel], sets=sets)
+        return PaneRows(keys=keys[order], pane=pane[order], total=self.total[sel], sets=sets, key_codes=codes)
 
 
 _I0 = np.zeros(0, np.int64)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 from hypothesis import strategies as st
 
@@ -203,8 +204,14 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def assert_pane_rows_equal(got: PaneRows, want: PaneRows, label: str = "") -> None:
     """Same rows in the same order, same values (bits; MIN/MAX by value, COUNT DISTINCT pairs
-    as a multiset per row -- see engine.executors.merge)."""
+    as a multiset per row -- see engine.executors.merge); the keys' codes, where ``got`` carries
+    them, exactly those of ``pd.factorize(got.keys)``."""
     assert list(got.keys) == list(want.keys), label
+    if got.key_codes is not None:
+        codes, uniques = pd.factorize(np.asarray(got.keys, dtype=object), sort=False)
+        np.testing.assert_array_equal(got.key_codes[0], codes, f"{label} key codes")
+        assert got.key_codes[0].dtype == np.int64, label
+        assert list(got.key_codes[1]) == list(uniques), f"{label} key uniques"
     np.testing.assert_array_equal(got.pane, want.pane, label)
     np.testing.assert_array_equal(got.total, want.total, label)
     assert set(got.sets) == set(want.sets), label

@@ -10,6 +10,7 @@ with a ROWS window.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -111,6 +112,7 @@ def test_apply_panes_of_the_executor_path_equals_raw_events(
     t2 = kafka_table(second, next_offsets(t1), seed=4)
     batches = [(t1, None, [BASE, cut]), (t2, cut, list(range(cut + G, BASE + 8 * G, G)))]
     old, new = _evaluator(), _evaluator()
+    bare = _evaluator()  # fed the same pane rows without their key codes: ids hashed per row
     specs, raw_streams = key_specs(new)
     pend_raw = {s: empty(s) for s in TOPICS}  # today's pending events
     pend_panes = {(k.stream, k.key): PanePartial.empty(k) for k in specs}
@@ -150,11 +152,19 @@ def test_apply_panes_of_the_executor_path_equals_raw_events(
                 k = (ks.stream, ks.key)
                 due_rows, pend_panes[k] = pend_panes[k].split(tau)
                 if len(due_rows):
-                    new.apply_panes(ks.stream, due_rows.pane_rows(), key=ks.key, raw=raw_due.get(ks.stream))
+                    rows = due_rows.pane_rows()
+                    assert rows.key_codes is not None
+                    new.apply_panes(ks.stream, rows, key=ks.key, raw=raw_due.get(ks.stream))
+                    rows = dataclasses.replace(rows, key_codes=None)
+                    bare.apply_panes(ks.stream, rows, key=ks.key, raw=raw_due.get(ks.stream))
             a, c = old.step(tau).rows(), new.step(tau).rows()
             assert a == c, (b, tau)
+            assert bare.step(tau).rows() == c, (b, tau)
             cur = {n: sorted(old.current_ids(n)) for n in RULES}
             assert cur == {n: sorted(new.current_ids(n)) for n in RULES}
             wanted = {n: keys for n, keys in cur.items() if keys}
             if wanted:
                 assert old.values_many(wanted, tau) == new.values_many(wanted, tau)
+    # the same key ids as from the keys hashed per row, and the retained rows hold no key codes
+    assert {k: s._ids for k, s in new.states.items()} == {k: s._ids for k, s in bare.states.items()}
+    assert all(r.key_codes is None for us in new._history.units.values() for u in us for r in u.rows.values())
