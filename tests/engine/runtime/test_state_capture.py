@@ -39,10 +39,13 @@ ROOT = Path(__file__).resolve().parents[3]
 #: when the core's result sets were filled by set operations per rule instead of key by key
 #: (issue #22: the same sets, another iteration order; every other attribute's bytes unchanged),
 #: and when a conjunctive group's extra atoms became one flat table (``Group.extra_checks``, an
-#: ``ExtraChecks``) instead of a list of ``_ExtraTable`` (issue #19; "values" and "strict" kept theirs).
+#: ``ExtraChecks``) instead of a list of ``_ExtraTable`` (issue #19; "values" and "strict" kept theirs),
+#: and when a lookup's entering keys were added to the result sets in the evaluator's order
+#: (19e5c8f, ``engine.lookup_changes.entered``: the same sets, another iteration order; checked
+#: on both trees: every other attribute's bytes and the sorted sets unchanged).
 GOLDEN = {
-    "core-raw": "a5dd3f0c1479571a1d1ea8476f61ec5cdd7f2d57bbf2433febcc7ce374c35fd4",
-    "core-panes": "7522756a8eafb817ea6508e55fc278d03f0554dfd64f189adf8e0fb1e877f4fd",
+    "core-raw": "88425cccf78193c93bbb56ce48fbbd34bdaf9f9c99a74ee017e6fe2f968bed24",
+    "core-panes": "47036d2594034bd5adfb52b90526ce4ca374f6c84c2002866b14a566f4aa5135",
     "values": "d2a3595d236e9632395bd38fa97db2dc2ef902441a73389d6f833a0e5cd35042",
     "strict": "7d8fccb4c0025d73e214cad70aaeed32f50b9c30b27ab1ecd00e22e5750338b7",
 }
