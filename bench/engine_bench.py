@@ -12,7 +12,9 @@ the same SparkSession (``local[2]``) in the same process:
 * **Tidewatch** (:class:`engine.app.EngineApp`): the same rules subscribed through the
   ``subscriptions`` topic, then the same events; every rule is looked up at every 1 s pane
   (a finer slide than the baseline's), alerts committed to PostgreSQL and published to Kafka
-  exactly once.
+  exactly once.  After each drain its alert log is checked against the backtest's evaluation
+  code on the same trades, up to the engine's last lookup (``--no-check`` skips it): the figures
+  are of exact output or the bench exits 1.
 
 Sustained events/s = events drained / wall seconds (the baseline's rate counts the rows its
 slowest query read when it did not finish within ``--timeout``).  Needs Kafka and PostgreSQL
@@ -164,6 +166,44 @@ def subscription_value(sid: str, name: str, text: str, settings: Settings, with_
     return value
 
 
+def expected_alerts(
+    rules: list[tuple[str, str]], cols: dict[str, np.ndarray], settings: Settings, until: int
+) -> list[tuple[str, str, str, int]]:
+    """(subscription id, key, kind, as_of) of ``tidewatch backtest``'s evaluation code on the
+    bench's trades, ``rules`` as (subscription id, text), lookups every
+    ``settings.lookup_period_ms`` up to ``until`` -- what the engine's alert log must hold after
+    it drained the same events and looked up at ``until`` (RULES.md, the backtest contract)."""
+    from engine.evaluation.backtest import EventFile, iter_alerts
+    from subscriptions.compiler import compile_rule
+
+    plans = [(sid, text, compile_rule(text, settings)) for sid, text in rules]
+    files = [EventFile("trades", dict(cols))]
+    return sorted(
+        (rule, key, kind, int(as_of))
+        for as_of, rule, key, kind in iter_alerts(plans, files, settings.lookup_period_ms, ci_p=settings.ci_p)
+        if as_of <= until
+    )
+
+
+def compare_alerts(
+    got: list[tuple[str, str, str, int]], expect: list[tuple[str, str, str, int]]
+) -> dict[str, Any]:
+    """The engine's alert log (``got``) against the backtest's (``expect``): counts, the first
+    few alerts missing and extra, and ``equal`` (the same alerts, each once)."""
+    g, e = set(got), set(expect)
+    missing, extra = sorted(e - g), sorted(g - e)
+    return {
+        "equal": sorted(got) == sorted(expect),
+        "alerts": len(got),
+        "expected": len(expect),
+        "missing": len(missing),
+        "extra": len(extra),
+        "duplicates": len(got) - len(g),
+        "first_missing": [list(a) for a in missing[:3]],
+        "first_extra": [list(a) for a in extra[:3]],
+    }
+
+
 def run_tidewatch(
     spark: Any,
     settings: Settings,
@@ -174,6 +214,7 @@ def run_tidewatch(
     max_offsets: int,
     timeout_s: float,
     with_plan: bool = True,
+    check: bool = True,
 ) -> dict[str, Any]:
     import json as _json
 
@@ -181,11 +222,16 @@ def run_tidewatch(
     from confluent_kafka import Producer
 
     from engine.app import EngineApp
+    from engine.shards.engine import ShardedEngine
 
-    app = EngineApp(settings, bootstrap=bootstrap, pg_url=db, engine_id=uuid.uuid4().hex[:8])
+    app: Any = (ShardedEngine if settings.engine_shards else EngineApp)(
+        settings, bootstrap=bootstrap, pg_url=db, engine_id=uuid.uuid4().hex[:8]
+    )
     p = Producer({"bootstrap.servers": bootstrap})
+    sids: list[str] = []
     for r in rules:
         sid = str(uuid.uuid4())
+        sids.append(sid)
         p.produce(
             settings.topic_subscriptions,
             key=sid.encode(),
@@ -196,10 +242,10 @@ def run_tidewatch(
     # the events are produced as a backlog, and the engine restarted to drain it
     q = app.start(spark, trigger_seconds=0.05, max_offsets_per_trigger=max_offsets)
     deadline = time.monotonic() + 120
-    while len(app.core.rules) < len(rules) and time.monotonic() < deadline:
+    while not _rules_active(app, len(rules)) and time.monotonic() < deadline:
         time.sleep(0.1)
     q.stop()
-    assert len(app.core.rules) == len(rules), "rules not active"
+    assert _rules_of(app) == len(rules), "rules not active"
     n = len(cols["ts"])
     produce(bootstrap, settings.topic_trades, cols)
     batches = app.delivered  # (start of evaluation, end of output, events) of every engine batch
@@ -238,6 +284,19 @@ def run_tidewatch(
         if len(after) >= 2:
             steady_cpu = (after[-1] - after[0], rest)
     per_batch = [round(b[1] - b[0], 3) for b in batches]
+    checked = None
+    if check:  # the alert log against the backtest on the same events, up to the last lookup
+        t_check = time.perf_counter()
+        until = app.core.applied_until if hasattr(app, "core") else app.applied_until
+        expect = (
+            expected_alerts(
+                [(sid, r.text) for sid, r in zip(sids, rules, strict=True)], cols, settings, until
+            )
+            if until is not None
+            else []
+        )
+        checked = compare_alerts(app.store.alert_log(), expect)
+        checked |= {"until": until, "seconds": round(time.perf_counter() - t_check, 1)}
     return {
         "seconds": wall,
         "events": done,
@@ -247,11 +306,12 @@ def run_tidewatch(
         "batches": app.batches_done,
         "steady_events_per_s": steady,
         "batch_seconds": per_batch,
-        "state_bytes": app.core.state_nbytes(),
+        "state_bytes": _state_bytes(app),
         "driver_rss_bytes": rss,
         "cpu_s": cpu_s,  # the engine process's CPU while it drained the backlog (start-up included)
         # the same from the end of the first batch on: (CPU-s, events of the later batches)
         "steady_cpu": steady_cpu,
+        "backtest": checked,  # None with --no-check
     }
 
 
@@ -287,6 +347,9 @@ MODES: dict[str, dict[str, Any]] = {
     "executors": {"engine_preaggregate": "executors", "engine_pipeline": True},
     "executors-serial": {"engine_preaggregate": "executors", "engine_pipeline": False},
     "driver": {"engine_preaggregate": "driver", "engine_pipeline": True},
+    # sharded evaluation (docs/engine.md, "Sharded evaluation"): the indexes in Spark's tasks,
+    # one shard per core of local[2]
+    "shards": {"engine_shards": 2},
 }
 
 
@@ -921,7 +984,8 @@ def main() -> None:
         default="executors",
         help="Tidewatch's modes to run, each on its own copy of the events: executors (the default "
         "path: engine_preaggregate = executors, pipelined), executors-serial (the same unpipelined), "
-        "driver (the records collected to the driver, pipelined); several: driver CPU per event side by side",
+        "driver (the records collected to the driver, pipelined), shards (sharded evaluation, 2 shards: "
+        "engine_shards = 2); several: driver CPU per event side by side",
     )
     ap.add_argument(
         "--no-bare",
@@ -975,6 +1039,12 @@ def main() -> None:
         help="subscribe the rules as their text alone, as an outside producer may (the engine "
         "compiles each text, again at a replay); default: as `tidewatch subscribe` does, the text "
         "with its compiled plan",
+    )
+    ap.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the check of each drain's alert log against the backtest's evaluation of the same "
+        "events up to the engine's last lookup (on by default; it exits 1 on any difference)",
     )
     ap.add_argument(
         "--shards",
@@ -1040,6 +1110,7 @@ def main() -> None:
         "subscribed_as": "text" if a.text_rules else "text and plan",
     }
     modes = [m for m in a.modes.split(",") if m]
+    mismatched = False  # some drain's alert log differs from the backtest's
     if unknown := [m for m in modes if m not in MODES]:
         ap.error(f"--modes: unknown {', '.join(unknown)} (one of {', '.join(MODES)})")
     try:
@@ -1054,8 +1125,9 @@ def main() -> None:
                 ensure_topics(bootstrap, s_mode)
                 db = fresh_database(admin_url(a.database_url, base))
             tw = run_tidewatch(
-                spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout, not a.text_rules
-            )
+                spark, s_mode, bootstrap, db, rules, cols, a.max_offsets, a.timeout, not a.text_rules,
+                check=not a.no_check,
+            )  # fmt: skip
             tw["events_per_s"] = tw["events"] / tw["seconds"]
             tw["driver_cpu_us_per_event"] = tw["cpu_s"] / max(tw["events"], 1) * 1e6
             sc = tw["steady_cpu"]
@@ -1073,15 +1145,27 @@ def main() -> None:
                 f"steady {tw['driver_cpu_us_per_event_steady'] or 0:.2f})",
                 flush=True,
             )
-        if "driver" in modes and "executors" in modes:
-            d, e = out["tidewatch_driver"], out["tidewatch_executors"]
+            if (bt := tw["backtest"]) is not None:
+                mismatched |= not bt["equal"]
+                print(
+                    f"  alert log vs backtest up to the last lookup ({bt['until']}): "
+                    f"{'EQUAL' if bt['equal'] else 'DIFFERENT'} ({bt['alerts']:,} alerts, {bt['expected']:,} "
+                    f"expected; missing {bt['missing']:,}, extra {bt['extra']:,}, duplicated {bt['duplicates']:,}"
+                    f"{', first missing ' + str(bt['first_missing']) if bt['missing'] else ''}"
+                    f"{', first extra ' + str(bt['first_extra']) if bt['extra'] else ''}; "
+                    f"checked in {bt['seconds']} s)",
+                    flush=True,
+                )
+        for other in (m for m in modes if m != "driver" and "driver" in modes):
+            d, e = out["tidewatch_driver"], out[f"tidewatch_{other}"]
             ratio = d["driver_cpu_us_per_event"] / max(e["driver_cpu_us_per_event"], 1e-9)
-            out["driver_cpu_ratio"] = ratio
             ds, es = d["driver_cpu_us_per_event_steady"], e["driver_cpu_us_per_event_steady"]
-            out["driver_cpu_ratio_steady"] = ds / max(es, 1e-9) if ds and es else None
+            steady_ratio = ds / max(es, 1e-9) if ds and es else None
+            suffix = "" if other == "executors" else f"_{other}"  # the executors' keys as before
+            out[f"driver_cpu_ratio{suffix}"], out[f"driver_cpu_ratio_steady{suffix}"] = ratio, steady_ratio
             print(
-                f"driver CPU per event, driver mode / executors mode = {ratio:,.1f}x "
-                f"(steady {out['driver_cpu_ratio_steady'] or float('nan'):,.1f}x)",
+                f"driver CPU per event, driver mode / {other} mode = {ratio:,.1f}x "
+                f"(steady {steady_ratio or float('nan'):,.1f}x)",
                 flush=True,
             )
         tw = out["tidewatch"]
@@ -1151,6 +1235,8 @@ def main() -> None:
     print("command:", out["command"])
     if a.json:
         a.json.write_text(json.dumps(out, indent=2, default=str))
+    if mismatched:
+        sys.exit("the alert log differs from the backtest's (see above): the figures are of wrong output")
 
 
 if __name__ == "__main__":

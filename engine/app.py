@@ -76,14 +76,7 @@ from engine.sources.readers import (
     split_topics,
     subscription_changes,
 )
-from engine.sources.retention import dead_letters as retention_dead_letters
-from engine.sources.retention import (
-    gap_candidates,
-    log_end_offsets,
-    log_start_offsets,
-    lost_ranges,
-    topic_partitions,
-)
+from engine.sources.retention import batch_lost, log_end_offsets, topic_partitions
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -402,14 +395,10 @@ class EngineApp:
         """Find the offsets of this batch that retention deleted before Spark read them
         (:mod:`engine.sources.retention`): they become ``lost`` dead letters of the batch."""
         starts = self._spark_ends(batch_id - 1)  # None for the first batch: the oldest offsets
-        cand = gap_candidates(starts, blog.ends, blog.ranges)
-        if not cand:
-            return
-        lost = lost_ranges(cand, log_start_offsets(self.bootstrap, self.settings, sorted(cand)))
-        if lost:
-            dead = retention_dead_letters(lost, self.core.watermark)
-            for d in dead.detail:
-                log.error("batch %d: %s (dead-lettered as lost)", batch_id, d)
+        dead = batch_lost(
+            self.bootstrap, self.settings, batch_id, starts, blog.ends, blog.ranges, self.core.watermark
+        )
+        if dead is not None:
             self._lost[batch_id] = dead
 
     def on_batch(self, df: Any, batch_id: int) -> None:

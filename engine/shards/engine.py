@@ -23,10 +23,16 @@ PostgreSQL sink recognizes by its batch id and skips; a batch committed in Postg
 in Kafka is published from PostgreSQL when the engine starts
 (:func:`engine.sinks.deliver.republish_committed`).
 
+Offsets deleted by the topics' retention before the query read them are found as the driver's
+engine finds them (:mod:`engine.sources.retention`; Spark's source runs with ``failOnDataLoss =
+false``): the batch's start and end offsets from Spark's offset log, the records' offset ranges
+from the shards' metas (every shard got every routing task's), the broker asked for the
+log-start offsets of the candidates only; each lost range is one ``lost`` dead letter of the
+batch, delivered with its output (:meth:`ShardedEngine._lost`).
+
 Not in the sharded engine (refused or absent, documented in docs/engine.md): the alert cap (a
-per-lookup count across shards), the overload policy's strides, the key page's charts from the
-engine's state (the dashboard falls back to reading Kafka), and the dead letters of offsets lost
-to retention -- instead the query stops at such a gap (``failOnDataLoss``), never skipping it.
+per-lookup count across shards), the overload policy's strides, and the key page's charts from
+the engine's state (the dashboard falls back to reading Kafka).
 """
 
 from __future__ import annotations
@@ -39,15 +45,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
 from engine.messages import BatchOutput
 from engine.shards.processor import OUTPUT_DDL, ShardProcessor
-from engine.shards.route import ROUTED_DDL, Router
+from engine.shards.route import ROUTED_DDL, Router, merge_ranges
 from engine.shards.step import ShardMeta, decode_output, merge_outputs
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
+from engine.sources.offsets import spark_end_offsets
 from engine.sources.readers import RECORD_COLUMNS, kafka_stream
+from engine.sources.retention import batch_lost
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -203,13 +212,14 @@ class ShardedEngine:
         self._conf_back = (spark, spark.conf.get("spark.sql.shuffle.partitions"))
         spark.conf.set("spark.sql.shuffle.partitions", str(self.n))
         cap = max_offsets_per_trigger or self.settings.engine_max_offsets_per_trigger
-        # a retention gap stops the query: never skipped (the `lost` dead letters are not built here)
+        # a retention gap does not stop the query: each batch's gaps are found and dead-lettered
+        # as `lost` (on_batch, _lost), never skipped silently
         records = kafka_stream(
             spark,
             self.bootstrap,
             self.settings,
             self.topics.values(),
-            fail_on_data_loss=True,
+            fail_on_data_loss=False,
             max_offsets_per_trigger=cap,
         )
         router = Router(self.topics, labels, self.settings.max_future_ms, self.bootstrap, self.settings)
@@ -272,13 +282,32 @@ class ShardedEngine:
             self._committed = last
             return
         out = merge_outputs(batch_id, [o for o, _ in pairs])
+        lost = self._lost(batch_id, metas)
+        if lost is not None:
+            out.dead.extend(lost)
         self._committed = None  # a failed delivery: PostgreSQL says again what is committed
         self._deliver(out, metas, t0)
         self._committed = batch_id
 
-    def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
+    def _watermark(self) -> int | None:
+        """The engine's watermark: the smallest of the shards' (None until every shard has one)."""
         wms = [m.watermark for m in self.metas.values() if m.watermark is not None]
-        watermark = min(wms) if len(wms) == self.n else None
+        return min(wms) if len(wms) == self.n else None
+
+    def _lost(self, batch_id: int, metas: list[ShardMeta]) -> DeadLetters | None:
+        """The ``lost`` dead letters of batch ``batch_id``: the offsets it should have covered
+        (from the end of Spark's batch before to its own end) that retention deleted before they
+        were read (:mod:`engine.sources.retention`; module docstring).  None when there are none.
+        The first batch of a checkpoint starts at the oldest offsets Kafka has: nothing before
+        them to lose."""
+        spark_dir = self.checkpoint / "spark"
+        starts = spark_end_offsets(spark_dir, batch_id - 1) if batch_id > 0 else None
+        ranges = merge_ranges(m.ranges for m in metas)
+        ends = spark_end_offsets(spark_dir, batch_id)
+        return batch_lost(self.bootstrap, self.settings, batch_id, starts, ends, ranges, self._watermark())
+
+    def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
+        watermark = self._watermark()
         tops = [m.max_ts for m in metas if m.max_ts is not None]
         n_events = sum(out.events.values())
         shard_s = max((m.seconds for m in metas), default=0.0)

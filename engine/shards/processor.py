@@ -266,14 +266,15 @@ class ShardProcessor(StatefulProcessor):
         t0 = time.perf_counter()
         out = run_shard(core, batch, shard, len(self.labels), records, merge_spans([span_t]), self.topics)
         t_log = time.perf_counter()
-        self.log.appendValue((batch, json.dumps(merge_ranges(ranges)).encode(), ipc_bytes(span_t)))
+        batch_ranges = merge_ranges(ranges)
+        self.log.appendValue((batch, json.dumps(batch_ranges).encode(), ipc_bytes(span_t)))
         t_snap = time.perf_counter()
         snapshot_of, start_s, named = self._snapshot(shard, batch, core)
         self.at.update((batch,))
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
-        meta.snapshot_of, meta.snapshot_bytes = snapshot_of, named
+        meta.snapshot_of, meta.snapshot_bytes, meta.ranges = snapshot_of, named, batch_ranges
         meta.extra = {  # where the shard's task spent its Python time (s); "snapshot" includes
             # "snapshot_start": the fork of the child writing a snapshot (or the capture)
             "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,

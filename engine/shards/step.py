@@ -72,6 +72,10 @@ class ShardMeta:
     snapshot_of: int = -1
     #: the size of the snapshot this batch stored in the state store (0: none stored by it)
     snapshot_bytes: int = 0
+    #: the whole batch's Kafka offset ranges as the shard's task got them from the Router (every
+    #: routing task sends every shard its ranges: :func:`engine.shards.route.merge_ranges` of
+    #: them): the driver finds the offsets lost to retention from them (``ShardedEngine``)
+    ranges: dict[str, Any] = field(default_factory=dict)
 
 
 def run_shard(

@@ -86,6 +86,31 @@ def dead_letters(lost: dict[tuple[str, int], tuple[int, int]], watermark: int | 
     return dead
 
 
+def batch_lost(
+    bootstrap: str,
+    settings: Settings,
+    batch_id: int,
+    starts: Ends | None,
+    ends: Ends | None,
+    ranges: Ranges,
+    watermark: int | None,
+) -> DeadLetters | None:
+    """The ``lost`` dead letters of batch ``batch_id`` (Spark's ``[starts, ends)``, ``ranges``
+    the offsets of the records read): :func:`gap_candidates`, the broker asked for those
+    candidates' log-start offsets only (:func:`log_start_offsets`), :func:`lost_ranges`, each
+    logged; None when nothing was lost.  Both engines call it (the driver's and the sharded)."""
+    cand = gap_candidates(starts, ends, ranges)
+    if not cand:
+        return None
+    lost = lost_ranges(cand, log_start_offsets(bootstrap, settings, sorted(cand)))
+    if not lost:
+        return None
+    dead = dead_letters(lost, watermark)
+    for d in dead.detail:
+        log.error("batch %d: %s (dead-lettered as lost)", batch_id, d)
+    return dead
+
+
 def log_start_offsets(
     bootstrap: str, settings: Settings, parts: list[tuple[str, int]], timeout_s: float = 10.0
 ) -> dict[tuple[str, int], int]:

@@ -97,7 +97,7 @@ def run_sharded_scenario(
             chaos_thread.join(timeout_s)
         assert app.batches_done >= 3
         if restart:
-            _await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
+            await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
             q.processAllAvailable()  # stopped between batches: the last one planned is committed
     info["rebuilds_first_run"] = dict(app.rebuilds)
     sid = None
@@ -163,10 +163,11 @@ def _forget_last_spark_commit(spark_dir: Path) -> int:
     return last
 
 
-def _await_snapshots_named(
-    app: Any, q: Any, bootstrap: str, topic: str, shards: int, timeout_s: float
+def await_snapshots_named(
+    app: Any, q: Any, bootstrap: str, topic: str, shards: int, timeout_s: float, since: int = 0
 ) -> None:
-    """Until every shard's snapshot is named in Spark's state store by a batch Spark committed.
+    """Until every shard's snapshot of batch ``since`` or later is named in Spark's state store by
+    a batch Spark committed.
 
     A snapshot is named by the shard's next batch after its file is whole
     (:meth:`engine.shards.processor.ShardProcessor._snapshot`), which can take more batches than
@@ -181,7 +182,7 @@ def _await_snapshots_named(
     while time.monotonic() < deadline:
         assert q.isActive, q.exception()
         metas = dict(app.metas)
-        if named_at is None and len(metas) == shards and all(m.snapshot_of >= 0 for m in metas.values()):
+        if named_at is None and len(metas) == shards and all(m.snapshot_of >= since for m in metas.values()):
             named_at = app.batches_done
         if named_at is not None and app.batches_done > named_at:
             return
