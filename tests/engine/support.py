@@ -325,10 +325,16 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def read_everything(app: Any, want: dict[str, dict[int, int]]) -> bool:
     """Whether the engine's last batch reaches ``want`` ({topic: {partition: offset}}, e.g. of
-    :func:`end_offsets`) on every partition (its batch log's Spark end offsets)."""
-    from engine.sources.offsets import BatchLog
+    :func:`end_offsets`) on every partition: the driver engine's batch log's Spark end offsets,
+    or for a sharded engine (``metas``) Spark's offset log of the last batch its shards ran."""
+    from engine.sources.offsets import BatchLog, spark_end_offsets
 
-    if app.core.last_batch < 0:
+    if hasattr(app, "metas"):
+        if not app.metas:
+            return False
+        ends = spark_end_offsets(app.checkpoint / "spark", min(m.batch_id for m in app.metas.values())) or {}
+    elif app.core.last_batch < 0:
         return False
-    ends = BatchLog.read(app._batch_log(app.core.last_batch)).ends or {}
+    else:
+        ends = BatchLog.read(app._batch_log(app.core.last_batch)).ends or {}
     return all(ends.get(t, {}).get(p, -1) >= o for t, ps in want.items() for p, o in ps.items())

@@ -52,19 +52,6 @@ def _looked_up(app: Any, n_rules: int, until: int) -> bool:
     return bool(app.rules == n_rules and app.applied_until == until)
 
 
-def _read_all(app: Any, want: dict[str, dict[int, int]], spark_dir: Path) -> bool:
-    """Whether the engine's last batch reaches ``want`` on every partition: the driver engine's
-    batch log, or (shards) Spark's offset log of the last batch the shards ran."""
-    if getattr(app, "core", None) is not None:
-        return read_everything(app, want)
-    from engine.sources.offsets import spark_end_offsets
-
-    if not app.metas:
-        return False
-    ends = spark_end_offsets(spark_dir, min(m.batch_id for m in app.metas.values())) or {}
-    return all(ends.get(t, {}).get(p, -1) >= o for t, ps in want.items() for p, o in ps.items())
-
-
 @pytest.mark.parametrize("mode", ["driver", "shards"])
 def test_offsets_deleted_before_they_were_read_become_a_lost_dead_letter(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path, mode: str
@@ -112,8 +99,7 @@ def test_offsets_deleted_before_they_were_read_become_a_lost_dead_letter(
     app, q = _start(mode, s, kafka_bootstrap, db, run, spark)
     try:
         want = {t: end_offsets(kafka_bootstrap, t) for t in (s.topic_trades, s.topic_packets)}
-        spark_dir = tmp_path / "ckpt" / "spark"
-        wait_for(lambda: _read_all(app, want, spark_dir), 180, "the engine to read every record left")
+        wait_for(lambda: read_everything(app, want), 180, "the engine to read every record left")
         q.processAllAvailable()  # that batch delivered
     finally:
         q.stop()
