@@ -29,7 +29,21 @@ from typing import Any
 
 from engine.messages import CAPPED, Alert, BatchOutput
 
-__all__ = ["CAPPED", "cap_alerts", "capped_record", "republished_results"]
+__all__ = ["CAPPED", "cap_alerts", "capped_record", "mark_segment", "republished_results"]
+
+#: the parts of a segment (:attr:`engine.messages.BatchOutput.segments`): a lookup's own changes,
+#: in (subscription, key, kind) order; a whole-result diff, per subscription ENTERs then EXITs,
+#: each in key order
+LOOKUP_PART, DIFF_PART = 0, 1
+
+
+def mark_segment(out: BatchOutput, part: int, *, same: bool = False) -> None:
+    """The alerts appended to ``out`` from here on are ``part`` of a new segment (``same``: of
+    the segment marked last) -- where the core caps (:func:`cap_alerts`): each lookup, each new
+    rule's diff.  Every shard of a sharded engine runs the same lookups and rule changes, so the
+    numbers agree across shards (:mod:`engine.shards.capped`)."""
+    seg = out.segments[-1][1] if out.segments else -1
+    out.segments.append((len(out.alerts), seg if same else seg + 1, part))
 
 
 def capped_record(like: Alert, tau: int, withheld: int, withheld_enter: int, cap: int) -> Alert:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from engine.cap import cap_alerts
+from engine.cap import DIFF_PART, LOOKUP_PART, cap_alerts, mark_segment
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
 from engine.evaluation.alert_values import ValueTable
@@ -288,6 +288,8 @@ class EngineCore:
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
             first = len(out.alerts)
+            if not self.alert_cap:  # (the cap shortens the alerts: no segments then)
+                mark_segment(out, DIFF_PART)
             found = self.evaluator.evaluate_now(sid, self.applied_until)
             self._fresh.add(sid)  # its change state in the evaluator starts empty
             self._diff(sid, found, self.applied_until, out)
@@ -613,6 +615,8 @@ class EngineCore:
         if not self.rules:
             return
         start = len(out.alerts)
+        if not self.alert_cap:  # (the cap shortens the alerts: no segments then)
+            mark_segment(out, LOOKUP_PART)
         ev = self.evaluator
         # the evaluator's own changes (cheap with thousands of rules), checked against ours by
         # set operations per (block, rule): no Python per change but a list slice and a sort
@@ -636,6 +640,8 @@ class EngineCore:
                         both = by_rule[sid] = ([], [])
                     both[0 if enter else 1].extend(got)
         self._emit({sid: in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
+        if self._fresh and not self.alert_cap:
+            mark_segment(out, DIFF_PART, same=True)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
                 self._diff(sid, ev.current_ids(sid), tau, out)

@@ -557,6 +557,12 @@ class BatchOutput:
     #: ... and per strided subscription ``{"every_ms": stride * L, "budget_ms": its budget}``
     #: (``engine_metrics.degraded``: Health's "degraded" list)
     degraded: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: where the alert cap's segments start (:mod:`engine.cap`): ``(index in alerts, segment,
+    #: part)`` -- one segment per lookup and per new rule's whole-result diff, numbered in the
+    #: batch; part 0 a lookup's own changes, 1 a whole-result diff (:func:`engine.cap.mark_segment`).
+    #: Recorded by a core without the cap (a shard's: the sharded batch's driver caps the shards'
+    #: alerts in the one core's order by them, :mod:`engine.shards.capped`); empty with the cap
+    segments: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
     _changes: list[Alert] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -438,16 +438,6 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _shards_without_cap(self) -> Settings:
-        """Sharded evaluation has no cluster-wide count of a lookup's alerts: no alert cap with it."""
-        if self.engine_shards and self.engine_alert_cap_per_lookup:
-            raise ValueError(
-                "engine_shards and engine_alert_cap_per_lookup cannot both be set: each shard sees its "
-                "own keys' alerts only, so a per-lookup cap cannot be applied exactly; set one to 0"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _no_demo_passwords_in_production(self) -> Settings:
         """``deployment = "production"`` refuses every built-in demo password, naming the variable."""
         if self.deployment != "production":

@@ -30,9 +30,12 @@ from the shards' metas (every shard got every routing task's), the broker asked 
 log-start offsets of the candidates only; each lost range is one ``lost`` dead letter of the
 batch, delivered with its output (:meth:`ShardedEngine._lost`).
 
-Not in the sharded engine (refused or absent, documented in docs/engine.md): the alert cap (a
-per-lookup count across shards), the overload policy's strides, and the key page's charts from
-the engine's state (the dashboard falls back to reading Kafka).
+The alert cap (``engine_alert_cap_per_lookup``) is the driver's: the shards run uncapped and say
+where each lookup's alerts start, the driver caps the merged alerts in the one core's order
+(:mod:`engine.shards.capped`).
+
+Not in the sharded engine (absent, documented in docs/engine.md): the overload policy's strides,
+and the key page's charts from the engine's state (the dashboard falls back to reading Kafka).
 """
 
 from __future__ import annotations
@@ -100,11 +103,6 @@ class ShardedEngine:
 
         if settings.engine_shards < 1:
             raise ValueError("ShardedEngine needs engine_shards >= 1")
-        if settings.engine_alert_cap_per_lookup:  # (a settings copy skips the settings' check)
-            raise ValueError(
-                "engine_shards and engine_alert_cap_per_lookup cannot both be set: each shard sees "
-                "its own keys' alerts only; set one to 0"
-            )
         self.settings = settings
         self.n = int(settings.engine_shards)
         self.bootstrap = bootstrap or settings.kafka_bootstrap
@@ -228,7 +226,8 @@ class ShardedEngine:
         # shard from Spark's state store, even where a worker process outlived the query
         engine = f"{self.checkpoint.resolve()}|{self.engine_id}"
         processor = ShardProcessor(
-            self.settings,
+            # the shards run uncapped: the driver caps the batch's alerts (merge_outputs)
+            self.settings.model_copy(update={"engine_alert_cap_per_lookup": 0}),
             engine,
             uuid.uuid4().hex,
             labels,
@@ -281,7 +280,7 @@ class ShardedEngine:
             self.skipped.append(batch_id)
             self._committed = last
             return
-        out = merge_outputs(batch_id, [o for o, _ in pairs])
+        out = merge_outputs(batch_id, [o for o, _ in pairs], self.settings.engine_alert_cap_per_lookup)
         lost = self._lost(batch_id, metas)
         if lost is not None:
             out.dead.extend(lost)

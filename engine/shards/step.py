@@ -42,6 +42,7 @@ from engine.decode import STREAMS
 from engine.errors import SnapshotUnreadable
 from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
 from engine.runtime import state_codec
+from engine.shards.capped import cap_merged
 from engine.shards.route import PRIMARY, shard_of, split_span
 from engine.sinks.alert_columns import AlertColumns
 from engine.sources.readers import split_topics, subscription_changes
@@ -141,8 +142,12 @@ def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -
             assert not isinstance(b, AlertColumns)  # the core makes none
             blocks.append(b)
         of_block = [b.keys if isinstance(b, AlertBlock | LookupBlock) else [a.key for a in b] for b in blocks]
-        mine = (shard_of(list(chain.from_iterable(of_block)), n) == shard).tolist()
+        owned = shard_of(list(chain.from_iterable(of_block)), n) == shard
+        mine = owned.tolist()
         if not all(mine):
+            # the segments' starts, counted in the alerts kept (the driver's cap reads them)
+            before = np.concatenate([[0], np.cumsum(owned, dtype=np.int64)])
+            out.segments = [(int(before[at]), seg, part) for at, seg, part in out.segments]
             kept, at = AlertSeq(), 0
             for b, ks in zip(blocks, of_block, strict=True):
                 m, at = mine[at : at + len(ks)], at + len(ks)
@@ -196,17 +201,21 @@ def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: st
     )
 
 
-def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
+def merge_outputs(batch_id: int, outs: Iterable[BatchOutput], cap: int = 0) -> BatchOutput:
     """The batch's output from its shards' (every shard ran the same lookups and rule changes):
     alerts stably by lookup time (each key's changes stay in order: a key is one shard's; the
     shards' tables joined and sorted by Arrow and NumPy, :meth:`AlertSeq.sort_by_as_of`), dead
-    letters, events summed, removed subscriptions and rule errors once each."""
+    letters, events summed, removed subscriptions and rule errors once each.  ``cap`` > 0 (the
+    alert cap, ``engine_alert_cap_per_lookup``; the shards ran uncapped): the alerts capped as
+    the one core caps them (:func:`engine.shards.capped.cap_merged`)."""
+    outs = list(outs)
     merged = BatchOutput(batch_id)
     lookups: set[int] = set()
     errors: dict[str, str] = {}
     keys: dict[str, set[str]] = {}
     for out in outs:
-        merged.alerts.extend(out.alerts)
+        if cap <= 0:
+            merged.alerts.extend(out.alerts)
         merged.dead.extend(out.dead)
         lookups.update(out.lookups)
         for sid in out.removed:
@@ -219,6 +228,8 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput]) -> BatchOutput:
             merged.events[s] = merged.events.get(s, 0) + k
         for sid, text in out.rule_errors:
             errors.setdefault(sid, text)
+    if cap > 0:
+        merged.alerts, merged.withheld = cap_merged(outs, cap)
     merged.alerts.sort_by_as_of()
     merged.lookups = sorted(lookups)
     merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}

@@ -576,7 +576,13 @@ class AlertColumns:
         t = self.as_of
         if len(t) < 2 or not bool((t[1:] < t[:-1]).any()):
             return self
-        perm = np.argsort(t, kind="stable")
+        return self.take(np.argsort(t, kind="stable"))
+
+    def take(self, perm: np.ndarray) -> AlertColumns:
+        """The alerts ``perm`` (indices, each at most once) in that order, with their values; by
+        Arrow and NumPy."""
+        perm = np.asarray(perm, np.int64)
+        t = self.as_of
         rows, items = self.to_tables()
         offs = np.zeros(len(t) + 1, np.int64)
         np.cumsum(self.counts, out=offs[1:])

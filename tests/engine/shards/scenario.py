@@ -52,14 +52,17 @@ def run_sharded_scenario(
     chaos: Callable[[Any], None] | None = None,
     per_trigger: int = 2500,
     timeout_s: float = 300,
+    cap: int = 0,
 ) -> dict[str, Any]:
     """Run the scenario (module docstring); raises on any difference.  Returns what the test
-    may check further: the process ids the shards ran in, rebuilds, batches."""
+    may check further: the process ids the shards ran in, rebuilds, batches.  ``cap``: with the
+    alert cap (``engine_alert_cap_per_lookup``) at ``cap``: the alert log is checked against the
+    backtest capped (:func:`check_capped`)."""
     from engine.shards.engine import ShardedEngine
     from engine.sinks.publish import ensure_topics
 
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp / "ckpt", engine_shards=shards)
+    s = engine_settings(run, tmp / "ckpt", engine_shards=shards, engine_alert_cap_per_lookup=cap)
     db = fresh_database(pg_url)
     ensure_topics(bootstrap, s)
     sc = make_scenario()
@@ -123,11 +126,14 @@ def run_sharded_scenario(
     got = [a for a in log if a[0] in original]
     expect = backtest(sc, SHARD_RULES, final)
     assert len(expect) > 100
-    missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
-    assert not missing and not extra, (
-        f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
-    )
-    assert sorted(got) == expect  # once each
+    if cap:
+        check_capped(app.store, got, expect, cap, final)
+    else:
+        missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
+        assert not missing and not extra, (
+            f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
+        )
+        assert sorted(got) == expect  # once each
 
     if sid is not None:
         late = [a for a in log if a[0] == sid]
@@ -145,6 +151,48 @@ def run_sharded_scenario(
     assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
     info["alerts"] = len(log)
     return info
+
+
+def check_capped(
+    store: Any,
+    got: list[tuple[str, str, str, int]],
+    expect: list[tuple[str, str, str, int]],
+    cap: int,
+    final: int,
+) -> None:
+    """The alert log ``got`` of a capped run against the backtest's ``expect`` (uncapped): per
+    (subscription, lookup time) at most ``cap`` alerts, all of them the backtest's, once each, and
+    when the backtest has more, one CAPPED record counting the rest (by kind); ``current_results``
+    every rule's exact result at ``final`` (the withheld changes applied too)."""
+    from collections import Counter
+
+    from sqlalchemy import text
+
+    from engine.sinks.store import dt_to_ms
+
+    kept = [a for a in got if a[2] != "CAPPED"]
+    assert len(kept) == len(set(kept)) and set(kept) <= set(expect)
+    want = Counter((a[0], a[3]) for a in expect)
+    have = Counter((a[0], a[3]) for a in kept)
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT subscription_id::text, as_of, values FROM alerts WHERE kind = 'CAPPED'")
+        ).all()
+        current = conn.execute(text("SELECT subscription_id::text, key FROM current_results")).all()
+    capped = {(sid, dt_to_ms(t)): v for sid, t, v in rows}
+    assert len(capped) == len(rows) and len(capped) > 5, len(capped)  # one record per lookup
+    for g, n in want.items():
+        assert have[g] == min(n, cap), (g, n, have[g])
+        if n > cap:
+            v = capped[g]
+            enters = sum(1 for a in expect if (a[0], a[3]) == g and a[2] == "ENTER") - sum(
+                1 for a in kept if (a[0], a[3]) == g and a[2] == "ENTER"
+            )
+            assert (v["withheld"], v["withheld_enter"], v["cap"]) == (n - cap, enters, cap), (g, v)
+    assert set(capped) <= {g for g, n in want.items() if n > cap}
+    for sid in {a[0] for a in expect}:
+        exact = result_at([a for a in expect if a[0] == sid], final)
+        assert {k for s, k in current if s == sid} == exact, sid
 
 
 def _forget_last_spark_commit(spark_dir: Path) -> int:

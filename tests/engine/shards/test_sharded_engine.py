@@ -33,6 +33,16 @@ def test_sharded_engine_equals_backtest(
     assert info["pids"] and os.getpid() not in info["pids"]
 
 
+def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The alert cap with two shards: per (subscription, lookup time) at most ``cap`` alerts in
+    the log, a CAPPED record for the rest, current results exact (the driver caps the merged
+    alerts: engine.shards.capped)."""
+    info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, 2, restart=False, cap=2)
+    assert info["alerts"] > 100
+
+
 def test_sharded_engine_refuses_another_shard_count(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from engine.rule_evaluator import rule_compiler
 from engine.shards.route import merge_spans, route_records, shard_of
 from engine.shards.step import decode_output, encode_output, merge_outputs, meta_of, run_shard
 from engine.sources.readers import split_topics, subscription_changes
-from tests.engine.shards.support import TOPICS, alert_rows, scenario_batches, split_tasks
+from tests.engine.shards.support import TOPICS, alert_rows, scenario_batches, split_tasks, sub_record
 from tidewatch.settings import Settings, get_settings
 
 MAX_FUTURE = 60_000
@@ -41,8 +41,10 @@ def _single(batches: list[pa.Table], s: Settings) -> list[BatchOutput]:
 
 
 def _sharded(
-    batches: list[pa.Table], s: Settings, n: int, restore_at: int | None = None
+    batches: list[pa.Table], s: Settings, n: int, restore_at: int | None = None, cap: int = 0
 ) -> list[BatchOutput]:
+    """The batches over ``n`` shards (uncapped, as the sharded engine runs them), merged as its
+    driver merges them, capped at ``cap`` alerts per lookup."""
     cores = [default_core(s) for _ in range(n)]
     outs = []
     for b, tbl in enumerate(batches):
@@ -56,7 +58,7 @@ def _sharded(
             back, meta = decode_output(encode_output(out, meta_of(cores[shard], shard, b, 0.0, "live", 0)))
             assert meta.batch_id == b and meta.shard == shard
             per.append(back)
-        outs.append(merge_outputs(b, per))
+        outs.append(merge_outputs(b, per, cap))
         if restore_at == b:  # every shard rebuilt from its snapshot: the same from here on
             cores = [EngineCore.from_bytes(c.to_bytes(), rule_compiler(s)) for c in cores]
     return outs
@@ -93,6 +95,54 @@ def test_shards_equal_one_core(case: Any, n: int) -> None:
     # the rules on the second key field and the late rule (PSoup) fired
     subs = {a.subscription_id for o in single for a in o.alerts}
     assert {ids["fan_in"], ids["rows"], ids["late_bid"], ids["ago"], ids["filter"]} <= subs
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_the_alert_cap_over_shards_keeps_what_one_capped_core_keeps(case: Any, n: int) -> None:
+    """The driver caps the shards' merged alerts in the one core's order (engine.shards.capped):
+    the same alerts kept, the same CAPPED records (withheld counts by kind), the same withheld
+    alerts, and the results (kept and withheld) still every change."""
+    batches, _, uncapped = case
+    cap = 2
+    single = _single(batches, _settings().model_copy(update={"engine_alert_cap_per_lookup": cap}))
+    sharded = _sharded(batches, _settings(), n, cap=cap)
+    capped = [a for o in single for a in o.alerts if a.kind == "CAPPED"]
+    assert len(capped) > 20 and any(a.values["withheld_exit"] for a in capped)
+    assert any(p == 1 for o in uncapped for *_, p in o.segments)  # a new rule's whole-result diff
+    assert [alert_rows(o.alerts) for o in sharded] == [alert_rows(o.alerts) for o in single]
+    assert [alert_rows(o.withheld) for o in sharded] == [alert_rows(o.withheld) for o in single]
+    assert [alert_rows(o.result_changes()) for o in sharded] == [alert_rows(o.alerts) for o in uncapped]
+    for o in sharded:  # each (subscription, key)'s changes in their order: by lookup time
+        times = [a.as_of for a in o.result_changes()]
+        assert times == sorted(times)
+
+
+def test_the_alert_cap_over_shards_orders_changed_rules_as_one_core(case: Any) -> None:
+    """A rule changed twice in one batch (two whole-result diffs at one time, ENTERs and EXITs
+    each): one budget and one CAPPED record for both, the same alerts kept as one core keeps."""
+    batches, ids, _ = case
+    batches = list(batches)
+    sid = ids["drop"]
+    rise = "SELECT symbol FROM trades GROUP BY symbol HAVING LAST(price) OVER LAST 8 SECONDS > FIRST(price) OVER LAST 8 SECONDS"
+    fall = "SELECT symbol FROM trades GROUP BY symbol HAVING LAST(price) OVER LAST 20 SECONDS < FIRST(price) OVER LAST 20 SECONDS"
+    recs = [sub_record(sid, "drop", rise), sub_record(sid, "drop", fall)]
+    change = pa.table(
+        {
+            "topic": ["subscriptions"] * 2, "partition": pa.array([0, 0], pa.int32()),
+            "offset": pa.array([20_000, 20_001], pa.int64()),
+            "timestamp": pa.array([0, 0], pa.timestamp("ms")),
+            "key": pa.array([k for k, _ in recs], pa.binary()), "value": pa.array([v for _, v in recs], pa.binary()),
+        }
+    )  # fmt: skip
+    batches[9] = pa.concat_tables([change, batches[9].cast(change.schema)])
+    cap = 3
+    single = _single(batches, _settings().model_copy(update={"engine_alert_cap_per_lookup": cap}))
+    diffs = [a for a in single[9].alerts if a.subscription_id == sid and a.as_of == single[8].lookups[-1]]
+    assert [a.kind for a in diffs][-1] == "CAPPED" and diffs[-1].values["withheld_exit"]
+    for n in (2, 3):
+        sharded = _sharded(batches, _settings(), n, cap=cap)
+        assert [alert_rows(o.alerts) for o in sharded] == [alert_rows(o.alerts) for o in single]
+        assert [alert_rows(o.withheld) for o in sharded] == [alert_rows(o.withheld) for o in single]
 
 
 def test_shard_rebuilt_from_its_snapshot_goes_on_the_same(case: Any) -> None:
