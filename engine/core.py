@@ -655,6 +655,10 @@ class EngineCore:
         out.strides, out.degraded = batch_strides(self.overload.level, self._budgets, self.L, strides)
         self._grid = by_stride(out.strides)
 
+    def budgets(self) -> dict[str, int]:
+        """The staleness budgets (ms) of the active subscriptions that declared one."""
+        return dict(self._budgets)
+
     def observe_load(self, load: float | None, marks: Marks) -> None:
         """Feed the overload controller a batch's utilisation (evaluation time / trigger interval,
         :func:`engine.overload.decide`); the next batch's strides follow its level."""

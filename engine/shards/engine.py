@@ -34,8 +34,12 @@ The alert cap (``engine_alert_cap_per_lookup``) is the driver's: the shards run 
 where each lookup's alerts start, the driver caps the merged alerts in the one core's order
 (:mod:`engine.shards.capped`).
 
-Not in the sharded engine (absent, documented in docs/engine.md): the overload policy's strides,
-and the key page's charts from the engine's state (the dashboard falls back to reading Kafka).
+The overload policy is the driver's too: after each batch it feeds the controller the slowest
+shard's load and records the next batch's strides in a file of the checkpoint, which every shard
+reads (:mod:`engine.shards.strides`).
+
+Not in the sharded engine (absent, documented in docs/engine.md): the key page's charts from the
+engine's state (the dashboard falls back to reading Kafka).
 """
 
 from __future__ import annotations
@@ -51,9 +55,11 @@ from typing import TYPE_CHECKING, Any
 from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
 from engine.messages import BatchOutput
+from engine.overload import Marks
 from engine.shards.processor import OUTPUT_DDL, ShardProcessor
 from engine.shards.route import ROUTED_DDL, Router, merge_ranges
 from engine.shards.step import ShardMeta, decode_output, merge_outputs
+from engine.shards.strides import StrideFile
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
@@ -130,6 +136,9 @@ class ShardedEngine:
         #: per shard, the batch of its snapshot in Spark's state store when a batch started it
         #: again from the state store (``rebuilt``): -1 when it was rebuilt from the log alone
         self.rebuilt_from: dict[int, int] = {}
+        #: per delivered batch, its lookup times and the strides its shards ran with (the
+        #: schedule a check replays: :func:`engine.overload.schedule`; the last 100,000 batches)
+        self.schedule: dict[int, tuple[list[int], dict[str, int]]] = {}
         #: per delivered batch, the slowest shard's evaluation (s; the last 100,000 batches)
         self.shard_seconds: list[float] = []
         #: per delivered batch, the largest over its shards of each part of a shard's task
@@ -147,6 +156,12 @@ class ShardedEngine:
         #: first batch of a run -- or the one after a failed delivery -- asks PostgreSQL
         self._committed: int | None = None
         self._conf_back: tuple[Any, str] | None = None
+        #: the overload policy, decided here for every shard (:mod:`engine.shards.strides`): its
+        #: marks, the trigger interval a batch's load is measured against (:meth:`start` sets the
+        #: one in use), the lookup period, and the file the shards read each batch's strides from
+        self.marks, self.trigger_s = Marks.of(settings), float(settings.trigger_seconds)
+        self.lookup_ms = int(settings.engine_lookup_every_ms or settings.pane_ms)
+        self.stride_file = StrideFile(self.checkpoint / "tidewatch" / "strides.json")
 
     # ------------------------------------------------------------------ what the shards say
     @property
@@ -234,10 +249,12 @@ class ShardedEngine:
             self.topics,
             self.bootstrap,
             str(self.checkpoint.resolve() / "tidewatch" / "shards"),
+            str(self.stride_file.path.resolve()),
         )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
         trig = trigger_seconds if trigger_seconds is not None else self.settings.trigger_seconds
+        self.trigger_s = float(trig)
         writer = (
             writer.trigger(availableNow=True)
             if available_now
@@ -287,6 +304,17 @@ class ShardedEngine:
         self._committed = None  # a failed delivery: PostgreSQL says again what is committed
         self._deliver(out, metas, t0)
         self._committed = batch_id
+        self._decide_strides(batch_id, metas)
+
+    def _decide_strides(self, batch_id: int, metas: list[ShardMeta]) -> None:
+        """The overload controller fed batch ``batch_id``'s load -- its slowest shard's
+        evaluation over the trigger interval (none when batches run back to back) -- and the
+        strides of the next batch recorded for every shard (:mod:`engine.shards.strides`),
+        before Spark commits this batch and plans the next."""
+        budgets = metas[0].budgets if metas else {}
+        shard_s = max((m.seconds for m in metas), default=0.0)
+        load = shard_s / self.trigger_s if self.trigger_s > 0 else None
+        self.stride_file.decide(batch_id, budgets, load, self.lookup_ms, self.marks)
 
     def _watermark(self) -> int | None:
         """The engine's watermark: the smallest of the shards' (None until every shard has one)."""
@@ -330,6 +358,7 @@ class ShardedEngine:
         ):
             self.totals[k] += v
         self.delivered.append((t0, t_done, n_events))
+        self.schedule[out.batch_id] = (list(out.lookups), dict(out.strides))
         self.shard_seconds.append(shard_s)
         parts = {k for m in metas for k in m.extra}
         self.shard_parts.append({k: max(float(m.extra.get(k, 0.0)) for m in metas) for k in sorted(parts)})
@@ -337,6 +366,8 @@ class ShardedEngine:
             del self.delivered[:50_000]
             del self.shard_seconds[:50_000]
             del self.shard_parts[:50_000]
+            for b in sorted(self.schedule)[:50_000]:
+                del self.schedule[b]
         log.info(
             "batch %d: %d events, %d alerts, %d dead letters, %d lookups up to %s over %d shards "
             "(slowest shard %.0f ms%s); delivered in %.0f ms (PostgreSQL %.0f, Kafka commit %.0f)",

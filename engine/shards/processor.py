@@ -18,6 +18,9 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
   a rebuild needs the batches since the last snapshot still within the topics' retention;
 * ``at`` (value state): the last batch the state holds.
 
+Each batch runs with the overload policy's strides the driver recorded for it
+(:mod:`engine.shards.strides`, a file of the checkpoint directory), a rebuilt one too.
+
 The state store is versioned by batch: a retried task, a task moved to another executor, or a
 restarted query reads the state as of the batch before the one it runs.  What rebuilds the shard
 is therefore in it (with the file it names): the snapshot restored, then the batches of ``log`` read again and run again (no
@@ -54,6 +57,7 @@ from engine.runtime.gc_tuning import freeze_worker
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
+from engine.shards.strides import StrideFile
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -92,9 +96,12 @@ class ShardProcessor(StatefulProcessor):
         topics: dict[str, str],
         bootstrap: str,
         snapshots: str,
+        strides: str | None = None,
     ) -> None:
         self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
         self.snapshots = snapshots
+        #: the driver's strides file (:mod:`engine.shards.strides`); None: no overload policy
+        self.strides = strides
         self.labels, self.topics = list(labels), dict(topics)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -130,7 +137,7 @@ class ShardProcessor(StatefulProcessor):
             if core.last_batch < int(b) <= at:
                 records = self._read_again(json.loads(bytes(ranges)), shard)
                 spans = merge_spans([ipc_table(bytes(span))])
-                run_shard(core, int(b), shard, n, records, spans, self.topics)
+                run_shard(core, int(b), shard, n, records, spans, self.topics, self._strides(int(b)))
                 ran += 1
         if core.last_batch != at:
             raise CheckpointMismatch(
@@ -152,6 +159,10 @@ class ShardProcessor(StatefulProcessor):
         records = read_ranges(self.bootstrap, ranges, settings=self.settings)
         tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
         return tables[shard]
+
+    def _strides(self, batch: int) -> dict[str, int]:
+        """The overload policy's strides of ``batch``, as the driver decided them."""
+        return StrideFile(self.strides).strides_for(batch) if self.strides else {}
 
     def _snapshot_dir(self, shard: int) -> Path:
         return Path(self.snapshots) / f"shard-{shard}"
@@ -264,7 +275,10 @@ class ShardProcessor(StatefulProcessor):
         live = _LIVE.pop((self.engine, shard), None)  # out while this batch runs
         core, how = self._catch_up(shard, at, live)
         t0 = time.perf_counter()
-        out = run_shard(core, batch, shard, len(self.labels), records, merge_spans([span_t]), self.topics)
+        strides = self._strides(batch)
+        out = run_shard(
+            core, batch, shard, len(self.labels), records, merge_spans([span_t]), self.topics, strides
+        )
         t_log = time.perf_counter()
         batch_ranges = merge_ranges(ranges)
         self.log.appendValue((batch, json.dumps(batch_ranges).encode(), ipc_bytes(span_t)))

@@ -39,7 +39,7 @@ import pyarrow as pa
 from engine.core import EngineCore
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS
-from engine.errors import SnapshotUnreadable
+from engine.errors import CheckpointMismatch, SnapshotUnreadable
 from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock
 from engine.runtime import state_codec
 from engine.shards.capped import cap_merged
@@ -77,6 +77,9 @@ class ShardMeta:
     #: routing task sends every shard its ranges: :func:`engine.shards.route.merge_ranges` of
     #: them): the driver finds the offsets lost to retention from them (``ShardedEngine``)
     ranges: dict[str, Any] = field(default_factory=dict)
+    #: the staleness budgets of the shard's subscriptions that have one (every shard holds every
+    #: rule): the driver's overload controller steps through them (:mod:`engine.shards.strides`)
+    budgets: dict[str, int] = field(default_factory=dict)
 
 
 def run_shard(
@@ -87,16 +90,18 @@ def run_shard(
     records: pa.Table,
     span: dict[tuple[str, int], tuple[int, int]],
     topics: dict[str, str],
+    strides: dict[str, int] | None = None,
 ) -> BatchOutput:
     """Shard ``shard`` of ``n`` runs batch ``batch_id``: ``records`` are its routed records
     (:func:`engine.shards.route.route_records`, with the ``primary`` flag), ``span`` the whole
     batch's (:func:`engine.shards.route.merge_spans`: the partitions marked present are the
-    core's ``waiting``); see the module docstring."""
+    core's ``waiting``), ``strides`` the overload policy's for the batch, the driver's decision
+    (:mod:`engine.shards.strides`; None: none); see the module docstring."""
     parts = split_topics(records, topics)
     changes = subscription_changes(parts.pop("subscriptions", records.slice(0, 0)))
     streams = {r: t for r, t in parts.items() if r in STREAMS}  # empty ones too: events 0, as one core
     times, waiting = split_span(span)
-    out = core.process(batch_id, streams, changes, waiting=waiting, span=times)
+    out = core.process(batch_id, streams, changes, waiting=waiting, strides=strides or {}, span=times)
     for role, t in streams.items():
         prim = np.asarray(t.column(PRIMARY).to_numpy(zero_copy_only=False), np.bool_)
         if not len(prim) or prim.all():
@@ -187,7 +192,7 @@ def decode_output(data: bytes) -> tuple[BatchOutput, ShardMeta]:
 
 
 def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: str, pid: int) -> ShardMeta:
-    return ShardMeta(
+    meta = ShardMeta(
         shard,
         batch_id,
         core.applied_until,
@@ -199,6 +204,8 @@ def meta_of(core: EngineCore, shard: int, batch_id: int, seconds: float, how: st
         how,
         pid,
     )
+    meta.budgets = core.budgets()
+    return meta
 
 
 def merge_outputs(batch_id: int, outs: Iterable[BatchOutput], cap: int = 0) -> BatchOutput:
@@ -231,6 +238,14 @@ def merge_outputs(batch_id: int, outs: Iterable[BatchOutput], cap: int = 0) -> B
     if cap > 0:
         merged.alerts, merged.withheld = cap_merged(outs, cap)
     merged.alerts.sort_by_as_of()
+    if outs:  # every shard ran the batch with the driver's strides
+        if any(o.strides != outs[0].strides for o in outs):
+            raise CheckpointMismatch(
+                f"batch {batch_id}: the shards ran with different strides "
+                f"({[o.strides for o in outs][:3]}): the checkpoint's strides file is not the "
+                "same for every executor. It must be on storage every executor shares."
+            )
+        merged.strides, merged.degraded = dict(outs[0].strides), dict(outs[0].degraded)
     merged.lookups = sorted(lookups)
     merged.removed_keys = {sid: sorted(keys.get(sid, ())) for sid in merged.removed}
     merged.rule_errors = list(errors.items())

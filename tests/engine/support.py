@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,17 +96,22 @@ def make_scenario(n_trades: int = 6000, n_packets: int = 4000, seconds: int = 15
     return Scenario(t0, trades, packets, bad)
 
 
-def produce_rules(sc: Scenario, bootstrap: str, topic: str, rules: dict[str, str] | None = None) -> None:
+def produce_rules(
+    sc: Scenario,
+    bootstrap: str,
+    topic: str,
+    rules: dict[str, str] | None = None,
+    budgets: dict[str, int] | None = None,
+) -> None:
     """Subscribe every rule of ``rules`` (default :data:`RULES`; JSON records on the subscriptions
-    topic)."""
+    topic); ``budgets``: rule name -> its staleness budget (ms), for the rules that have one."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for name, text in (RULES if rules is None else rules).items():
         sid = sc.sub_ids.setdefault(name, str(uuid.uuid4()))
-        p.produce(
-            topic,
-            key=sid.encode(),
-            value=json.dumps({"id": sid, "name": name, "rule": text, "status": "active"}).encode(),
-        )
+        doc: dict[str, Any] = {"id": sid, "name": name, "rule": text, "status": "active"}
+        if budgets and name in budgets:
+            doc["staleness_budget_ms"] = budgets[name]
+        p.produce(topic, key=sid.encode(), value=json.dumps(doc).encode())
     p.flush()
 
 
@@ -172,8 +178,12 @@ def result_at(alerts: list[tuple[str, str, str, int]], until: int) -> set[str]:
     return keys
 
 
-def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str, str, str, int]]:
-    """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <= until."""
+def backtest(
+    sc: Scenario, rules: dict[str, str], until: int, skip: Callable[[int], frozenset[str]] | None = None
+) -> list[tuple[str, str, str, int]]:
+    """(subscription id, key, kind, as_of) of ``tidewatch backtest`` on the good events, as_of <=
+    until; ``skip``: the subscriptions skipped at each lookup time (an overloaded engine's
+    schedule, :func:`engine.overload.schedule`)."""
     from engine.evaluation.backtest import EventFile, iter_alerts
     from subscriptions.compiler import compile_rule
     from tidewatch.settings import get_settings
@@ -182,7 +192,7 @@ def backtest(sc: Scenario, rules: dict[str, str], until: int) -> list[tuple[str,
     files = [EventFile("trades", dict(sc.trades)), EventFile("packets", dict(sc.packets))]
     return sorted(
         (rule, key, kind, int(as_of))
-        for as_of, rule, key, kind in iter_alerts(plans, files, G, ci_p=2)
+        for as_of, rule, key, kind in iter_alerts(plans, files, G, ci_p=2, skip=skip)
         if as_of <= until
     )
 

@@ -53,22 +53,28 @@ def run_sharded_scenario(
     per_trigger: int = 2500,
     timeout_s: float = 300,
     cap: int = 0,
+    overload: bool = False,
 ) -> dict[str, Any]:
     """Run the scenario (module docstring); raises on any difference.  Returns what the test
     may check further: the process ids the shards ran in, rebuilds, batches.  ``cap``: with the
     alert cap (``engine_alert_cap_per_lookup``) at ``cap``: the alert log is checked against the
-    backtest capped (:func:`check_capped`)."""
+    backtest capped (:func:`check_capped`).  ``overload``: a third of the rules with a staleness
+    budget and the overload policy's marks so low that every batch is overloaded: the driver
+    degrades them (strides recorded with the batches, the same in every shard), and the alert log
+    is checked against the backtest at the lookup times used."""
     from engine.shards.engine import ShardedEngine
     from engine.sinks.publish import ensure_topics
 
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp / "ckpt", engine_shards=shards, engine_alert_cap_per_lookup=cap)
+    marks = {"engine_overload_high": 1e-9, "engine_overload_low": 1e-10} if overload else {}
+    s = engine_settings(run, tmp / "ckpt", engine_shards=shards, engine_alert_cap_per_lookup=cap, **marks)
     db = fresh_database(pg_url)
     ensure_topics(bootstrap, s)
     sc = make_scenario()
-    produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES)
+    budgets = {name: 4 * G for name in list(SHARD_RULES)[::3]} if overload else None
+    produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES, budgets)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
-    info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}}
+    info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}, "schedule": {}}
 
     @contextmanager
     def running() -> Iterator[tuple[Any, Any]]:
@@ -82,6 +88,7 @@ def run_sharded_scenario(
             app.close()
             info["pids"] |= app.executor_pids
             info["batches"] += app.batches_done
+            info["schedule"].update(app.schedule)
 
     with running() as (app, q):
         wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
@@ -124,7 +131,18 @@ def run_sharded_scenario(
     log = app.store.alert_log()
     original = {sc.sub_ids[n] for n in SHARD_RULES}
     got = [a for a in log if a[0] in original]
-    expect = backtest(sc, SHARD_RULES, final)
+    skip = None
+    if overload:
+        from engine.overload import schedule
+
+        runs = info["schedule"]
+        strided = {b for b, (_, st) in runs.items() if st}
+        assert len(strided) >= 2 and {sc.sub_ids[n] for n in budgets or {}} >= set().union(
+            *(runs[b][1] for b in strided)
+        ), runs
+        skip = schedule([runs[b] for b in sorted(runs)], G)
+        info["strided_batches"] = len(strided)
+    expect = backtest(sc, SHARD_RULES, final, skip=skip)
     assert len(expect) > 100
     if cap:
         check_capped(app.store, got, expect, cap, final)

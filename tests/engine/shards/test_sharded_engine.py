@@ -43,6 +43,16 @@ def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
     assert info["alerts"] > 100
 
 
+def test_sharded_engine_degrades_budgeted_rules_under_overload_the_same_in_every_shard(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The overload policy with two shards: the driver decides each batch's strides from the
+    slowest shard's load, every shard runs with them (a shard rebuilt at the restart too), and
+    the alert log equals the backtest at the lookup times used (engine.shards.strides)."""
+    info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, 2, overload=True)
+    assert info["strided_batches"] >= 2
+
+
 def test_sharded_engine_refuses_another_shard_count(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:

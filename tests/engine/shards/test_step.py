@@ -6,10 +6,12 @@ round-trips through its snapshot."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from engine.core import EngineCore, default_core
@@ -30,21 +32,29 @@ def _settings() -> Settings:
     )
 
 
-def _single(batches: list[pa.Table], s: Settings) -> list[BatchOutput]:
+def _single(
+    batches: list[pa.Table], s: Settings, strides: list[dict[str, int]] | None = None
+) -> list[BatchOutput]:
     core = default_core(s)
     outs = []
     for b, tbl in enumerate(batches):
         parts = split_topics(tbl, TOPICS)
         changes = subscription_changes(parts.pop("subscriptions"))
-        outs.append(core.process(b, parts, changes))
+        outs.append(core.process(b, parts, changes, strides=strides[b] if strides else None))
     return outs
 
 
 def _sharded(
-    batches: list[pa.Table], s: Settings, n: int, restore_at: int | None = None, cap: int = 0
+    batches: list[pa.Table],
+    s: Settings,
+    n: int,
+    restore_at: int | None = None,
+    cap: int = 0,
+    strides: list[dict[str, int]] | None = None,
 ) -> list[BatchOutput]:
     """The batches over ``n`` shards (uncapped, as the sharded engine runs them), merged as its
-    driver merges them, capped at ``cap`` alerts per lookup."""
+    driver merges them, capped at ``cap`` alerts per lookup; ``strides``: each batch's, as the
+    driver decided them (engine.shards.strides)."""
     cores = [default_core(s) for _ in range(n)]
     outs = []
     for b, tbl in enumerate(batches):
@@ -53,7 +63,7 @@ def _sharded(
         per = []
         for shard in range(n):
             recs = pa.concat_tables([r[shard] for r, _ in routed])
-            out = run_shard(cores[shard], b, shard, n, recs, span, TOPICS)
+            out = run_shard(cores[shard], b, shard, n, recs, span, TOPICS, strides[b] if strides else None)
             # through the wire format, as the driver gets it
             back, meta = decode_output(encode_output(out, meta_of(cores[shard], shard, b, 0.0, "live", 0)))
             assert meta.batch_id == b and meta.shard == shard
@@ -143,6 +153,34 @@ def test_the_alert_cap_over_shards_orders_changed_rules_as_one_core(case: Any) -
         sharded = _sharded(batches, _settings(), n, cap=cap)
         assert [alert_rows(o.alerts) for o in sharded] == [alert_rows(o.alerts) for o in single]
         assert [alert_rows(o.withheld) for o in sharded] == [alert_rows(o.withheld) for o in single]
+
+
+def test_shards_with_the_drivers_strides_equal_one_core_with_them(case: Any) -> None:
+    """The overload policy over shards: every shard runs a batch with the strides the driver
+    recorded for it; the union of their alerts is one core's with the same strides (and the
+    strides and degraded list are the batch's)."""
+    batches, ids, uncapped = case
+    batches = list(batches)
+    budgeted = ["drop", "mix_4", "count", "fan_in"]
+    subs = split_topics(batches[0], TOPICS)["subscriptions"]
+    values = []
+    for v in subs.column("value").to_pylist():
+        doc = json.loads(v)
+        if doc["id"] in {ids[n] for n in budgeted}:
+            doc["staleness_budget_ms"] = 4_000
+        values.append(json.dumps(doc).encode())
+    subs = subs.set_column(subs.schema.get_field_index("value"), "value", pa.array(values, pa.binary()))
+    rest = batches[0].filter(pc.not_equal(batches[0].column("topic"), "subscriptions"))
+    batches[0] = pa.concat_tables([subs, rest.cast(subs.schema)])
+    plan = [{}, {ids["drop"]: 2}, {ids["drop"]: 4, ids["mix_4"]: 2}, {ids["drop"]: 4, ids["fan_in"]: 4}]
+    strides = [plan[b % len(plan)] for b in range(len(batches))]
+    single = _single(batches, _settings(), strides)
+    assert [alert_rows(o.alerts) for o in single] != [alert_rows(o.alerts) for o in uncapped]  # they bite
+    assert single[2].degraded[ids["mix_4"]] == {"every_ms": 2_000, "budget_ms": 4_000}
+    for n in (2, 3):
+        sharded = _sharded(batches, _settings(), n, strides=strides)
+        assert [alert_rows(o.alerts) for o in sharded] == [alert_rows(o.alerts) for o in single]
+        assert [(o.strides, o.degraded) for o in sharded] == [(o.strides, o.degraded) for o in single]
 
 
 def test_shard_rebuilt_from_its_snapshot_goes_on_the_same(case: Any) -> None:

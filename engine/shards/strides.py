@@ -1,0 +1,103 @@
+"""The overload policy over shards: the driver decides the strides, every shard uses them.
+
+The overload policy (:mod:`engine.overload`) spaces the lookups of subscriptions with a staleness
+budget when batches take more than their share of the trigger interval.  With shards the load is
+the slowest shard's evaluation, which only the driver sees, and every shard must look a
+subscription up at the same times (one alert log, one lookup schedule).  So the driver runs the
+controller (:func:`engine.overload.decide`) after each delivered batch ``b`` and writes the
+strides of batch ``b + 1`` -- before ``foreachBatch`` returns, so before Spark commits ``b`` and
+plans ``b + 1`` -- to this file of the engine's checkpoint directory (storage every executor
+shares, as the shards' snapshots are); each shard's task reads the strides of its batch from it,
+and so does a shard rebuilt from its log (the batches since its snapshot run again with the
+strides they ran with: exact).
+
+The file, ``<checkpoint>/tidewatch/strides.json``, replaced whole (``os.replace``): the
+controller's state after the last decision and ``entries``, ``[from batch, {subscription:
+stride}]`` in batch order, one per change of the strides.  A batch's strides are those of the
+last entry from at most its id (none: no stride).  Recording from ``b + 1`` drops the entries
+from later batches: a batch Spark runs again after a restart (not committed) is decided again,
+and no batch after it has been committed yet.  Entries older than ``keep`` batches before the
+newest are dropped but the last of them (the shards' logs are a few batches long: their
+snapshots come every ``snapshot_every_batches``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from engine.errors import CheckpointMismatch
+from engine.overload import Marks, Overload, batch_strides, decide, ladder
+
+__all__ = ["StrideFile"]
+
+#: batches of entries kept before the newest (a shard's log must be shorter than this)
+KEEP_BATCHES = 10_000
+
+
+class StrideFile:
+    """The strides file of one engine checkpoint (module docstring)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"level": 0, "calm": 0, "entries": []}
+        except (OSError, ValueError) as exc:
+            raise CheckpointMismatch(
+                f"the overload policy's strides file {self.path} cannot be read ({exc}): the "
+                "checkpoint directory must be whole; restore it, or start with a new checkpoint "
+                "directory and a new --engine-id"
+            ) from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+            raise CheckpointMismatch(f"the strides file {self.path} is not one this engine wrote")
+        return doc
+
+    def strides_for(self, batch: int) -> dict[str, int]:
+        """The strides batch ``batch`` runs with ({}: none)."""
+        got: dict[str, int] = {}
+        for b, st in self._read()["entries"]:
+            if int(b) > batch:
+                break
+            got = {str(k): int(v) for k, v in st.items()}
+        return got
+
+    def state(self) -> Overload:
+        """The controller's state after the last decision (level 0 when none was made)."""
+        doc = self._read()
+        return Overload(int(doc.get("level", 0)), int(doc.get("calm", 0)))
+
+    def decide(
+        self, batch: int, budgets: dict[str, int], load: float | None, lookup_ms: int, marks: Marks
+    ) -> dict[str, int]:
+        """The controller fed batch ``batch``'s ``load`` (its slowest shard's evaluation over the
+        trigger interval; None: unknown), ``budgets`` the subscriptions' that declared one: the
+        strides of batch ``batch + 1``, recorded (:meth:`record`) and returned."""
+        state = decide(self.state(), load, len(ladder(budgets, lookup_ms)), marks)
+        strides, _ = batch_strides(state.level, budgets, lookup_ms)
+        self.record(batch + 1, strides, state)
+        return strides
+
+    def record(self, batch: int, strides: dict[str, int], state: Overload) -> None:
+        """Batch ``batch`` and the ones after it run with ``strides`` (until the next record);
+        ``state``: the controller's after this decision.  Written only when something changed."""
+        doc = self._read()
+        entries = [e for e in doc["entries"] if int(e[0]) < batch]
+        current = entries[-1][1] if entries else {}
+        if current != strides:
+            entries.append([batch, dict(sorted(strides.items()))])
+        old = [i for i, e in enumerate(entries) if int(e[0]) < batch - KEEP_BATCHES]
+        if len(old) > 1:
+            entries = entries[old[-1] :]
+        new = {"level": state.level, "calm": state.calm, "entries": entries}
+        if new == doc:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(new))
+        os.replace(tmp, self.path)
