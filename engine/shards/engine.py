@@ -38,8 +38,8 @@ The overload policy is the driver's too: after each batch it feeds the controlle
 shard's load and records the next batch's strides in a file of the checkpoint, which every shard
 reads (:mod:`engine.shards.strides`).
 
-Not in the sharded engine (absent, documented in docs/engine.md): the key page's charts from the
-engine's state (the dashboard falls back to reading Kafka).
+The key page's charts are answered by the shard owning the key, from its state, the requests
+handed over by the driver through a file of the checkpoint (:mod:`engine.shards.charts`).
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
 from engine.messages import BatchOutput
 from engine.overload import Marks
+from engine.shards.charts import RequestFile, ShardCharts
 from engine.shards.processor import OUTPUT_DDL, ShardProcessor
 from engine.shards.route import ROUTED_DDL, Router, merge_ranges
 from engine.shards.step import ShardMeta, decode_output, merge_outputs
 from engine.shards.strides import StrideFile
+from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
 from engine.sinks.store import Store
@@ -162,6 +164,12 @@ class ShardedEngine:
         self.marks, self.trigger_s = Marks.of(settings), float(settings.trigger_seconds)
         self.lookup_ms = int(settings.engine_lookup_every_ms or settings.pane_ms)
         self.stride_file = StrideFile(self.checkpoint / "tidewatch" / "strides.json")
+        #: the key page's charts: requests handed to the shards, their answers written back
+        self.charts = ShardCharts(
+            ChartAnswers(self.store.engine, settings, engine_id),
+            RequestFile(self.checkpoint / "tidewatch" / "chart_requests.json"),
+            float(settings.chart_answer_poll_s),
+        )
 
     # ------------------------------------------------------------------ what the shards say
     @property
@@ -250,6 +258,7 @@ class ShardedEngine:
             self.bootstrap,
             str(self.checkpoint.resolve() / "tidewatch" / "shards"),
             str(self.stride_file.path.resolve()),
+            str(self.charts.requests.path.resolve()),
         )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
@@ -305,6 +314,10 @@ class ShardedEngine:
         self._deliver(out, metas, t0)
         self._committed = batch_id
         self._decide_strides(batch_id, metas)
+        try:
+            self.charts.after_batch({rid: a for m in metas for rid, a in m.charts.items()})
+        except Exception as exc:  # PostgreSQL restarting: the requests wait for the next batch
+            log.warning("chart requests not answered now: %s", type(exc).__name__)
 
     def _decide_strides(self, batch_id: int, metas: list[ShardMeta]) -> None:
         """The overload controller fed batch ``batch_id``'s load -- its slowest shard's

@@ -19,7 +19,9 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
 * ``at`` (value state): the last batch the state holds.
 
 Each batch runs with the overload policy's strides the driver recorded for it
-(:mod:`engine.shards.strides`, a file of the checkpoint directory), a rebuilt one too.
+(:mod:`engine.shards.strides`, a file of the checkpoint directory), a rebuilt one too; after it
+the shard answers the key page's chart requests of its keys the driver handed over
+(:mod:`engine.shards.charts`).
 
 The state store is versioned by batch: a retried task, a task moved to another executor, or a
 restarted query reads the state as of the batch before the one it runs.  What rebuilds the shard
@@ -55,6 +57,7 @@ from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.runtime.gc_tuning import freeze_worker
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
+from engine.shards.charts import RequestFile, answer_owned
 from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
 from engine.shards.step import encode_output, meta_of, run_shard
 from engine.shards.strides import StrideFile
@@ -97,11 +100,14 @@ class ShardProcessor(StatefulProcessor):
         bootstrap: str,
         snapshots: str,
         strides: str | None = None,
+        charts: str | None = None,
     ) -> None:
         self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
         self.snapshots = snapshots
         #: the driver's strides file (:mod:`engine.shards.strides`); None: no overload policy
         self.strides = strides
+        #: the driver's chart requests file (:mod:`engine.shards.charts`); None: no charts
+        self.charts = charts
         self.labels, self.topics = list(labels), dict(topics)
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -289,10 +295,14 @@ class ShardProcessor(StatefulProcessor):
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
         meta.snapshot_of, meta.snapshot_bytes, meta.ranges = snapshot_of, named, batch_ranges
+        if self.charts:  # the key page's chart requests of this shard's keys, from its state now
+            requests = RequestFile(self.charts).read()
+            meta.charts = answer_owned(core, shard, len(self.labels), requests, self.settings.pane_ms)
         meta.extra = {  # where the shard's task spent its Python time (s); "snapshot" includes
             # "snapshot_start": the fork of the child writing a snapshot (or the capture)
             "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,
             "log": t_snap - t_log, "snapshot": t_out - t_snap, "snapshot_start": start_s,
+            "charts": time.perf_counter() - t_out,
         }  # fmt: skip
         yield pd.DataFrame({"shard": [label], "out": [encode_output(out, meta)]})
 

@@ -80,6 +80,9 @@ class ShardMeta:
     #: the staleness budgets of the shard's subscriptions that have one (every shard holds every
     #: rule): the driver's overload controller steps through them (:mod:`engine.shards.strides`)
     budgets: dict[str, int] = field(default_factory=dict)
+    #: the key page's chart requests of its keys the shard answered after this batch: request id
+    #: -> (answer, None) or (None, error code) (:mod:`engine.shards.charts`)
+    charts: dict[int, tuple[Any, str | None]] = field(default_factory=dict)
 
 
 def run_shard(

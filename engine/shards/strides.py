@@ -11,7 +11,7 @@ shares, as the shards' snapshots are); each shard's task reads the strides of it
 and so does a shard rebuilt from its log (the batches since its snapshot run again with the
 strides they ran with: exact).
 
-The file, ``<checkpoint>/tidewatch/strides.json``, replaced whole (``os.replace``): the
+The file, ``<checkpoint>/tidewatch/strides.json``, replaced whole (:func:`~engine.runtime.snapshot_writer.atomic_write`): the
 controller's state after the last decision and ``entries``, ``[from batch, {subscription:
 stride}]`` in batch order, one per change of the strides.  A batch's strides are those of the
 last entry from at most its id (none: no stride).  Recording from ``b + 1`` drops the entries
@@ -24,12 +24,12 @@ snapshots come every ``snapshot_every_batches``).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointMismatch
 from engine.overload import Marks, Overload, batch_strides, decide, ladder
+from engine.runtime.snapshot_writer import atomic_write
 
 __all__ = ["StrideFile"]
 
@@ -97,7 +97,4 @@ class StrideFile:
         new = {"level": state.level, "calm": state.calm, "entries": entries}
         if new == doc:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(new))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(new).encode())

@@ -108,7 +108,7 @@ class ChartAnswers:
         """One pass: answer the pending requests (the state read under :attr:`lock`); how many
         were answered."""
         todo = self.pending()
-        self._cleanup()
+        self.cleanup()
         if not todo:
             return 0
         done: list[tuple[int, dict[str, Any] | None, str | None]] = []
@@ -126,10 +126,10 @@ class ChartAnswers:
                 if err == UNKNOWN_SUBSCRIPTION and self.engine_id != "default":
                     continue  # may be another engine's subscription
                 done.append((rid, got, err))
-        self._write(done)
+        self.write(done)
         return len(done)
 
-    def _write(self, done: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
+    def write(self, done: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
         if not done:
             return
         with self.db.begin() as conn:
@@ -148,7 +148,7 @@ class ChartAnswers:
                     },
                 )
 
-    def _cleanup(self) -> None:
+    def cleanup(self) -> None:
         now = time.monotonic()
         if now - self._last_cleanup < 60:
             return

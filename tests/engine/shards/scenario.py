@@ -54,6 +54,7 @@ def run_sharded_scenario(
     timeout_s: float = 300,
     cap: int = 0,
     overload: bool = False,
+    charts: bool = False,
 ) -> dict[str, Any]:
     """Run the scenario (module docstring); raises on any difference.  Returns what the test
     may check further: the process ids the shards ran in, rebuilds, batches.  ``cap``: with the
@@ -61,7 +62,8 @@ def run_sharded_scenario(
     backtest capped (:func:`check_capped`).  ``overload``: a third of the rules with a staleness
     budget and the overload policy's marks so low that every batch is overloaded: the driver
     degrades them (strides recorded with the batches, the same in every shard), and the alert log
-    is checked against the backtest at the lookup times used."""
+    is checked against the backtest at the lookup times used.  ``charts``: a key page's chart
+    request answered by the shard owning the key (:func:`check_chart`)."""
     from engine.shards.engine import ShardedEngine
     from engine.sinks.publish import ensure_topics
 
@@ -106,6 +108,8 @@ def run_sharded_scenario(
         if chaos_thread is not None:
             chaos_thread.join(timeout_s)
         assert app.batches_done >= 3
+        if charts:
+            info["chart"] = check_chart(app, bootstrap, s.topic_subscriptions, sc.sub_ids["count"], run)
         if restart:
             await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
             q.processAllAvailable()  # stopped between batches: the last one planned is committed
@@ -169,6 +173,42 @@ def run_sharded_scenario(
     assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
     info["alerts"] = len(log)
     return info
+
+
+def check_chart(app: Any, bootstrap: str, subscriptions: str, sid: str, engine_id: str) -> dict[str, Any]:
+    """A key page's chart request (a row of ``chart_requests``, as the dashboard inserts it) for
+    a key of rule ``sid`` is answered by the sharded engine within two batches (the engine is
+    kept busy with subscription tombstones of unknown ids: no batch runs without records), from
+    the state of the shard owning the key (engine.shards.charts): the rule's aggregates with values."""
+    from confluent_kafka import Producer
+    from sqlalchemy import text
+
+    key = next(a[1] for a in app.store.alert_log() if a[0] == sid)
+    with app.store.engine.begin() as conn:
+        rid = conn.execute(
+            text(
+                "INSERT INTO chart_requests (subscription_id, key) VALUES (CAST(:s AS uuid), :k) RETURNING id"
+            ),
+            {"s": sid, "k": key},
+        ).scalar_one()
+    p = Producer({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 90
+    row = None
+    while time.monotonic() < deadline:
+        p.produce(subscriptions, key=str(uuid.uuid4()).encode(), value=None)
+        p.flush()
+        with app.store.engine.connect() as conn:
+            row = conn.execute(
+                text("SELECT answered_by, answer, error FROM chart_requests WHERE id = :i"), {"i": rid}
+            ).first()
+        if row is not None and (row[1] is not None or row[2] is not None):
+            break
+        time.sleep(1.0)
+    assert row is not None and row[0] == engine_id and row[2] is None, row
+    answer = row[1]
+    values = [v for a in answer["aggregates"] for v in a.get("values", []) if v is not None]
+    assert answer["times"] and values, answer
+    return dict(answer)
 
 
 def check_capped(

@@ -28,9 +28,10 @@ from tests.engine.test_engine_integration import engine_settings, fresh_database
 def test_sharded_engine_equals_backtest(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path, shards: int
 ) -> None:
-    info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, shards)
+    info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, shards, charts=shards == 2)
     # the shards ran in Spark's Python workers, not in this process
     assert info["pids"] and os.getpid() not in info["pids"]
+    assert shards != 2 or info["chart"]["aggregates"]  # the key page's chart, from the shards
 
 
 def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(

@@ -17,8 +17,10 @@ import pytest
 from engine.core import EngineCore, default_core
 from engine.messages import BatchOutput
 from engine.rule_evaluator import rule_compiler
+from engine.shards.charts import answer_owned
 from engine.shards.route import merge_spans, route_records, shard_of
 from engine.shards.step import decode_output, encode_output, merge_outputs, meta_of, run_shard
+from engine.sinks.charts import compute_answer
 from engine.sources.readers import split_topics, subscription_changes
 from tests.engine.shards.support import TOPICS, alert_rows, scenario_batches, split_tasks, sub_record
 from tidewatch.settings import Settings, get_settings
@@ -33,9 +35,14 @@ def _settings() -> Settings:
 
 
 def _single(
-    batches: list[pa.Table], s: Settings, strides: list[dict[str, int]] | None = None
+    batches: list[pa.Table],
+    s: Settings,
+    strides: list[dict[str, int]] | None = None,
+    keep: list[EngineCore] | None = None,
 ) -> list[BatchOutput]:
     core = default_core(s)
+    if keep is not None:
+        keep.append(core)
     outs = []
     for b, tbl in enumerate(batches):
         parts = split_topics(tbl, TOPICS)
@@ -51,10 +58,11 @@ def _sharded(
     restore_at: int | None = None,
     cap: int = 0,
     strides: list[dict[str, int]] | None = None,
+    keep: list[EngineCore] | None = None,
 ) -> list[BatchOutput]:
     """The batches over ``n`` shards (uncapped, as the sharded engine runs them), merged as its
     driver merges them, capped at ``cap`` alerts per lookup; ``strides``: each batch's, as the
-    driver decided them (engine.shards.strides)."""
+    driver decided them (engine.shards.strides); ``keep`` gets the shards' cores at the end."""
     cores = [default_core(s) for _ in range(n)]
     outs = []
     for b, tbl in enumerate(batches):
@@ -71,6 +79,8 @@ def _sharded(
         outs.append(merge_outputs(b, per, cap))
         if restore_at == b:  # every shard rebuilt from its snapshot: the same from here on
             cores = [EngineCore.from_bytes(c.to_bytes(), rule_compiler(s)) for c in cores]
+    if keep is not None:
+        keep.extend(cores)
     return outs
 
 
@@ -181,6 +191,54 @@ def test_shards_with_the_drivers_strides_equal_one_core_with_them(case: Any) -> 
         sharded = _sharded(batches, _settings(), n, strides=strides)
         assert [alert_rows(o.alerts) for o in sharded] == [alert_rows(o.alerts) for o in single]
         assert [(o.strides, o.degraded) for o in sharded] == [(o.strides, o.degraded) for o in single]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_each_chart_request_is_answered_by_the_shard_owning_its_key_as_one_core(case: Any, n: int) -> None:
+    """The key page's charts with shards (engine.shards.charts): each request answered by exactly
+    one shard, the one owning its key, with the series one core gives -- trades and packets
+    rules, a key grouped by the second key field (dst_ip), a key never seen, a rule unknown."""
+    batches, ids, single_outs = case
+    one: list[EngineCore] = []
+    shards: list[EngineCore] = []
+    _single(batches, _settings(), keep=one)
+    _sharded(batches, _settings(), n, keep=shards)
+    by_rule: dict[str, list[str]] = {}
+    for o in single_outs:
+        for a in o.alerts:
+            by_rule.setdefault(a.subscription_id, []).append(a.key)
+    wanted = [
+        (ids[r], k)
+        for r in ("count", "scan", "fan_in", "rows", "ago")
+        for k in sorted(set(by_rule[ids[r]]))[:3]
+    ]
+    wanted += [(ids["count"], "NO-SUCH-KEY"), ("00000000-0000-0000-0000-00000000beef", "S1")]
+    requests = [(i, sid, key) for i, (sid, key) in enumerate(wanted)]
+    answers = [answer_owned(c, shard, n, requests, 1000) for shard, c in enumerate(shards)]
+    assert sorted(r for a in answers for r in a) == [r for r, _, _ in requests]  # each once
+    points = 0
+    for rid, sid, key in requests:
+        want_answer, want_error = compute_answer(one[0], sid, key, 1000)
+        ((got_answer, got_error),) = [a[rid] for a in answers if rid in a]
+        assert shard_of([key], n)[0] == next(i for i, a in enumerate(answers) if rid in a)
+        assert got_error == want_error
+        if want_answer is not None:
+            assert got_answer is not None
+            got_answer.pop("compute_ms"), want_answer.pop("compute_ms")
+            # ``held_from`` is a bound from the retained units (the oldest holding the key; the
+            # newest when none does): a shard's units hold its keys' events only, so for a key it
+            # holds its bound is the same or later -- more conservative, never less: what it marks
+            # partial includes what one core marks; for a key it never saw, the newest event the
+            # shard holds (every event of the key was routed to it: none is held anywhere)
+            got_from, want_from = got_answer.pop("held_from"), want_answer.pop("held_from")
+            seen = key != "NO-SUCH-KEY"
+            assert got_from is not None and want_from is not None and (got_from >= want_from or not seen)
+            for g, w in zip(got_answer["aggregates"], want_answer["aggregates"], strict=True):
+                gp, wp = g.pop("partial", []), w.pop("partial", [])
+                assert not seen or all(x or not y for x, y in zip(gp, wp, strict=True)), (sid, key)
+            assert got_answer == want_answer, (sid, key)
+            points += sum(v is not None for a in got_answer["aggregates"] for v in a.get("values", []))
+    assert points > 50 and answers[0] and answers[1]
 
 
 def test_shard_rebuilt_from_its_snapshot_goes_on_the_same(case: Any) -> None:
