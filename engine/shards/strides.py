@@ -18,7 +18,8 @@ last entry from at most its id (none: no stride).  Recording from ``b + 1`` drop
 from later batches: a batch Spark runs again after a restart (not committed) is decided again,
 and no batch after it has been committed yet.  Entries older than ``keep`` batches before the
 newest are dropped but the last of them (the shards' logs are a few batches long: their
-snapshots come every ``snapshot_every_batches``).
+snapshots come every ``snapshot_every_batches``); a batch older than the entries kept is refused,
+never run with a guess.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from engine.runtime.snapshot_writer import atomic_write
 
 __all__ = ["StrideFile"]
 
-#: batches of entries kept before the newest (a shard's log must be shorter than this)
-KEEP_BATCHES = 10_000
+#: batches of entries kept before the newest: a shard's log (its batches since its last
+#: snapshot, taken every ``snapshot_every_batches``) must be shorter; an older batch is refused
+KEEP_BATCHES = 1_000
 
 
 class StrideFile:
@@ -59,9 +61,17 @@ class StrideFile:
         return doc
 
     def strides_for(self, batch: int) -> dict[str, int]:
-        """The strides batch ``batch`` runs with ({}: none)."""
+        """The strides batch ``batch`` runs with ({}: none); :class:`CheckpointMismatch` for a
+        batch older than the entries kept (a shard's log longer than :data:`KEEP_BATCHES`)."""
         got: dict[str, int] = {}
-        for b, st in self._read()["entries"]:
+        doc = self._read()
+        if doc.get("pruned") and (not doc["entries"] or batch < int(doc["entries"][0][0])):
+            raise CheckpointMismatch(
+                f"batch {batch} runs again, but the overload policy's strides file {self.path} "
+                f"keeps only the last {KEEP_BATCHES} batches: a shard went that long without a "
+                "snapshot. Start the engine with a new checkpoint directory and a new --engine-id."
+            )
+        for b, st in doc["entries"]:
             if int(b) > batch:
                 break
             got = {str(k): int(v) for k, v in st.items()}
@@ -92,9 +102,10 @@ class StrideFile:
         if current != strides:
             entries.append([batch, dict(sorted(strides.items()))])
         old = [i for i, e in enumerate(entries) if int(e[0]) < batch - KEEP_BATCHES]
+        pruned = bool(doc.get("pruned")) or len(old) > 1
         if len(old) > 1:
             entries = entries[old[-1] :]
-        new = {"level": state.level, "calm": state.calm, "entries": entries}
+        new = {"level": state.level, "calm": state.calm, "entries": entries, "pruned": pruned}
         if new == doc:
             return
         atomic_write(self.path, json.dumps(new).encode())

@@ -5,6 +5,7 @@ file refused; the driver's decisions step up under load and back down when calm.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,3 +65,17 @@ def test_the_drivers_decisions_step_up_under_load_and_down_when_calm(tmp_path: P
     calm = [f.decide(b, budgets, 0.1, 1_000, marks) for b in range(steps + 3, steps + 3 + 2 * steps)]
     assert calm[-1] == {} and f.state().level == 0
     assert f.strides_for(steps + 3 + 2 * steps) == {}
+
+
+def test_old_entries_are_dropped_and_a_batch_before_them_refused(tmp_path: Path, monkeypatch: Any) -> None:
+    import engine.shards.strides as mod
+
+    monkeypatch.setattr(mod, "KEEP_BATCHES", 10)
+    f = StrideFile(tmp_path / "strides.json")
+    for b in range(1, 40, 3):
+        f.record(b, {"a": 2 if b % 2 else 4}, Overload(1, 0))
+    entries = f._read()["entries"]
+    assert len(entries) < 13 and entries[0][0] <= 37 - 10
+    assert f.strides_for(37) == {"a": 2} and f.strides_for(int(entries[0][0])) == entries[0][1]
+    with pytest.raises(CheckpointMismatch, match="keeps only the last 10 batches"):
+        f.strides_for(int(entries[0][0]) - 1)
