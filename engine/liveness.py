@@ -46,6 +46,9 @@ Kind = Literal["started", "stopped", "failed"]
 LEAVE_BEHIND = 0.8
 #: consecutive batches over (under) the threshold that enter (leave) "behind"
 SUSTAIN = 3
+#: "behind" is said "catching up" when the newest lag is below this share of the largest of the
+#: last CATCH_UP_BATCHES batches' (a backlog being drained, e.g. a feed's history backfill)
+CATCHING_UP, CATCH_UP_BATCHES = 0.9, 10
 RESTART = "`tidewatch restart engine`"
 _SECRET_URL = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
 
@@ -274,8 +277,18 @@ def verdict(obs: Observed, settings: Settings, record: RunRecord | None) -> Verd
         )
     enter = settings.engine_behind_lag_ms
     if lag_behind(obs.lags_ms, enter, enter * LEAVE_BEHIND):
-        lag = next((v for v in reversed(obs.lags_ms) if v is not None and v == v), None)
+        lags = [v for v in obs.lags_ms if v is not None and v == v]
+        lag = lags[-1] if lags else None
         shown = "" if lag is None else f"lag {lag / 1000:.1f} s, "
+        recent = lags[-CATCH_UP_BATCHES:]
+        if lag is not None and len(recent) >= SUSTAIN and lag < CATCHING_UP * max(recent):
+            return Verdict(
+                "behind",
+                f"The engine is behind and catching up: {shown}down from {max(recent) / 1000:.0f} s "
+                f"over its last {len(recent)} batches. It is reading a backlog at full speed -- "
+                "e.g. a feed's history backfill at start, or events that piled up while it was "
+                "stopped; alerts from the backlog arrive late, live ones once it has caught up.",
+            )
         return Verdict(
             "behind",
             f"The engine is behind: {shown}over {enter / 1000:g} s for {SUSTAIN}+ batches "

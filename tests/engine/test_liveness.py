@@ -39,6 +39,14 @@ def test_verdict_by_age_and_lag(s: Settings) -> None:
     assert ok.status == "ok" and ok.hint == ""
     behind = verdict(Observed(NOW - timedelta(seconds=2), [30_000.0] * 3, NOW), s, None)
     assert behind.status == "behind" and "lag 30.0 s" in behind.cause
+    assert "catching up" not in behind.cause
+    # a backlog drained (a feed's history backfill): behind, and said to be catching up
+    falling = [400_000.0, 380_000.0, 350_000.0, 320_000.0, 300_000.0]
+    up = verdict(Observed(NOW - timedelta(seconds=2), falling, NOW), s, None)
+    assert up.status == "behind" and "catching up: lag 300.0 s, down from 400 s" in up.cause
+    assert "backfill" in up.cause
+    growing = verdict(Observed(NOW - timedelta(seconds=2), falling[::-1], NOW), s, None)
+    assert growing.status == "behind" and "catching up" not in growing.cause
     down = verdict(Observed(NOW - timedelta(minutes=5), [100.0], NOW), s, None)
     assert down.status == "down" and "5 min" in down.cause and "tidewatch status" in down.hint
 
