@@ -8,9 +8,14 @@
   RocksDB): its snapshot and batch log, the live core cached in the worker and validated
   against the state store's batch;
 * :mod:`engine.shards.engine` -- the driver: the query, and ``foreachBatch`` delivering the
-  merged output exactly once with the engine's sinks.
+  merged output exactly once with the engine's sinks;
+* :mod:`engine.shards.capped` -- the alert cap over the merged output, in the one core's order;
+* :mod:`engine.shards.strides` -- the overload policy's strides, decided by the driver and read
+  by every shard from the checkpoint;
+* :mod:`engine.shards.charts` -- the key page's chart requests, answered by the shard owning
+  the key.
 
 Nothing is imported here (``import engine.shards`` stays light in a Python worker).
 """
 
-__all__ = ["engine", "processor", "route", "step"]
+__all__ = ["capped", "charts", "engine", "processor", "route", "step", "strides"]
