@@ -6,12 +6,12 @@ and PostgreSQL stays the driver's: so the requests go to the shards the way the 
 do (:mod:`engine.shards.strides`), through a file of the engine's checkpoint directory.
 
 1. After delivering a batch (at most every ``chart_answer_poll_s``) the driver reads the pending
-   requests (:meth:`engine.sinks.charts.ChartAnswers.pending`), answers those older than
-   :data:`~engine.sinks.charts.MAX_AGE_S` ``expired`` itself, and writes the others to
+   requests (:meth:`engine.sinks.charts.ChartAnswers.due`: those older than
+   :data:`~engine.sinks.charts.MAX_AGE_S` answered ``expired`` there), and writes the others to
    ``<checkpoint>/tidewatch/chart_requests.json`` (:class:`RequestFile`, replaced whole);
 2. in the next batch's task each shard, after its batch (the state between two batches, as the
    driver's engine answers), answers the requests of the keys it owns
-   (:func:`answer_owned`, :func:`engine.sinks.charts.compute_answer` on its own core: every
+   (:func:`answer_owned`, :func:`engine.sinks.charts.answer_safely` on its own core: every
    shard holds every rule and all of its keys' history) in its :class:`~engine.shards.step.ShardMeta`;
 3. the driver writes the answers with the batch after (:meth:`ShardCharts.after_batch`).
 
@@ -23,7 +23,6 @@ leaves requests to the dashboard's Kafka fallback, which it offers after
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -31,18 +30,9 @@ from typing import Any
 from engine.errors import CheckpointMismatch
 from engine.runtime.snapshot_writer import atomic_write
 from engine.shards.route import shard_of
-from engine.sinks.charts import (
-    EXPIRED,
-    FAILED,
-    MAX_AGE_S,
-    UNKNOWN_SUBSCRIPTION,
-    ChartAnswers,
-    compute_answer,
-)
+from engine.sinks.charts import ChartAnswers, answer_safely
 
 __all__ = ["RequestFile", "ShardCharts", "answer_owned"]
-
-log = logging.getLogger("tidewatch.engine")
 
 #: a request: (id, subscription id, key)
 Request = tuple[int, str, str]
@@ -77,17 +67,12 @@ def answer_owned(core: Any, shard: int, n: int, requests: list[Request], pane_ms
     (between two batches); a request that fails is answered ``failed`` (logged), never raised."""
     if not requests:
         return {}
-    owners = shard_of([k for _, _, k in requests], n)
-    got: dict[int, Answer] = {}
-    for (rid, sid, key), owner in zip(requests, owners.tolist(), strict=True):
-        if owner != shard:
-            continue
-        try:
-            got[rid] = compute_answer(core, sid, key, pane_ms)
-        except Exception:  # a bad request must not stop the shard: logged, answered
-            log.exception("chart request %d (%s, %r) failed in shard %d", rid, sid, key, shard)
-            got[rid] = (None, FAILED)
-    return got
+    owners = shard_of([k for _, _, k in requests], n).tolist()
+    return {
+        rid: answer_safely(core, rid, sid, key, pane_ms)
+        for (rid, sid, key), owner in zip(requests, owners, strict=True)
+        if owner == shard
+    }
 
 
 class ShardCharts:
@@ -102,17 +87,9 @@ class ShardCharts:
     def after_batch(self, answered: dict[int, Answer]) -> None:
         """Write the answers the shards gave with a batch; then, when a poll is due, hand the
         pending requests to the next batch's shards (expired ones answered here)."""
-        done = [
-            (rid, got, err)
-            for rid, (got, err) in sorted(answered.items())
-            if not (err == UNKNOWN_SUBSCRIPTION and self.answers.engine_id != "default")
-        ]  # (an unknown subscription may be another engine's: the row is left)
-        self.answers.write(done)
+        self.answers.write([(rid, got, err) for rid, (got, err) in sorted(answered.items())])
         now = time.monotonic()
         if now - self._last_poll < self.poll_s and not answered:
             return
         self._last_poll = now
-        pending = self.answers.pending()
-        self.answers.cleanup()
-        self.answers.write([(rid, None, EXPIRED) for rid, _, _, age in pending if age > MAX_AGE_S])
-        self.requests.write([(rid, sid, key) for rid, sid, key, age in pending if age <= MAX_AGE_S])
+        self.requests.write(self.answers.due())

@@ -77,6 +77,18 @@ def compute_answer(
     return out, None
 
 
+def answer_safely(
+    core: Any, rid: int, subscription_id: str, key: str, pane_ms: int
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`compute_answer`, a request that raises answered ``failed`` (logged): a bad request
+    must not stop the engine (the driver's answering thread, or a shard's task)."""
+    try:
+        return compute_answer(core, subscription_id, key, pane_ms)
+    except Exception:
+        log.exception("chart request %d (%s, %r) failed", rid, subscription_id, key)
+        return None, FAILED
+
+
 class ChartAnswers:
     """Answers the key page's chart requests (see the module docstring).  ``db``: the engine's
     SQLAlchemy engine (the store's); ``engine_id``: written as ``answered_by``."""
@@ -106,32 +118,31 @@ class ChartAnswers:
 
     def answer(self, get_core: Callable[[], Any]) -> int:
         """One pass: answer the pending requests (the state read under :attr:`lock`); how many
-        were answered."""
-        todo = self.pending()
-        self.cleanup()
+        were answered from the state (expired ones besides: :meth:`due`)."""
+        todo = self.due()
         if not todo:
             return 0
-        done: list[tuple[int, dict[str, Any] | None, str | None]] = []
         with self.lock:
             core = get_core()
-            for rid, sid, key, age in todo:
-                if age > MAX_AGE_S:
-                    done.append((rid, None, EXPIRED))
-                    continue
-                try:
-                    got, err = compute_answer(core, sid, key, self.pane_ms)
-                except Exception:  # a bad request must not stop the engine: logged, answered
-                    log.exception("chart request %d (%s, %r) failed", rid, sid, key)
-                    got, err = None, FAILED
-                if err == UNKNOWN_SUBSCRIPTION and self.engine_id != "default":
-                    continue  # may be another engine's subscription
-                done.append((rid, got, err))
-        self.write(done)
-        return len(done)
+            done = [(rid, *answer_safely(core, rid, sid, key, self.pane_ms)) for rid, sid, key in todo]
+        return self.write(done)
 
-    def write(self, done: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
+    def due(self) -> list[tuple[int, str, str]]:
+        """The pending requests to answer now, ``(id, subscription id, key)``: those older than
+        :data:`MAX_AGE_S` are answered ``expired`` here (and old rows deleted, once a minute)."""
+        pending = self.pending()
+        self.cleanup()
+        self.write([(rid, None, EXPIRED) for rid, _, _, age in pending if age > MAX_AGE_S])
+        return [(rid, sid, key) for rid, sid, key, age in pending if age <= MAX_AGE_S]
+
+    def write(self, done: list[tuple[int, dict[str, Any] | None, str | None]]) -> int:
+        """Write the answers ``(id, answer, error)``; how many were written.  An
+        ``unknown_subscription`` is not written by a named engine (``engine_id`` other than
+        "default"): the subscription may be another engine's, and the row is left to it."""
+        if self.engine_id != "default":
+            done = [d for d in done if d[2] != UNKNOWN_SUBSCRIPTION]
         if not done:
-            return
+            return 0
         with self.db.begin() as conn:
             for rid, got, err in done:
                 conn.execute(
@@ -147,6 +158,7 @@ class ChartAnswers:
                         "error": err,
                     },
                 )
+        return len(done)
 
     def cleanup(self) -> None:
         now = time.monotonic()
