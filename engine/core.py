@@ -288,13 +288,18 @@ class EngineCore:
         log.info("subscription %s (%s) on %s is active", sid, ch.name, stream)
         if self.applied_until is not None:  # PSoup: new query over the state already held
             first = len(out.alerts)
-            if not self.alert_cap:  # (the cap shortens the alerts: no segments then)
-                mark_segment(out, DIFF_PART)
+            self._segment(out, DIFF_PART)
             found = self.evaluator.evaluate_now(sid, self.applied_until)
             self._fresh.add(sid)  # its change state in the evaluator starts empty
             self._diff(sid, found, self.applied_until, out)
             if self.alert_cap:
                 cap_alerts(out, first, self.alert_cap)
+
+    def _segment(self, out: BatchOutput, part: int, *, same: bool = False) -> None:
+        """:func:`engine.cap.mark_segment` where the core would cap, when it does not cap itself
+        (a shard's: the driver caps); a capping core shortens its alerts, so it marks none."""
+        if not self.alert_cap:
+            mark_segment(out, part, same=same)
 
     def _diff(self, sid: str, found: Iterable[str], tau: int, out: BatchOutput) -> None:
         """The alerts of rule ``sid``'s whole result ``found`` at ``tau`` against the keys it had:
@@ -615,8 +620,7 @@ class EngineCore:
         if not self.rules:
             return
         start = len(out.alerts)
-        if not self.alert_cap:  # (the cap shortens the alerts: no segments then)
-            mark_segment(out, LOOKUP_PART)
+        self._segment(out, LOOKUP_PART)
         ev = self.evaluator
         # the evaluator's own changes (cheap with thousands of rules), checked against ours by
         # set operations per (block, rule): no Python per change but a list slice and a sort
@@ -640,8 +644,8 @@ class EngineCore:
                         both = by_rule[sid] = ([], [])
                     both[0 if enter else 1].extend(got)
         self._emit({sid: in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
-        if self._fresh and not self.alert_cap:
-            mark_segment(out, DIFF_PART, same=True)
+        if self._fresh:
+            self._segment(out, DIFF_PART, same=True)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
             if sid in self.rules:
                 self._diff(sid, ev.current_ids(sid), tau, out)

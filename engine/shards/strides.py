@@ -39,6 +39,10 @@ __all__ = ["StrideFile"]
 KEEP_BATCHES = 1_000
 
 
+def _state_of(doc: dict[str, Any]) -> Overload:
+    return Overload(int(doc.get("level", 0)), int(doc.get("calm", 0)))
+
+
 class StrideFile:
     """The strides file of one engine checkpoint (module docstring)."""
 
@@ -79,8 +83,7 @@ class StrideFile:
 
     def state(self) -> Overload:
         """The controller's state after the last decision (level 0 when none was made)."""
-        doc = self._read()
-        return Overload(int(doc.get("level", 0)), int(doc.get("calm", 0)))
+        return _state_of(self._read())
 
     def decide(
         self, batch: int, budgets: dict[str, int], load: float | None, lookup_ms: int, marks: Marks
@@ -88,15 +91,18 @@ class StrideFile:
         """The controller fed batch ``batch``'s ``load`` (its slowest shard's evaluation over the
         trigger interval; None: unknown), ``budgets`` the subscriptions' that declared one: the
         strides of batch ``batch + 1``, recorded (:meth:`record`) and returned."""
-        state = decide(self.state(), load, len(ladder(budgets, lookup_ms)), marks)
+        doc = self._read()
+        state = decide(_state_of(doc), load, len(ladder(budgets, lookup_ms)), marks)
         strides, _ = batch_strides(state.level, budgets, lookup_ms)
-        self.record(batch + 1, strides, state)
+        self._record(doc, batch + 1, strides, state)
         return strides
 
     def record(self, batch: int, strides: dict[str, int], state: Overload) -> None:
         """Batch ``batch`` and the ones after it run with ``strides`` (until the next record);
         ``state``: the controller's after this decision.  Written only when something changed."""
-        doc = self._read()
+        self._record(self._read(), batch, strides, state)
+
+    def _record(self, doc: dict[str, Any], batch: int, strides: dict[str, int], state: Overload) -> None:
         entries = [e for e in doc["entries"] if int(e[0]) < batch]
         current = entries[-1][1] if entries else {}
         if current != strides:
