@@ -480,7 +480,7 @@ class Evaluator:
             st.apply(BatchView(stream, raw_cols))
         st.apply_panes(rows)
         if rows.key_codes is not None:  # retained without them (the history's memory)
-            rows = dataclasses.replace(rows, key_codes=None)
+            rows = dataclasses.replace(rows, key_codes=None, key_global=None)
         if len(rows):
             pane = np.asarray(rows.pane, np.int64)
             self._note(stream, None, int(pane.min()), int(pane.max()), n=int(np.asarray(rows.total).sum()))

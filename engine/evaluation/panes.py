@@ -69,6 +69,17 @@ class PaneAggregates:
     distinct: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
+class SharedKeyIds:
+    """The key ids of the keys of one cut's parts (:attr:`PaneRows.key_global`), ``-1`` until
+    the key state that owns them (its first user: another one does not read them) interns them."""
+
+    __slots__ = ("ids", "owner")
+
+    def __init__(self, n: int) -> None:
+        self.ids = np.full(n, -1, np.int64)
+        self.owner: object | None = None
+
+
 @dataclass
 class PaneRows:
     """(key, pane) rows of a batch, sorted by key (first-seen order) then pane."""
@@ -83,6 +94,12 @@ class PaneRows:
     #: (:meth:`engine.evaluation.state.KeyState.apply_panes`); None: factorize ``keys``.  Not
     #: retained with the rows (:meth:`engine.evaluation.evaluator.Evaluator.apply_panes`)
     key_codes: tuple[np.ndarray, np.ndarray] | None = None
+    #: with ``key_codes``, when the rows are one part of many cut from the same rows (a batch's
+    #: lookups, :meth:`engine.executors.merge.PanePartial.rows_at`): ``(present, shared)``, the
+    #: position of each of ``key_codes``' uniques among the keys of all the parts, and the ids
+    #: of those keys as the key state interns them -- so that a key is looked up once per cut,
+    #: not once per part it is in.  Not retained with the rows, like ``key_codes``
+    key_global: tuple[np.ndarray, SharedKeyIds] | None = None
 
     def __len__(self) -> int:
         return len(self.pane)

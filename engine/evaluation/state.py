@@ -31,7 +31,7 @@ import pandas as pd
 from engine.algorithms import CICount, CISum, DistinctCount, KeyInterner, MinMax, RInt
 from engine.algorithms.fixed128 import exact_group_sums
 from engine.evaluation.batches import BatchView
-from engine.evaluation.panes import PaneAggregates, PaneRows
+from engine.evaluation.panes import PaneAggregates, PaneRows, SharedKeyIds
 from subscriptions import rule_ast as A
 from tidewatch.schema import STREAMS
 
@@ -207,6 +207,37 @@ class KeyState:
             got = np.fromiter((intern(u) for u in uniques[new].tolist()), np.int64, int(new.sum()))
             ids[new] = got
             self._ids.update(zip(uniques[new].tolist(), got.tolist(), strict=True))
+        return ids[codes]
+
+    def row_ids(self, rows: PaneRows) -> np.ndarray:
+        """The key id of each of ``rows``' keys, new keys interned in first-seen order: by
+        ``rows.key_codes`` (once per distinct key) and ``rows.key_global`` (once per key per cut)
+        where the rows carry them, else by hashing the keys."""
+        kc = rows.key_codes
+        if kc is None:
+            return self.ids_of(rows.keys)
+        if rows.key_global is not None:
+            return self._shared_ids(kc, *rows.key_global)
+        return self._intern(*kc)
+
+    def _shared_ids(
+        self, kc: tuple[np.ndarray, np.ndarray], present: np.ndarray, shared: SharedKeyIds
+    ) -> np.ndarray:
+        """:meth:`_intern` of ``kc`` (codes, uniques) through the ids of the cut's keys the
+        earlier parts interned (``present``: each unique's position among them): only the keys
+        this key state has not looked up in this cut go through the dictionary (new ones in
+        first-seen order, as :meth:`_intern` gives them)."""
+        codes, uniques = kc
+        if shared.owner is None:
+            shared.owner = self
+        elif shared.owner is not self:  # another key state's ids: not ours to read
+            return self._intern(codes, uniques)
+        ids = shared.ids[present]
+        miss = np.flatnonzero(ids < 0)
+        if miss.shape[0]:
+            got = self._intern(np.arange(miss.shape[0], dtype=np.int64), uniques[miss])
+            ids[miss] = got
+            shared.ids[present[miss]] = got
         return ids[codes]
 
     def unique_ids(self, batch: BatchView) -> tuple[np.ndarray, np.ndarray]:
@@ -407,8 +438,7 @@ class KeyState:
         if len(rows) == 0:
             return []
         if ids is None:
-            kc = rows.key_codes
-            ids = self.ids_of(rows.keys) if kc is None else self._intern(*kc)
+            ids = self.row_ids(rows)
         ts = np.asarray(rows.pane, dtype=np.int64)
         if domain is None:
             domain = structs is None and self.domain_live[False]

@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from engine.algorithms.fixed128 import add, to_float_many
-from engine.evaluation.panes import PaneAggregates, PaneRows
+from engine.evaluation.panes import PaneAggregates, PaneRows, SharedKeyIds
 from engine.executors.preagg import KeySpec, SetSpec
 
 _T = TypeVar("_T")
@@ -302,8 +302,13 @@ class PanePartial:
 
     def rows_at(self, taus: range) -> tuple[dict[int, PaneRows], PanePartial]:
         """:meth:`split_at` with each due part as its :meth:`pane_rows`, made from this partial's
-        rows at once (each gathered once, in its final order: not cut, then ordered)."""
-        return self._cut(taus, self._pane_rows)
+        rows at once (each gathered once, in its final order: not cut, then ordered).  The keys
+        are factorized once for all the parts, which share their ids (``PaneRows.key_global``)."""
+        if not len(self):
+            return {}, self
+        codes, uniques = pd.factorize(self.keys, sort=False)
+        glob = (np.asarray(codes, np.int64), np.asarray(uniques, dtype=object), SharedKeyIds(len(uniques)))
+        return self._cut(taus, lambda idx, dist: self._pane_rows(idx, dist, glob))
 
     def _cut(self, taus: range, make: Callable[[np.ndarray, _Dist], _T]) -> tuple[dict[int, _T], PanePartial]:
         """:meth:`split_at` with the due parts made by ``make(rows, distinct triples)``."""
@@ -394,15 +399,27 @@ class PanePartial:
         """The rows as ``Evaluator.apply_panes`` takes them: keys as first seen, then panes."""
         return self._pane_rows(None, [sp.distinct for sp in self.sets])
 
-    def _pane_rows(self, idx: np.ndarray | None, dist: _Dist) -> PaneRows:
+    def _pane_rows(
+        self,
+        idx: np.ndarray | None,
+        dist: _Dist,
+        glob: tuple[np.ndarray, np.ndarray, SharedKeyIds] | None = None,
+    ) -> PaneRows:
         """:meth:`pane_rows` of the rows ``idx`` (all: ``None``) with the distinct triples
-        ``dist`` (per set, per field) numbered by position in ``idx``."""
+        ``dist`` (per set, per field) numbered by position in ``idx``; ``glob``: this partial's
+        keys factorized (codes, uniques) and their shared ids (:meth:`rows_at`)."""
         keys, pane, key_at = (self.keys, self.pane, self.key_at) if idx is None else (
             self.keys[idx], self.pane[idx], self.key_at[idx]
         )  # fmt: skip
         n = len(keys)
+        key_global: tuple[np.ndarray, SharedKeyIds] | None = None
         if n:
-            kc, kuniq = pd.factorize(keys, sort=False)
+            if glob is None:
+                kc, kuniq = pd.factorize(keys, sort=False)
+            else:  # integers to factorize, not key objects: the same first-seen codes
+                kc, kpos = pd.factorize(glob[0] if idx is None else glob[0][idx], sort=False)
+                kpos = np.asarray(kpos, np.int64)
+                kuniq = glob[1][kpos]
             kc = np.asarray(kc, np.int64)
             _, kmin = _merge_total(kc, len(kuniq), np.zeros(n, np.int64), key_at)  # each key's earliest
             rank = np.empty(len(kuniq), np.int64)
@@ -412,6 +429,10 @@ class PanePartial:
             uniq = np.empty(len(kuniq), object)
             uniq[rank] = np.asarray(kuniq, dtype=object)
             codes: tuple[np.ndarray, np.ndarray] | None = (rank[kc][order], uniq)
+            if glob is not None:
+                present = np.empty(len(kuniq), np.int64)
+                present[rank] = kpos
+                key_global = (present, glob[2])
         else:
             order = np.zeros(0, np.int64)
             codes = None
@@ -438,7 +459,14 @@ class PanePartial:
                 o = np.argsort(nr, kind="stable")  # within a row: still sorted by value
                 agg.distinct[f] = (nr[o], v[o], m[o])
             sets[s.name] = agg
-        return PaneRows(keys=keys[order], pane=pane[order], total=self.total[sel], sets=sets, key_codes=codes)
+        return PaneRows(
+            keys=keys[order],
+            pane=pane[order],
+            total=self.total[sel],
+            sets=sets,
+            key_codes=codes,
+            key_global=key_global,
+        )
 
 
 _I0 = np.zeros(0, np.int64)

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from engine.decode import Decoded
 from engine.evaluation.panes import PaneSpec, aggregate
+from engine.evaluation.state import KeyState
 from engine.executors.merge import PanePartial
 from engine.executors.output import merge_output, preaggregate_here
 from engine.executors.preagg import OUTPUT_SCHEMA, Preaggregator, column_sets, preaggregate
@@ -165,6 +166,22 @@ def test_partials_merge_across_batches_and_split_at_a_lookup(
                     g3 = rows[i].sets[name].distinct[f]
                     assert all(np.array_equal(a, b) for a, b in zip(g3, w3, strict=True)), (i, f)
         assert_pane_rows_equal(left_rows.pane_rows(), left.pane_rows(), f"{ks.key} pending after rows_at")
+        # the parts' key ids through the cut's shared ids equal those interned part by part
+        # without them, into a key state that has seen some of the keys before
+        shared, alone = KeyState(ks.stream, ks.key, 4, 1000), KeyState(ks.stream, ks.key, 4, 1000)
+        seen = list(merged.keys[::3])
+        for st_ in (shared, alone):
+            st_.ids_of(np.asarray(seen, dtype=object))
+        for i in sorted(rows):
+            assert rows[i].key_global is not None, i
+            got = shared.row_ids(rows[i])
+            want = alone.row_ids(dataclasses.replace(rows[i], key_global=None))
+            np.testing.assert_array_equal(got, want, f"{ks.key} key ids at {taus[i]}")
+            assert list(alone.key_values(want)) == list(rows[i].keys), i
+        # another key state given the same parts does not read the first one's ids
+        other = KeyState(ks.stream, ks.key, 4, 1000)
+        for i in sorted(rows):
+            assert list(other.key_values(other.row_ids(rows[i]))) == list(rows[i].keys), i
 
 
 def test_split_at_makes_parts_only_for_lookups_with_rows() -> None:
