@@ -13,9 +13,11 @@
 * :mod:`engine.shards.strides` -- the overload policy's strides, decided by the driver and read
   by every shard from the checkpoint;
 * :mod:`engine.shards.charts` -- the key page's chart requests, answered by the shard owning
-  the key.
+  the key;
+* :mod:`engine.shards.json_file` -- how those two checkpoint files are read (absent: nothing
+  yet; unreadable or of another shape: refused).
 
 Nothing is imported here (``import engine.shards`` stays light in a Python worker).
 """
 
-__all__ = ["capped", "charts", "engine", "processor", "route", "step", "strides"]
+__all__ = ["capped", "charts", "engine", "json_file", "processor", "route", "step", "strides"]

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.errors import CheckpointMismatch
 from engine.runtime.snapshot_writer import atomic_write
+from engine.shards.json_file import read_json
 from engine.shards.route import shard_of
 from engine.sinks.charts import ChartAnswers, answer_safely
 
@@ -40,6 +40,12 @@ Request = tuple[int, str, str]
 Answer = tuple[dict[str, Any] | None, str | None]
 
 
+def _requests(doc: Any) -> list[Request]:
+    if not isinstance(doc, list):
+        raise ValueError("not a list of requests")
+    return [(int(r), str(s), str(k)) for r, s, k in doc]
+
+
 class RequestFile:
     """The pending chart requests the driver hands the shards (module docstring)."""
 
@@ -47,13 +53,7 @@ class RequestFile:
         self.path = Path(path)
 
     def read(self) -> list[Request]:
-        try:
-            doc = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            raise CheckpointMismatch(f"the chart requests file {self.path} cannot be read ({exc})") from exc
-        return [(int(r), str(s), str(k)) for r, s, k in doc]
+        return read_json(self.path, "the chart requests file", [], _requests)
 
     def write(self, requests: list[Request]) -> None:
         """Replace the file's requests (written only when they changed)."""

@@ -31,12 +31,19 @@ from typing import Any
 from engine.errors import CheckpointMismatch
 from engine.overload import Marks, Overload, batch_strides, decide, ladder
 from engine.runtime.snapshot_writer import atomic_write
+from engine.shards.json_file import read_json
 
 __all__ = ["StrideFile"]
 
 #: batches of entries kept before the newest: a shard's log (its batches since its last
 #: snapshot, taken every ``snapshot_every_batches``) must be shorter; an older batch is refused
 KEEP_BATCHES = 1_000
+
+
+def _shaped(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise ValueError("no list of entries")
+    return doc
 
 
 def _state_of(doc: dict[str, Any]) -> Overload:
@@ -50,19 +57,9 @@ class StrideFile:
         self.path = Path(path)
 
     def _read(self) -> dict[str, Any]:
-        try:
-            doc = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {"level": 0, "calm": 0, "entries": []}
-        except (OSError, ValueError) as exc:
-            raise CheckpointMismatch(
-                f"the overload policy's strides file {self.path} cannot be read ({exc}): the "
-                "checkpoint directory must be whole; restore it, or start with a new checkpoint "
-                "directory and a new --engine-id"
-            ) from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-            raise CheckpointMismatch(f"the strides file {self.path} is not one this engine wrote")
-        return doc
+        return read_json(
+            self.path, "the overload policy's strides file", {"level": 0, "calm": 0, "entries": []}, _shaped
+        )
 
     def strides_for(self, batch: int) -> dict[str, int]:
         """The strides batch ``batch`` runs with ({}: none); :class:`CheckpointMismatch` for a
