@@ -408,14 +408,13 @@ class PanePartial:
         """:meth:`pane_rows` of the rows ``idx`` (all: ``None``) with the distinct triples
         ``dist`` (per set, per field) numbered by position in ``idx``; ``glob``: this partial's
         keys factorized (codes, uniques) and their shared ids (:meth:`rows_at`)."""
-        keys, pane, key_at = (self.keys, self.pane, self.key_at) if idx is None else (
-            self.keys[idx], self.pane[idx], self.key_at[idx]
-        )  # fmt: skip
-        n = len(keys)
+        pane, key_at = (self.pane, self.key_at) if idx is None else (self.pane[idx], self.key_at[idx])
+        n = len(pane)
         key_global: tuple[np.ndarray, SharedKeyIds] | None = None
+        keys = np.zeros(0, object)
         if n:
             if glob is None:
-                kc, kuniq = pd.factorize(keys, sort=False)
+                kc, kuniq = pd.factorize(self.keys if idx is None else self.keys[idx], sort=False)
             else:  # integers to factorize, not key objects: the same first-seen codes
                 kc, kpos = pd.factorize(glob[0] if idx is None else glob[0][idx], sort=False)
                 kpos = np.asarray(kpos, np.int64)
@@ -428,7 +427,9 @@ class PanePartial:
             # the ordered keys factorized: their codes are the ranks (rows go by rank, then pane)
             uniq = np.empty(len(kuniq), object)
             uniq[rank] = np.asarray(kuniq, dtype=object)
-            codes: tuple[np.ndarray, np.ndarray] | None = (rank[kc][order], uniq)
+            ranked = rank[kc][order]
+            keys = uniq[ranked]  # the rows' keys in their final order: one gather of objects
+            codes: tuple[np.ndarray, np.ndarray] | None = (ranked, uniq)
             if glob is not None:
                 present = np.empty(len(kuniq), np.int64)
                 present[rank] = kpos
@@ -460,7 +461,7 @@ class PanePartial:
                 agg.distinct[f] = (nr[o], v[o], m[o])
             sets[s.name] = agg
         return PaneRows(
-            keys=keys[order],
+            keys=keys,
             pane=pane[order],
             total=self.total[sel],
             sets=sets,
