@@ -232,13 +232,19 @@ class KeyState:
             shared.owner = self
         elif shared.owner is not self:  # another key state's ids: not ours to read
             return self._intern(codes, uniques)
-        ids = shared.ids[present]
+        return self._cached_ids(shared.ids, present, uniques)[codes]
+
+    def _cached_ids(self, cache: np.ndarray, present: np.ndarray, uniques: np.ndarray) -> np.ndarray:
+        """The ids of ``uniques``, the keys at positions ``present`` of an array whose ids
+        ``cache`` holds (-1: not looked up yet); the missing ones interned (:meth:`_intern`, in
+        the order of ``uniques``) and filled into ``cache``."""
+        ids = cache[present]
         miss = np.flatnonzero(ids < 0)
         if miss.shape[0]:
             got = self._intern(np.arange(miss.shape[0], dtype=np.int64), uniques[miss])
             ids[miss] = got
-            shared.ids[present[miss]] = got
-        return ids[codes]
+            cache[present[miss]] = got
+        return ids
 
     def unique_ids(self, batch: BatchView) -> tuple[np.ndarray, np.ndarray]:
         """(codes, key id of each code) of the batch's key column. With a pre-factorized key
@@ -252,14 +258,7 @@ class KeyState:
         cache = self._pre_cache
         if cache is None or cache[0] is not uniq_g:
             cache = self._pre_cache = (uniq_g, np.full(uniq_g.shape[0], -1, np.int64))
-        ids_u = cache[1]
-        ids = ids_u[present]
-        miss = np.flatnonzero(ids < 0)
-        if miss.shape[0]:
-            got = self._intern(np.arange(miss.shape[0], dtype=np.int64), uniques[miss])
-            ids[miss] = got
-            ids_u[present[miss]] = got
-        return codes, ids
+        return codes, self._cached_ids(cache[1], present, uniques)
 
     def key_ids(self, batch: BatchView) -> np.ndarray:
         if batch.n == 0:
