@@ -14,6 +14,7 @@ every aggregate is read from its shared structure once per lookup and rule (memo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -145,6 +146,24 @@ class Lookup:
 
     def _agg(self, spec: AggSpec, s: Structure, keys: np.ndarray) -> np.ndarray:
         return aggregate_at(spec, s, keys, self.now)
+
+    def read_over(
+        self, s: Structure, specs: Sequence[AggSpec], which: np.ndarray, keys: np.ndarray
+    ) -> np.ndarray:
+        """``specs[which[i]]`` of key id ``keys[i]`` at ``now`` (float64; NaN for NULL), for
+        aggregates of one structure ``s`` and one function whose windows are all time windows or
+        all ROWS windows: one read with per-key bounds (:func:`aggregate_over`) instead of one
+        per aggregate -- what a group's extra atoms read (:meth:`ExtraChecks.check
+        <engine.evaluation.rules.ExtraChecks.check>`)."""
+        if len(specs) == 1:
+            return self._agg(specs[0], s, keys)
+        wins = [sp.window for sp in specs]
+        if isinstance(wins[0], A.RowsWindow):
+            n = np.array([w.n for w in wins], np.int64)  # type: ignore[union-attr]
+            return aggregate_over(specs[0].func, s, keys, n=n[which])
+        start = np.array([w.start_ms for w in wins], np.int64)  # type: ignore[union-attr]
+        end = np.array([w.end_ms for w in wins], np.int64)  # type: ignore[union-attr]
+        return aggregate_over(specs[0].func, s, keys, lo=self.now - start[which], hi=self.now - end[which])
 
 
 def aggregate_at(spec: AggSpec, s: Structure, keys: np.ndarray, now: int | np.ndarray) -> np.ndarray:

@@ -52,8 +52,9 @@ OPS = ("<", "<=", ">", ">=", "=", "!=")
 class ExtraChecks:
     """Every extra atom of a group's members as one flat table, checked on the group's (rule,
     key) pairs in one pass per lookup: the entries ordered by the aggregate they read, so each
-    distinct aggregate is read once for the distinct keys of all its entries' pairs, and the
-    comparisons made once per operator for the whole group --
+    distinct aggregate is read once for the distinct keys of all its entries' pairs (those of one
+    structure and function that differ only in their window in one read, with per-key bounds),
+    and the comparisons made once per operator for the whole group --
     not a dozen NumPy calls per table (with 10,000 rules, 180 tables of 10-20 members each took
     three quarters of the evaluator's lookup in a profile of the live run, most of it in calls
     on small arrays).  Arasu & Widom 2004, section 4's sharing carried over to the post-check."""
@@ -97,6 +98,17 @@ class ExtraChecks:
             negated=np.array([a.negated for _, _, a in rows], bool),
         )
 
+    def _reads(self) -> list[list[int]]:
+        """The aggregates (indices into :attr:`aggs`) read together: those of one structure and
+        one function whose windows are all time windows, or all ROWS windows, differ only in
+        their bounds and are one read (:meth:`Lookup.read_over
+        <engine.evaluation.lookup.Lookup.read_over>`).  Made per check (a few per group), not
+        kept: the table's attributes are what a snapshot holds."""
+        by: dict[tuple[int, str, bool], list[int]] = {}
+        for a, (struct, spec) in enumerate(self.aggs):
+            by.setdefault((id(struct), spec.func, isinstance(spec.window, A.RowsWindow)), []).append(a)
+        return list(by.values())
+
     def check(self, ctx: Lookup, uid_of: np.ndarray, key_of: np.ndarray) -> np.ndarray | None:
         """Indices of the pairs (rule uid, key id) that fail one of their rule's extra atoms, in
         no particular order and possibly repeated (a pair failing two atoms); None when no pair
@@ -121,11 +133,25 @@ class ExtraChecks:
         sel = lo[j] + (np.arange(total) - (ends - cnt)[j])
         at = np.concatenate([[0], ends])[self.bounds]  # the selected pairs of aggs[a]: at[a]:at[a+1]
         v = np.empty(total, np.float64)
-        for a, (struct, spec) in enumerate(self.aggs):
-            p0, p1 = int(at[a]), int(at[a + 1])
-            if p1 > p0:
+        for members in self._reads():
+            spans = [(int(at[a]), int(at[a + 1])) for a in members]
+            used = [(a, p0, p1) for a, (p0, p1) in zip(members, spans, strict=True) if p1 > p0]
+            if not used:
+                continue
+            struct, spec = self.aggs[used[0][0]]
+            if len(used) == 1:
+                _, p0, p1 = used[0]
                 keys, inv = unique_ids(key_of[sel[p0:p1]])
                 v[p0:p1] = ctx._agg(spec, struct, keys)[inv]
+                continue
+            # the aggregates of one read: (aggregate's rank in used, key id) made one code
+            at_r = np.concatenate([np.arange(p0, p1) for _, p0, p1 in used])
+            rank = np.repeat(np.arange(len(used), dtype=np.int64), [p1 - p0 for _, p0, p1 in used])
+            keys_r = key_of[sel[at_r]]
+            width = int(keys_r.max()) + 1
+            codes_r, inv = unique_ids(rank * width + keys_r)
+            specs = [self.aggs[a][1] for a, _, _ in used]
+            v[at_r] = ctx.read_over(struct, specs, codes_r // width, codes_r % width)[inv]
         codes, c, left = self.codes[j], self.consts[j], self.agg_left[j]
         x, y = np.where(left, v, c), np.where(left, c, v)
         ok = np.empty(total, bool)

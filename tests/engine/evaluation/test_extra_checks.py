@@ -4,7 +4,8 @@ rule's atoms compared one by one in Python -- on random groups: several atoms re
 aggregate and several aggregates, a rule with two atoms on one aggregate, sorted pairs as a
 group's pass gives them, unsorted ones, every operator, negation, both sides, NULL values,
 members without pairs, pairs of non-members; and it reads each aggregate once, for distinct
-ascending keys.  ``unique_ids`` equals ``np.unique``."""
+ascending keys -- those of one structure and function apart only in their window (time or ROWS)
+in one read, for distinct (aggregate, key) pairs.  ``unique_ids`` equals ``np.unique``."""
 
 from __future__ import annotations
 
@@ -21,17 +22,31 @@ from subscriptions import rule_ast as A
 OPS = ("<", "<=", ">", ">=", "=", "!=")
 
 
+def _read_of(struct: Any, spec: Any) -> tuple[int, str, bool]:
+    """What one read may cover: a structure, a function, time or ROWS windows."""
+    return id(struct), spec.func, isinstance(spec.window, A.RowsWindow)
+
+
 class _Ctx:
-    """A lookup whose aggregate ``spec`` of key id k is ``values[spec.idx, k]`` (NaN: NULL)."""
+    """A lookup whose aggregate ``spec`` of key id k is ``values[spec.idx, k]`` (NaN: NULL);
+    it records each read: (structure, function, window kind) and the aggregates it covered."""
 
     def __init__(self, values: np.ndarray) -> None:
         self.values = values
-        self.calls: list[tuple[int, np.ndarray]] = []
+        self.calls: list[tuple[tuple[int, str, bool], list[int]]] = []
 
     def _agg(self, spec: Any, struct: Any, keys: np.ndarray) -> np.ndarray:
         assert bool((np.diff(keys) > 0).all()), "keys are distinct and ascending"
-        self.calls.append((spec.idx, keys))
+        self.calls.append((_read_of(struct, spec), [spec.idx]))
         out: np.ndarray = self.values[spec.idx, keys]
+        return out
+
+    def read_over(self, struct: Any, specs: list[Any], which: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        assert len(specs) > 1 and len({_read_of(struct, sp) for sp in specs}) == 1, "one read's aggregates"
+        assert len(set(zip(which.tolist(), keys.tolist(), strict=True))) == len(keys), "distinct pairs"
+        self.calls.append((_read_of(struct, specs[0]), [sp.idx for sp in specs]))
+        idx = np.array([sp.idx for sp in specs], np.int64)[which]
+        out: np.ndarray = self.values[idx, keys]
         return out
 
 
@@ -62,10 +77,19 @@ def _case(
     rng: np.random.Generator, sort: bool
 ) -> tuple[dict[str, list[Any]], dict[str, int], _Ctx, np.ndarray, np.ndarray]:
     n_keys = int(rng.integers(1, 300))
-    n_aggs = int(rng.integers(1, 4))
+    n_aggs = int(rng.integers(1, 7))
     values = rng.integers(0, 8, (n_aggs, n_keys)).astype(np.float64)
     values[rng.random((n_aggs, n_keys)) < 0.1] = np.nan
-    specs = [SimpleNamespace(idx=a, func=f"F{a}", window=None) for a in range(n_aggs)]
+    structs = [object(), object()]  # aggregates of one structure and function, windows apart
+    specs = [
+        SimpleNamespace(
+            idx=a,
+            func=("F0", "F1")[int(rng.integers(0, 2))],
+            window=A.RowsWindow(a + 1) if rng.random() < 0.3 else A.TimeWindow(1000 * (a + 1)),
+            struct=structs[int(rng.integers(0, 2))],
+        )
+        for a in range(n_aggs)
+    ]
     agg = A.Agg("COUNT", None, False, None, None)  # type: ignore[arg-type]  # the side's type only
     extras: dict[str, list[Any]] = {}
     uids: dict[str, int] = {}
@@ -80,7 +104,8 @@ def _case(
             left = bool(rng.random() < 0.5)
             atom = SimpleNamespace(op=OPS[int(rng.integers(0, len(OPS)))], left=agg if left else c,
                                    right=c if left else agg, negated=bool(rng.random() < 0.3))  # fmt: skip
-            items.append((None, specs[int(rng.integers(0, n_aggs))], atom))
+            spec = specs[int(rng.integers(0, n_aggs))]
+            items.append((spec.struct, spec, atom))
         extras[name] = items
     n = int(rng.integers(0, 2000))
     pair_uids = rng.integers(0, 200, n).astype(np.int64)  # members and non-members
@@ -93,7 +118,7 @@ def _case(
 @pytest.mark.parametrize("sort", [True, False])
 def test_check_drops_what_the_brute_force_drops(sort: bool) -> None:
     rng = np.random.default_rng(7 if sort else 8)
-    nonempty = shared = twice = 0
+    nonempty = shared = twice = merged = 0
     for _ in range(300):
         extras, uids, ctx, uid_of, key_of = _case(rng, sort)
         want = brute_force(extras, uids, ctx.values, uid_of, key_of)
@@ -105,12 +130,16 @@ def test_check_drops_what_the_brute_force_drops(sort: bool) -> None:
         assert got is not None
         assert np.unique(got).tolist() == want
         nonempty += int(len(want) > 0)
-        read = [a for a, _ in ctx.calls]
-        assert len(read) == len(set(read)), "each aggregate is read once"
+        reads = [r for r, _ in ctx.calls]
+        assert len(reads) == len(set(reads)), "one read per structure, function and window kind"
+        covered = [a for _, aggs in ctx.calls for a in aggs]
+        assert len(covered) == len(set(covered)), "each aggregate is read once"
+        merged += int(any(len(aggs) > 1 for _, aggs in ctx.calls))
         shared += int(len({id(s) for v in extras.values() for _, s, _ in v}) < sum(map(len, extras.values())))
         twice += int(any(len({id(s) for _, s, _ in v}) < len(v) for v in extras.values()))
     assert nonempty > 150  # the cases fail atoms, not just pass them
     assert shared > 50 and twice > 50  # atoms share aggregates, within a rule too
+    assert merged > 50  # aggregates apart only in their window are read together
 
 
 def test_unique_ids_equals_numpy() -> None:

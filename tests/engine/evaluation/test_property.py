@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -411,21 +412,28 @@ def test_grouped_threshold_rules_match_the_reference(
 @st.composite
 def extra_atoms(draw: Any) -> str:
     """An aggregate compared to a constant, either way round, maybe negated: the extra atoms
-    of a grouped ``driver AND ...`` rule."""
-    agg = draw(
+    of a grouped ``driver AND ...`` rule.  Each function comes over two or three windows (time
+    windows, one of them historical, and ROWS windows), which the check reads together."""
+    func = draw(
         st.sampled_from(
             [
-                "AVG(price) OVER LAST 3 SECONDS",
-                "AVG(price) OVER LAST 2 SECONDS",
-                "MIN(price) OVER LAST 4 SECONDS",
-                "MAX(size) OVER LAST 2 SECONDS",
-                "SUM(size) FILTER (WHERE side = 'ASK') OVER LAST 4 SECONDS",
-                "COUNT(*) OVER LAST 2 SECONDS",
-                "FIRST(price) OVER LAST 3 SECONDS",
-                "COUNT(DISTINCT exchange) OVER LAST 4 SECONDS",
+                "AVG(price)",
+                "MIN(price)",
+                "MAX(size)",
+                "SUM(size) FILTER (WHERE side = 'ASK')",
+                "COUNT(*)",
+                "FIRST(price)",
+                "LAST(price)",
+                "COUNT(DISTINCT exchange)",
             ]
         )
     )
+    window = draw(
+        st.sampled_from(
+            ["LAST 2 SECONDS", "LAST 3 SECONDS", "3 SECONDS TO 1 SECONDS AGO", "LAST 2 ROWS", "LAST 3 ROWS"]
+        )
+    )
+    agg = f"{func} OVER {window}"
     op = draw(st.sampled_from([">", ">=", "<", "<=", "=", "!="]))
     c = draw(st.sampled_from([0, 1, 2, 5, 7.5, 20]))
     atom = f"{agg} {op} {c}" if draw(st.booleans()) else f"{c} {op} {agg}"
@@ -456,3 +464,49 @@ def test_grouped_conjunctive_rules_match_the_reference(
     grouped = sum(len(g.members) for g in ev.groups.values())
     assert grouped == len(named)  # every rule went through a group: the path under test
     assert run("naive", named, files, 1000, 2) == expect
+
+
+def test_extra_atoms_of_one_function_over_several_windows_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Grouped rules whose extra atoms read each function over several windows (time, historical
+    and ROWS): the check reads those of one structure and function together
+    (``Lookup.read_over``), and the alerts equal the reference's."""
+    from engine.evaluation.lookup import Lookup
+
+    reads = []
+    orig = Lookup.read_over
+
+    def counted(self: Lookup, s: Any, specs: Any, which: Any, keys: Any) -> Any:
+        reads.append(len(specs))
+        return orig(self, s, specs, which, keys)
+
+    monkeypatch.setattr(Lookup, "read_over", counted)
+    rng = np.random.default_rng(11)
+    trades = [
+        {
+            "symbol": SYMBOLS[int(rng.integers(0, 4))],
+            "ts": int(rng.integers(0, 12_000)),
+            "price": int(rng.integers(50, 1000)) / 100,
+            "size": int(rng.integers(0, 50)),
+            "side": ("BID", "ASK", "UNKNOWN")[int(rng.integers(0, 3))],
+            "exchange": ("X", "Y", "Z")[int(rng.integers(0, 3))],
+        }
+        for _ in range(300)
+    ]
+    funcs = ["AVG(price)", "MIN(price)", "MAX(size)", "COUNT(*)", "FIRST(price)", "LAST(price)",
+             "COUNT(DISTINCT exchange)", "SUM(size) FILTER (WHERE side = 'ASK')"]  # fmt: skip
+    wins = ["LAST 2 SECONDS", "LAST 3 SECONDS", "3 SECONDS TO 1 SECONDS AGO", "LAST 2 ROWS", "LAST 3 ROWS"]
+    named = []
+    for i in range(24):
+        f = funcs[i % len(funcs)]
+        op, c = (">", 1) if f.startswith(("COUNT", "SUM", "MAX(size)")) else (">", 5)
+        atom = f"{f} OVER {wins[i % len(wins)]} {op} {c}"
+        other = f"{f} OVER {wins[(i + 2) % len(wins)]} <= {c * 20}"
+        having = f"COUNT(*) OVER LAST 4 SECONDS > {i % 3} AND {atom} AND {other}"
+        named.append((f"w{i:02d}", f"SELECT symbol FROM trades GROUP BY symbol HAVING {having}"))
+    files = [to_file("trades", trades)]
+    expect = reference_alerts(named, {"trades": trades, "packets": []}, 1000)
+    assert run("shared", named, files, 1000, 2) == expect
+    assert len(expect) > 50  # keys enter and leave: the atoms decide
+    assert reads and max(reads) >= 3  # several windows of a function in one read
