@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -41,13 +41,13 @@ import pyarrow as pa
 from engine.cap import DIFF_PART, LOOKUP_PART, cap_alerts, mark_segment
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
-from engine.evaluation.alert_values import ValueTable
+from engine.evaluation.alert_values import KeysByRule, ValueTable
 from engine.evaluation.panes import PaneRows
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import PanePartial
 from engine.executors.output import ExecutorBatch
 from engine.executors.preagg import BatchParams, KeySpec, batch_params, key_specs
-from engine.lookup_changes import ENTER, EXIT, entered, exited, in_order, runs
+from engine.lookup_changes import ENTER, EXIT, Accepted, accepted
 from engine.messages import Alert, AlertBlock, BatchOutput, LookupBlock, RuleInfo, SubscriptionChange
 from engine.overload import Marks, Overload, batch_strides, by_stride, decide, ladder, skipped
 from engine.rule_evaluator import RuleEvaluator, make_evaluator, rule_compiler
@@ -310,7 +310,12 @@ class EngineCore:
             return
         enter, gone = sorted(new - old), sorted(old - new)
         self.current[sid] = new
-        self._emit({sid: (enter + gone, [ENTER] * len(enter) + [EXIT] * len(gone))}, tau, out)
+        n = len(enter) + len(gone)
+        self._emit(
+            Accepted([sid], np.array([n], np.int64), enter + gone, [ENTER] * len(enter) + [EXIT] * len(gone)),
+            tau,
+            out,
+        )
 
     # ------------------------------------------------------------------ batch
     def process(
@@ -591,17 +596,30 @@ class EngineCore:
             lo = cursor[stream]
             self.pending[stream] = p if lo == 0 else p.slice(lo)
 
-    def _emit(self, changes: dict[str, tuple[list[str], list[str]]], tau: int, out: BatchOutput) -> None:
-        """Append the rules' alerts at ``tau`` (``{rule: (keys, kinds)}``, in order) to ``out`` with
-        the values that made them fire (:meth:`_value_columns`: right after the lookup at ``tau``,
-        before later events are applied) -- one :class:`LookupBlock` of columns for them all, no
-        Alert object made (one block per rule where the evaluator has no ``value_table``)."""
-        got = self._value_columns({sid: keys for sid, (keys, _) in changes.items()}, tau)
-        out.changed.update(changes)
+    def _emit(self, changes: Accepted, tau: int, out: BatchOutput) -> None:
+        """Append the rules' alerts at ``tau`` (in order) to ``out`` with the values that made them
+        fire (:meth:`_value_columns`: right after the lookup at ``tau``, before later events are
+        applied) -- one :class:`LookupBlock` of columns for them all, taken from ``changes`` as
+        they are, no Alert object made (one block per rule where the evaluator has no
+        ``value_table``)."""
+        got = self._value_columns(KeysByRule(changes.sids, changes.sizes, changes.keys), tau)
+        out.changed.update(changes.sids)
         if isinstance(got, ValueTable):
-            out.alerts.add_block(LookupBlock.of(tau, changes, [self.rules[sid] for sid in changes], *got))
+            infos = [self.rules[sid] for sid in changes.sids]
+            out.alerts.add_block(
+                LookupBlock(
+                    tau,
+                    changes.sids,
+                    [i.name for i in infos],
+                    [i.stream for i in infos],
+                    changes.sizes,
+                    changes.keys,
+                    changes.kinds,
+                    *got,
+                )
+            )
             return
-        for sid, (keys, kinds) in changes.items():
+        for sid, (keys, kinds) in changes.by_rule().items():
             info, v = self.rules[sid], got.get(sid)
             if isinstance(v, dict):  # an evaluator's values per key (no value_columns)
                 vals: dict[str, Any] = v
@@ -622,28 +640,13 @@ class EngineCore:
         start = len(out.alerts)
         self._segment(out, LOOKUP_PART)
         ev = self.evaluator
-        # the evaluator's own changes (cheap with thousands of rules), checked against ours by
-        # set operations per (block, rule): no Python per change but a list slice and a sort
+        # the evaluator's own changes (cheap with thousands of rules), checked against our result
+        # sets for the whole lookup at once (engine.lookup_changes.accepted: no Python per rule)
         skip = skipped(self._grid, tau, self.L, self._new) if self._grid else frozenset()
         changes = ev.step(tau, skip) if skip else ev.step(tau)
         self._new.clear()
-        by_rule: dict[str, tuple[list[str], list[str]]] = {}
-        fresh, rules, current = self._fresh, self.rules, self.current
-        for names, keys, kind in changes.parts:
-            enter = kind == ENTER
-            for sid, ks in runs(names, keys):
-                if sid in fresh or sid not in rules:
-                    continue
-                cur = current.get(sid)
-                if cur is None:
-                    cur = current[sid] = set()
-                got = entered(cur, ks) if enter else exited(cur, ks)
-                if got:
-                    both = by_rule.get(sid)
-                    if both is None:
-                        both = by_rule[sid] = ([], [])
-                    both[0 if enter else 1].extend(got)
-        self._emit({sid: in_order(*by_rule[sid]) for sid in sorted(by_rule)}, tau, out)  # (rule, key) order
+        got = accepted(changes.parts, self._fresh, self.rules, self.current)
+        self._emit(got, tau, out)  # (rule, key) order
         if self._fresh:
             self._segment(out, DIFF_PART, same=True)
         for sid in sorted(self._fresh):  # rules evaluated at once when added: diff their whole result
@@ -668,7 +671,7 @@ class EngineCore:
         :func:`engine.overload.decide`); the next batch's strides follow its level."""
         self.overload = decide(self.overload, load, len(ladder(self._budgets, self.L)), marks)
 
-    def _value_columns(self, wanted: dict[str, list[str]], tau: int) -> ValueTable | dict[str, Any]:
+    def _value_columns(self, wanted: Mapping[str, list[str]], tau: int) -> ValueTable | dict[str, Any]:
         """The values of the alerts of many rules at ``tau``: a ``ValueTable`` from
         ``RuleEvaluator.value_table``, else ``{rule: (labels, columns)}`` from ``value_columns``, or
         ``{rule: {key: values}}`` from ``values_many`` (or ``values``, one rule at a time); a rule

@@ -8,7 +8,7 @@ evaluator, :class:`engine.evaluation.evaluator.Evaluator`; tests give stand-ins)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -52,7 +52,7 @@ class RuleEvaluator(Protocol):
         """The aggregates rule ``name`` compares, per key at ``now`` (what made an alert fire)."""
         ...
 
-    def values_many(self, wanted: dict[str, list[str]], now: int) -> dict[str, dict[str, Values]]:
+    def values_many(self, wanted: Mapping[str, list[str]], now: int) -> dict[str, dict[str, Values]]:
         """:meth:`values` of many rules at once: ``{rule: {key: values}}``."""
         ...
 

@@ -29,8 +29,8 @@ the brute force it is checked against (one rule and one key at a time) is in
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
-from itertools import chain, repeat
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain, compress, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -50,6 +50,38 @@ if TYPE_CHECKING:
 ValueColumns = dict[str, tuple[list[str], list[list[Any]]]]
 
 
+class KeysByRule(Mapping[str, list[str]]):
+    """``{rule: keys}`` held flat, as a lookup's checked changes come
+    (:class:`engine.lookup_changes.Accepted`): rule ``names[r]`` has ``sizes[r]`` keys, the next
+    ones of ``flat_keys``.  A read-only mapping for any reader; :func:`value_table` and
+    :func:`value_columns` take its flat columns as they are (no list per rule)."""
+
+    def __init__(self, names: list[str], sizes: np.ndarray, keys: list[str]) -> None:
+        self.names, self.sizes, self.flat_keys = names, sizes, keys
+        self._at: dict[str, int] | None = None
+
+    def __getitem__(self, name: str) -> list[str]:
+        if self._at is None:
+            self._at = {n: i for i, n in enumerate(self.names)}
+        i = self._at[name]
+        a = int(self.sizes[:i].sum())
+        return self.flat_keys[a : a + int(self.sizes[i])]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _flat(wanted: Mapping[str, list[str]]) -> tuple[np.ndarray, list[str]]:
+    """``(sizes, keys)``: each rule's count of keys and all the keys, in order."""
+    if isinstance(wanted, KeysByRule):
+        return np.asarray(wanted.sizes, np.int64), wanted.flat_keys
+    lists = list(wanted.values())
+    return np.fromiter(map(len, lists), np.int64, len(lists)), list(chain.from_iterable(lists))
+
+
 class ValueTable(NamedTuple):
     """The values of a lookup's alerts for many rules as flat columns (:func:`value_table`): rule
     ``i`` of ``wanted`` has ``label_counts[i]`` labels, ``labels`` holding every rule's one after
@@ -65,7 +97,7 @@ class ValueTable(NamedTuple):
 
 
 def value_columns(
-    rules: dict[str, Rule], wanted: dict[str, list[str]], now: int, plan: ValuePlan | None = None
+    rules: dict[str, Rule], wanted: Mapping[str, list[str]], now: int, plan: ValuePlan | None = None
 ) -> ValueColumns:
     """The values of the aggregates of each rule of ``wanted`` (``{rule name: keys}``) for its keys
     at ``now``, read from the structures as they are (call right after the lookup at ``now``).
@@ -92,7 +124,7 @@ def value_columns(
 
 
 def value_table(
-    rules: dict[str, Rule], wanted: dict[str, list[str]], now: int, plan: ValuePlan | None = None
+    rules: dict[str, Rule], wanted: Mapping[str, list[str]], now: int, plan: ValuePlan | None = None
 ) -> ValueTable:
     """:func:`value_columns` as one :class:`ValueTable` for all the rules of ``wanted``: the same
     labels and values, gathered out of the lookup's value matrix by one NumPy index (no list per
@@ -205,7 +237,7 @@ def _layout(rule: Rule) -> tuple[list[str], list[int]]:
 
 
 def _matrix(
-    rules: dict[str, Rule], wanted: dict[str, list[str]], now: int, plan: ValuePlan | None
+    rules: dict[str, Rule], wanted: Mapping[str, list[str]], now: int, plan: ValuePlan | None
 ) -> tuple[ValuePlan, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(plan, rows, starts, doubles, tags)``: ``plan`` (made for the rules of ``wanted`` if
     none is given), its rows of the rules of ``wanted`` (in its order), where each one's alerts
@@ -215,8 +247,9 @@ def _matrix(
     rs = [rules[n] for n in wanted]
     plan = plan or ValuePlan(rs)
     rows = plan.rows(rs)
-    starts = _starts(np.fromiter(map(len, wanted.values()), np.int64, len(rs)))
-    ids = _key_ids(plan, rows, wanted, starts)
+    sizes, keys = _flat(wanted)
+    starts = _starts(sizes)
+    ids = _key_ids(plan, rows, keys, sizes)
     width = int(plan.n_aggs[rows].max())
     doubles = np.zeros((int(starts[-1]), width), np.float64)
     tags = np.full((int(starts[-1]), width), NULL, np.int8)
@@ -239,25 +272,24 @@ def _matrix(
     return plan, rows, starts, doubles, tags
 
 
-def _key_ids(
-    plan: ValuePlan, rows: np.ndarray, wanted: dict[str, list[str]], starts: np.ndarray
-) -> np.ndarray:
+def _key_ids(plan: ValuePlan, rows: np.ndarray, keys: list[str], sizes: np.ndarray) -> np.ndarray:
     """Each wanted key's id in its rule's key state (the state's size for a key never seen), in
-    the order of ``wanted``: one ``dict.get`` pass per key state over all its rules' keys."""
-    ids = np.empty(int(starts[-1]), np.int64)
-    lists = list(wanted.values())
+    order (rule ``rows[r]`` has ``sizes[r]`` of ``keys``): one ``dict.get`` pass per key state
+    over all its rules' keys."""
+    n = len(keys)
     state_of = plan.state_of[rows]
-    counts = np.diff(starts)
-    for k in np.unique(state_of).tolist():
+    used = np.unique(state_of).tolist()
+    if len(used) == 1:
+        st = plan.states[used[0]]
+        return np.fromiter(map(st._ids.get, keys, repeat(len(st.interner))), np.int64, n)
+    ids = np.empty(n, np.int64)
+    of_key = np.repeat(state_of, sizes)
+    for k in used:
         st = plan.states[k]
-        members = np.flatnonzero(state_of == k)
-        keys = chain.from_iterable(map(lists.__getitem__, members.tolist()))
-        n = int(counts[members].sum())
-        got = np.fromiter(map(st._ids.get, keys, repeat(len(st.interner))), np.int64, n)
-        if len(members) == len(rows):
-            ids[:] = got
-        else:
-            ids[np.concatenate([np.arange(starts[i], starts[i + 1]) for i in members.tolist()])] = got
+        m = of_key == k
+        ids[m] = np.fromiter(
+            map(st._ids.get, compress(keys, m.tolist()), repeat(len(st.interner))), np.int64, int(m.sum())
+        )
     return ids
 
 

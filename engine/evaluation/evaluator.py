@@ -66,7 +66,7 @@ key seen since its key field came into use (a key field new to the rules: the ke
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -702,7 +702,7 @@ class Evaluator:
         it is: call it right after the lookup at ``now``, before further events are applied."""
         return self.values_many({name: list(keys)}, now)[name]
 
-    def values_many(self, wanted: dict[str, list[str]], now: int) -> dict[str, dict[str, dict[str, Any]]]:
+    def values_many(self, wanted: Mapping[str, list[str]], now: int) -> dict[str, dict[str, dict[str, Any]]]:
         """:meth:`values` of many rules at once: ``{rule: {key: {aggregate text: value}}}``."""
         out: dict[str, dict[str, dict[str, Any]]] = {}
         for name, (labels, cols) in self.value_columns(wanted, now).items():
@@ -711,7 +711,7 @@ class Evaluator:
         return out
 
     def value_columns(
-        self, wanted: dict[str, list[str]], now: int
+        self, wanted: Mapping[str, list[str]], now: int
     ) -> dict[str, tuple[list[str], list[list[Any]]]]:
         """:meth:`values_many` as columns, no per-key Python: ``{rule: (labels, columns)}``, the value
         of ``labels[j]`` for ``wanted[rule][i]`` being ``columns[j][i]`` (a text twice in a rule: its
@@ -721,7 +721,7 @@ class Evaluator:
         (:func:`engine.evaluation.alert_values.value_columns`)."""
         return alert_values.value_columns(self.rules, wanted, now, alert_values.plan_for(self, self.rules))
 
-    def value_table(self, wanted: dict[str, list[str]], now: int) -> alert_values.ValueTable:
+    def value_table(self, wanted: Mapping[str, list[str]], now: int) -> alert_values.ValueTable:
         """:meth:`value_columns` as flat columns over all the rules of ``wanted``: what a lookup's
         alerts carry as one block (:func:`engine.evaluation.alert_values.value_table`)."""
         return alert_values.value_table(self.rules, wanted, now, alert_values.plan_for(self, self.rules))

@@ -14,6 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.evaluation.alert_values import KeysByRule
 from engine.evaluation.evaluator import Evaluator
 from engine.messages import typed_objects
 from subscriptions.compiler import compile_rule
@@ -161,3 +162,11 @@ def _check(
     got_values = typed_objects(table.doubles, table.tags).tolist()
     assert len(got_values) == len(want_values)
     assert all(_same(a, b) for a, b in zip(got_values, want_values, strict=True))
+    # the same asked for as flat columns (what the core hands on: KeysByRule), rules of two states
+    flat = KeysByRule(
+        list(wanted), np.array([len(v) for v in wanted.values()]), [k for v in wanted.values() for k in v]
+    )
+    again = e.value_table(flat, NOW)
+    assert again.labels == table.labels and again.label_counts.tolist() == table.label_counts.tolist()
+    assert again.tags.tolist() == table.tags.tolist()
+    assert np.array_equal(again.doubles, table.doubles, equal_nan=True)

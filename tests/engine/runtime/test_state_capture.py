@@ -42,10 +42,14 @@ ROOT = Path(__file__).resolve().parents[3]
 #: ``ExtraChecks``) instead of a list of ``_ExtraTable`` (issue #19; "values" and "strict" kept theirs),
 #: and when a lookup's entering keys were added to the result sets in the evaluator's order
 #: (19e5c8f, ``engine.lookup_changes.entered``: the same sets, another iteration order; checked
-#: on both trees: every other attribute's bytes and the sorted sets unchanged).
+#: on both trees: every other attribute's bytes and the sorted sets unchanged), and when a
+#: lookup's exits were taken out of the result sets key by key (``set.discard``, which leaves the
+#: dummies ``set.difference_update`` may resize away: :func:`engine.lookup_changes.accepted`;
+#: the same sets, another iteration order; the states' bytes with the sets sorted are equal on
+#: 1d57802 and on the change).
 GOLDEN = {
-    "core-raw": "88425cccf78193c93bbb56ce48fbbd34bdaf9f9c99a74ee017e6fe2f968bed24",
-    "core-panes": "47036d2594034bd5adfb52b90526ce4ca374f6c84c2002866b14a566f4aa5135",
+    "core-raw": "7cb4be1b62010b3491f45a649b8208724b898d7b24cf9793bcaee89342ad087c",
+    "core-panes": "ac5af8d34151cb0d93a726741b9fcfc7d2215bfaf3bb9acf6f03c873450f2eea",
     "values": "d2a3595d236e9632395bd38fa97db2dc2ef902441a73389d6f833a0e5cd35042",
     "strict": "7d8fccb4c0025d73e214cad70aaeed32f50b9c30b27ab1ecd00e22e5750338b7",
 }
