@@ -58,14 +58,16 @@ class KeysByRule(Mapping[str, list[str]]):
 
     def __init__(self, names: list[str], sizes: np.ndarray, keys: list[str]) -> None:
         self.names, self.sizes, self.flat_keys = names, sizes, keys
-        self._at: dict[str, int] | None = None
+        self._at: dict[str, tuple[int, int]] | None = None
 
     def __getitem__(self, name: str) -> list[str]:
-        if self._at is None:
-            self._at = {n: i for i, n in enumerate(self.names)}
-        i = self._at[name]
-        a = int(self.sizes[:i].sum())
-        return self.flat_keys[a : a + int(self.sizes[i])]
+        if self._at is None:  # made on a reader's first ask (the values' fallbacks, rule by rule)
+            ends = np.cumsum(self.sizes).tolist()
+            self._at = {
+                n: (b - int(k), b) for n, k, b in zip(self.names, self.sizes.tolist(), ends, strict=True)
+            }
+        a, b = self._at[name]
+        return self.flat_keys[a:b]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
