@@ -41,8 +41,25 @@ KEEP_BATCHES = 1_000
 
 
 def _shaped(doc: Any) -> dict[str, Any]:
+    """The document as :meth:`StrideFile._record` writes it, checked whole -- the controller's
+    ``level`` and ``calm`` (integers), ``entries`` of ``[batch, {subscription: stride}]`` in
+    increasing batch order, ``pruned`` a boolean -- so that a damaged one is refused when read,
+    not met later as a bare error halfway through a batch.  ValueError / TypeError otherwise."""
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise ValueError("no list of entries")
+    for name in ("level", "calm"):
+        if not isinstance(doc.get(name, 0), int) or isinstance(doc.get(name, 0), bool):
+            raise TypeError(f"{name} is not an integer")
+    if not isinstance(doc.get("pruned", False), bool):
+        raise TypeError("pruned is not true or false")
+    last = None
+    for i, e in enumerate(doc["entries"]):
+        ok = isinstance(e, list) and len(e) == 2 and type(e[0]) is int and isinstance(e[1], dict)
+        if not ok or not all(isinstance(k, str) and type(v) is int and v > 0 for k, v in e[1].items()):
+            raise ValueError(f"entry {i} is not [batch, {{subscription: stride}}]")
+        if last is not None and e[0] <= last:
+            raise ValueError(f"entry {i}'s batch {e[0]} does not follow {last}")
+        last = e[0]
     return doc
 
 

@@ -46,10 +46,34 @@ def test_requests_written_are_read_back(tmp_path: Path) -> None:
     assert f.read() == [(7, "s1", "AAPL"), (8, "s2", "10.0.0.1")]
 
 
-def test_a_strides_file_of_another_shape_names_itself(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"entries": 3}',
+        '{"entries": [[5]]}',
+        '{"entries": [["5", {}]]}',
+        '{"entries": [[5, {"s1": "2"}]]}',
+        '{"entries": [[5, {"s1": 0}]]}',
+        '{"entries": [[5, {"s1": 2}], [5, {}]]}',
+        '{"level": "1", "entries": []}',
+        '{"calm": 1.5, "entries": []}',
+        '{"pruned": 1, "entries": []}',
+    ],
+)
+def test_a_strides_file_of_another_shape_names_itself(tmp_path: Path, text: str) -> None:
     f = StrideFile(tmp_path / "strides.json")
-    f.path.write_text('{"entries": 3}')
+    f.path.write_text(text)
     with pytest.raises(
         CheckpointMismatch, match="the overload policy's strides file .* not one this engine wrote"
     ):
         f.state()
+
+
+def test_a_strides_file_as_written_is_read_back(tmp_path: Path) -> None:
+    from engine.overload import Overload
+
+    f = StrideFile(tmp_path / "strides.json")
+    f.record(3, {"s1": 2, "s2": 4}, Overload(2, 1))
+    f.record(9, {}, Overload(0, 0))
+    assert f.strides_for(5) == {"s1": 2, "s2": 4} and f.strides_for(9) == {} and f.strides_for(2) == {}
+    assert f.state() == Overload(0, 0)
