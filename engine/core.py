@@ -41,7 +41,7 @@ import pyarrow as pa
 from engine.cap import DIFF_PART, LOOKUP_PART, cap_alerts, mark_segment
 from engine.decode import STREAMS, Decoded, Predecoded, empty, finish, predecode
 from engine.errors import BatchParamsMismatch, SnapshotUnreadable
-from engine.evaluation.alert_values import KeysByRule, ValueTable
+from engine.evaluation.alert_values import ValueTable
 from engine.evaluation.panes import PaneRows
 from engine.executors.history import HistoryIndex
 from engine.executors.merge import PanePartial
@@ -602,7 +602,7 @@ class EngineCore:
         applied) -- one :class:`LookupBlock` of columns for them all, taken from ``changes`` as
         they are, no Alert object made (one block per rule where the evaluator has no
         ``value_table``)."""
-        got = self._value_columns(KeysByRule(changes.sids, changes.sizes, changes.keys), tau)
+        got = self._value_columns(changes.keys_by_rule, tau)
         out.changed.update(changes.sids)
         if isinstance(got, ValueTable):
             infos = [self.rules[sid] for sid in changes.sids]

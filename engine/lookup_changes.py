@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress, repeat
 from operator import contains, is_
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from engine.evaluation.alert_values import KeysByRule
 
 __all__ = ["ENTER", "EXIT", "Accepted", "accepted"]
 
@@ -44,12 +47,15 @@ class Accepted:
     keys: list[str]
     kinds: list[str]
 
+    @cached_property
+    def keys_by_rule(self) -> KeysByRule:
+        """The alerts' keys as ``{rule: keys}`` over the same flat columns (what the values read)."""
+        return KeysByRule(self.sids, self.sizes, self.keys)
+
     def by_rule(self) -> dict[str, tuple[list[str], list[str]]]:
         """``{rule: (keys, kinds)}`` in the same order."""
-        ends = np.cumsum(self.sizes).tolist()
-        starts = [0, *ends][:-1]
-        ks, kinds = self.keys, self.kinds
-        return {sid: (ks[a:b], kinds[a:b]) for sid, a, b in zip(self.sids, starts, ends, strict=True)}
+        kb, kinds = self.keys_by_rule, self.kinds
+        return {sid: (kb[sid], kinds[slice(*kb.span(sid))]) for sid in self.sids}
 
 
 NONE = Accepted([], np.zeros(0, np.int64), [], [])

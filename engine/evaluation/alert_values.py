@@ -60,13 +60,17 @@ class KeysByRule(Mapping[str, list[str]]):
         self.names, self.sizes, self.flat_keys = names, sizes, keys
         self._at: dict[str, tuple[int, int]] | None = None
 
-    def __getitem__(self, name: str) -> list[str]:
+    def span(self, name: str) -> tuple[int, int]:
+        """Where rule ``name``'s keys are in ``flat_keys`` (``[a, b)``)."""
         if self._at is None:  # made on a reader's first ask (the values' fallbacks, rule by rule)
             ends = np.cumsum(self.sizes).tolist()
             self._at = {
                 n: (b - int(k), b) for n, k, b in zip(self.names, self.sizes.tolist(), ends, strict=True)
             }
-        a, b = self._at[name]
+        return self._at[name]
+
+    def __getitem__(self, name: str) -> list[str]:
+        a, b = self.span(name)
         return self.flat_keys[a:b]
 
     def __iter__(self) -> Iterator[str]:

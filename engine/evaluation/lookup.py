@@ -155,8 +155,6 @@ class Lookup:
         all ROWS windows: one read with per-key bounds (:func:`aggregate_over`) instead of one
         per aggregate -- what a group's extra atoms read (:meth:`ExtraChecks.check
         <engine.evaluation.rules.ExtraChecks.check>`)."""
-        if len(specs) == 1:
-            return self._agg(specs[0], s, keys)
         wins = [sp.window for sp in specs]
         if isinstance(wins[0], A.RowsWindow):
             n = np.array([w.n for w in wins], np.int64)  # type: ignore[union-attr]
