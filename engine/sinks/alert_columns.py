@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.messages import (
+    INT,
     NULL,
     Alert,
     AlertBlock,
@@ -52,6 +53,8 @@ _S = pa.large_string()
 TOP_SUBSCRIPTIONS = 3
 _NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
 #: what ``repr`` gives for an ``int`` or a finite ``float``: exactly what ``json`` writes for it
+#: the text ``str(uuid.UUID(s))`` gives: a subscription id so written is its own UUID text
+_UUID_TEXT = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _JSON_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?(e[+-][0-9]+)?$"
 
 
@@ -92,6 +95,39 @@ def _json_encoder() -> Any:
 
 #: ``json.dumps`` of an alert's values (or of one value), as the sinks have always written it
 values_json = _json_encoder()
+
+
+def typed_json(doubles: np.ndarray, tags: np.ndarray) -> pa.Array:
+    """``json.dumps`` of each value ``(doubles, tags)`` say (None, ``int`` or ``float`` by its
+    tag, as :func:`~engine.messages.typed_objects` makes them), as a ``large_string`` array made
+    by Arrow: an int's text by a cast; a float's by Arrow's cast, which writes the shortest digits
+    that read back as the same double -- the digits of Python's ``repr`` --, taken where that
+    text has no exponent and the value lies where ``repr`` writes positionally (``1e-4 <= |x| <
+    1e16``), with the ``.0`` that ``repr`` gives a whole number; any other float (an exponent,
+    NaN, an infinity, zero) by :data:`values_json` itself.  Equal to ``values_json(v)`` for every
+    value (tests/engine/sinks/test_alert_columns.py)."""
+    doubles = np.asarray(doubles, np.float64)
+    is_int, null = tags == INT, tags == NULL
+    flt = ~is_int & ~null
+    ftxt = pc.cast(pa.array(doubles), _S)
+    mag = np.abs(doubles)
+    with np.errstate(invalid="ignore"):
+        plain = (mag >= 1e-4) & (mag < 1e16) & ~np.asarray(pc.match_substring(ftxt, "e"), np.bool_)
+    whole = flt & plain & ~np.asarray(pc.match_substring(ftxt, "."), np.bool_)
+    if whole.any():
+        ftxt = pc.if_else(
+            pa.array(whole), pc.binary_join_element_wise(ftxt, pa.scalar(".0", _S), pa.scalar("", _S)), ftxt
+        )
+    if is_int.any():
+        itxt = pc.cast(pa.array(np.where(is_int, doubles, 0.0).astype(np.int64)), _S)
+        ftxt = pc.if_else(pa.array(is_int), itxt, ftxt)
+    out = pc.if_else(pa.array(null), pa.scalar("null", _S), ftxt)
+    slow = flt & ~plain
+    if slow.any():
+        at = np.flatnonzero(slow)
+        fixed = pa.array([values_json(v) for v in typed_objects(doubles[at], tags[at]).tolist()], _S)
+        out = pc.replace_with_mask(out, pa.array(slow), fixed)
+    return out
 
 
 def large_utf8(values: Sequence[Any] | pa.Array, what: str) -> pa.Array:
@@ -430,6 +466,9 @@ class AlertColumns:
     @cached_property
     def subscription_uuid_text(self) -> pa.Array:
         """Each alert's subscription as the text of its UUID (:func:`subscription_uuid`)."""
+        canon = np.asarray(pc.match_substring_regex(self.subscription_id, _UUID_TEXT), np.bool_)
+        if canon.all():  # already a UUID's text (the registry's ids): as they are
+            return self.subscription_id
         enc = self.subscription_id.dictionary_encode()
         texts = pa.array([uuid_text(s) for s in enc.dictionary.to_pylist()], _S)
         return texts.take(enc.indices)
@@ -485,12 +524,15 @@ class AlertColumns:
         labels = self.value_labels.dictionary_encode()
         label_json = pa.array([values_json(s) for s in labels.dictionary.to_pylist()], _S)
         lj = label_json.take(labels.indices)
-        vt = pa.array(list(map(repr, self.value_items)), _S)
-        bad = np.asarray(pc.invert(pc.match_substring_regex(vt, _JSON_NUMBER)), np.bool_)
-        if bad.any():
-            at = np.flatnonzero(bad)
-            fixed = pa.array([values_json(self.value_items[i]) for i in at.tolist()], _S)
-            vt = pc.replace_with_mask(vt, pa.array(bad), fixed)
+        if self.typed is not None:  # the core's typed doubles: by Arrow, no Python per value
+            vt = typed_json(*self.typed)
+        else:
+            vt = pa.array(list(map(repr, self.value_items)), _S)
+            bad = np.asarray(pc.invert(pc.match_substring_regex(vt, _JSON_NUMBER)), np.bool_)
+            if bad.any():
+                at = np.flatnonzero(bad)
+                fixed = pa.array([values_json(self.value_items[i]) for i in at.tolist()], _S)
+                vt = pc.replace_with_mask(vt, pa.array(bad), fixed)
         entries = pc.binary_join_element_wise(lj, vt, pa.scalar(": ", _S))
         offs = np.zeros(n + 1, np.int64)
         np.cumsum(self.counts, out=offs[1:])

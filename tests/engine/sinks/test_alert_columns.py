@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from engine.messages import Alert, AlertBlock, AlertSeq, LookupBlock
 from engine.runtime import state_codec
-from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid
+from engine.sinks.alert_columns import AlertColumns, split_bytes, subscription_uuid, typed_json
 
 SUBS = [str(uuid.UUID(int=7)), "not-a-uuid", str(uuid.UUID(int=9)).upper(), "déjà vu"]
 
@@ -317,3 +317,42 @@ def test_tables_that_do_not_fit_together_are_refused() -> None:
     rows, items = AlertColumns.of(_alerts()[:5], slot="probe").to_tables()
     with pytest.raises(ValueError, match="value entries"):
         AlertColumns.from_tables(rows, items.slice(1))
+
+
+def _typed(values: list[float | int | None]) -> tuple[np.ndarray, np.ndarray]:
+    tags = np.array([0 if v is None else 1 if type(v) is int else 2 for v in values], np.int8)
+    return np.array([0.0 if v is None else float(v) for v in values], np.float64), tags
+
+
+@given(st.lists(st.one_of(_VALUE, st.floats(width=64), st.integers(-(2**53), 2**53)), max_size=60))
+@settings(max_examples=300, deadline=None)
+def test_typed_values_json_text_is_json_dumps_of_each(values: list[float | int | None]) -> None:
+    """:func:`typed_json` (Arrow's casts) writes each typed value as ``json.dumps`` does: every
+    float hypothesis draws (NaN, infinities, signed zeros, subnormals, exponents both ways)."""
+    assert typed_json(*_typed(values)).to_pylist() == [json.dumps(v) for v in values]
+
+
+def test_typed_values_json_text_over_every_magnitude() -> None:
+    """The same over a million doubles: prices to the cent, every decade from 1e-8 to 1e20 around
+    repr's switch to exponents (1e-4, 1e16), raw bit patterns, whole numbers."""
+    rng = np.random.default_rng(7)
+    n = 200_000
+    floats = np.concatenate([
+        np.round(rng.uniform(0, 1e5, n), 2),
+        10 ** rng.uniform(-8, 20, n) * rng.choice([-1, 1], n),
+        rng.integers(0, 2**64, n, dtype=np.uint64).view(np.float64),
+        rng.integers(-(10**12), 10**12, n).astype(np.float64),
+        np.array([1e-4, np.nextafter(1e-4, 0), 1e16, np.nextafter(1e16, 0), 0.0, -0.0, 5.0]),
+    ])  # fmt: skip
+    values: list[float | int | None] = floats.tolist()
+    assert typed_json(*_typed(values)).to_pylist() == [json.dumps(v) for v in values]
+
+
+@given(st.lists(st.tuples(st.uuids(), st.sampled_from([str, lambda s: s.upper(), lambda s: "{" + s + "}", lambda s: s.replace("-", "")])), min_size=1, max_size=8))  # fmt: skip
+@settings(max_examples=100, deadline=None)
+def test_subscription_uuid_text_of_ids_written_any_way(ids: list[tuple[uuid.UUID, Any]]) -> None:
+    """Ids already a UUID's text are taken as they are; any other way of writing one (upper case,
+    braces, no hyphens) is read as its UUID: the text is the UUID's either way."""
+    alerts = [Alert(how(str(u)), "r", "trades", "k", "ENTER", 1, {}) for u, how in ids]
+    got = AlertColumns.of(alerts).subscription_uuid_text.to_pylist()
+    assert got == [str(u) for u, _ in ids]
