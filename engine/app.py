@@ -51,6 +51,7 @@ from engine.overload import Marks
 from engine.rule_evaluator import rule_compiler
 from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
+from engine.runtime.hugepages import numpy_hugepages
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
@@ -673,6 +674,7 @@ class EngineApp:
         ``max_offsets_per_trigger`` records), then stop -- for replays and benchmarks.
         """
         tune_gc(self.settings.engine_gc_threshold)
+        numpy_hugepages(self.settings.engine_numpy_hugepages)
         if self.executors:
             log.info(
                 "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks%s",

@@ -47,10 +47,12 @@ def backtest_cmd(
 
     from engine.evaluation.backtest import BacktestInputError, MalformedRows, RuleFileError, run_backtest
     from engine.runtime.gc_tuning import tune_gc
+    from engine.runtime.hugepages import numpy_hugepages
     from tidewatch.settings import get_settings
 
     settings = get_settings()
     tune_gc(settings.engine_gc_threshold)  # one alert allocates a few objects: see engine.runtime.gc_tuning
+    numpy_hugepages(settings.engine_numpy_hugepages)  # growing state arrays: see engine.runtime.hugepages
     if strategy not in ("shared", "naive", "scan"):
         _err("--strategy must be 'shared', 'naive' or 'scan'")
         raise typer.Exit(2)

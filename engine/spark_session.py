@@ -36,6 +36,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from engine.runtime.hugepages import ENV as HUGEPAGE_ENV
 from tidewatch import jars as kafka_dist
 from tidewatch.settings import Settings
 
@@ -136,6 +137,8 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # instead of FileContext's: cheaper on the path of every batch (figures in
         # docs/measurements/engine.md, "Snapshots by a forked child again")
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+        # the Python workers' NumPy without (by default) its huge-page advice: engine.runtime.hugepages
+        f"spark.executorEnv.{HUGEPAGE_ENV}": "1" if settings.engine_numpy_hugepages else "0",
     }
     conf.update(network_conf(settings))
     conf.update(connector_conf(settings))

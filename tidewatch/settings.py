@@ -300,6 +300,12 @@ class Settings(BaseSettings):
         "(transformWithStateInPandas, RocksDB state); 0: the driver holds them (the default). Fixed "
         "for a checkpoint: another N needs a new checkpoint and engine id",
     )
+    engine_numpy_hugepages: bool = Field(
+        False,
+        description="NumPy's transparent-huge-page advice on its large arrays in the engine's driver and "
+        "Spark's Python workers; off by default: where the kernel's transparent_hugepage/defrag is "
+        "'madvise' a large array's first write can stall on memory compaction (engine.runtime.hugepages)",
+    )
     engine_gc_threshold: int = Field(
         100_000,
         description="allocations between collections of Python's youngest GC generation in the engine and "

@@ -130,3 +130,11 @@ def test_settings_from_the_environment(monkeypatch) -> None:
 def test_local_masters() -> None:
     assert all(is_local_master(m) for m in ("local", "local[2]", "local[*]", "local-cluster[2,1,1024]"))
     assert not any(is_local_master(m) for m in ("spark://h:7077", "yarn", "k8s://https://h:6443"))
+
+
+def test_python_workers_get_numpys_huge_page_choice(tmp_path: Path) -> None:
+    """Spark's Python workers start with NumPy's huge-page advice as the settings say (off by
+    default: engine.runtime.hugepages), through the documented ``spark.executorEnv``."""
+    assert spark_conf(_settings(tmp_path), "t")["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "0"
+    on = _settings(tmp_path).model_copy(update={"engine_numpy_hugepages": True})
+    assert spark_conf(on, "t")["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "1"

@@ -1,0 +1,40 @@
+"""NumPy's transparent huge pages, off by default in the engine's processes.
+
+NumPy asks the kernel for transparent huge pages on every array of 4 MB or more
+(``madvise(MADV_HUGEPAGE)``).  Where the kernel's ``transparent_hugepage/defrag`` is ``madvise``
+(Debian's default), the first write to such an array may stall while the kernel compacts memory
+to find a free 2 MB page instead of falling back to small ones (numpy/numpy#31590).  The engine
+grows its per-key row columns by doubling (:mod:`engine.algorithms._pool`), each growth a fresh
+array of up to hundreds of MB written whole at once: on this machine the first write of 64-256 MB
+took 0.3-1.4 s with the advice and 0.04-0.15 s without, and two lookup batches of a live run
+took 0.9 and 1.5 s instead of ≈ 0.1 (docs/measurements/engine.md, "Huge pages off").
+
+:func:`numpy_hugepages` sets NumPy's choice in the driver at the engine's start (NumPy reads its
+``NUMPY_MADVISE_HUGEPAGE`` variable at import only; this is its runtime switch);
+:data:`ENV` is the variable Spark's Python workers get (``spark.executorEnv``,
+:func:`engine.spark_session.spark_conf`).  ``engine_numpy_hugepages`` turns the advice back on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("tidewatch.engine")
+
+#: NumPy's variable, read when NumPy is imported ("0": no advice, "1": advice)
+ENV = "NUMPY_MADVISE_HUGEPAGE"
+
+
+def numpy_hugepages(on: bool) -> bool:
+    """Make NumPy advise huge pages on its large arrays from now on (``on``) or not; whether it
+    did before.  Arrays already made keep what they were given."""
+    from numpy._core import multiarray
+
+    switch = getattr(multiarray, "_set_madvise_hugepage", None)
+    if switch is None:  # a NumPy without the switch: its import-time choice stands
+        log.warning("NumPy has no huge-page switch; %s decides at import", ENV)
+        return on
+    before = bool(switch(bool(on)))
+    if before != on:
+        log.info("NumPy's huge-page advice on large arrays: %s", "on" if on else "off")
+    return before
