@@ -301,10 +301,11 @@ class Settings(BaseSettings):
         "for a checkpoint: another N needs a new checkpoint and engine id",
     )
     engine_numpy_hugepages: bool = Field(
-        False,
+        True,
         description="NumPy's transparent-huge-page advice on its large arrays in the engine's driver and "
-        "Spark's Python workers; off by default: where the kernel's transparent_hugepage/defrag is "
-        "'madvise' a large array's first write can stall on memory compaction (engine.runtime.hugepages)",
+        "Spark's Python workers (NumPy's default); false: none -- where the kernel's "
+        "transparent_hugepage/defrag is 'madvise' a state column's growth then no longer stalls on "
+        "memory compaction, at some CPU (engine.runtime.hugepages)",
     )
     engine_gc_threshold: int = Field(
         100_000,

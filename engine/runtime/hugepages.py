@@ -1,4 +1,4 @@
-"""NumPy's transparent huge pages, off by default in the engine's processes.
+"""NumPy's transparent huge pages in the engine's processes: on (NumPy's default) or off.
 
 NumPy asks the kernel for transparent huge pages on every array of 4 MB or more
 (``madvise(MADV_HUGEPAGE)``).  Where the kernel's ``transparent_hugepage/defrag`` is ``madvise``
@@ -6,13 +6,16 @@ NumPy asks the kernel for transparent huge pages on every array of 4 MB or more
 to find a free 2 MB page instead of falling back to small ones (numpy/numpy#31590).  The engine
 grows its per-key row columns by doubling (:mod:`engine.algorithms._pool`), each growth a fresh
 array of up to hundreds of MB written whole at once: on this machine the first write of 64-256 MB
-took 0.3-1.4 s with the advice and 0.04-0.15 s without, and two lookup batches of a live run
-took 0.9 and 1.5 s instead of ≈ 0.1 (docs/measurements/engine.md, "Huge pages off").
+took 0.3-1.4 s with the advice and 0.04-0.15 s without, and live runs at 10,000 rules had 2-4
+lookup batches of 0.3-1.1 s each away from any snapshot with the advice, none without.  Without
+it the driver took ≈ 5 % more CPU in the same runs (4 KB pages for the state's arrays) and the
+p99 latency did not improve beyond the runs' spread, so the advice stays on by default
+(docs/measurements/engine.md, "Huge pages, measured again").
 
 :func:`numpy_hugepages` sets NumPy's choice in the driver at the engine's start (NumPy reads its
 ``NUMPY_MADVISE_HUGEPAGE`` variable at import only; this is its runtime switch);
 :data:`ENV` is the variable Spark's Python workers get (``spark.executorEnv``,
-:func:`engine.spark_session.spark_conf`).  ``engine_numpy_hugepages`` turns the advice back on.
+:func:`engine.spark_session.spark_conf`).  ``engine_numpy_hugepages = false`` turns the advice off.
 """
 
 from __future__ import annotations
