@@ -52,9 +52,9 @@ _S = pa.large_string()
 #: subscriptions per batch whose alert counts :meth:`AlertColumns.top_subscriptions` keeps
 TOP_SUBSCRIPTIONS = 3
 _NS = uuid.UUID("6f1d1c1e-7a0e-4a5e-9a57-7469646577a7")
-#: what ``repr`` gives for an ``int`` or a finite ``float``: exactly what ``json`` writes for it
 #: the text ``str(uuid.UUID(s))`` gives: a subscription id so written is its own UUID text
 _UUID_TEXT = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+#: what ``repr`` gives for an ``int`` or a finite ``float``: exactly what ``json`` writes for it
 _JSON_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?(e[+-][0-9]+)?$"
 
 
@@ -520,13 +520,13 @@ class AlertColumns:
         n = len(self)
         if self.value_labels is None:  # labels json would convert: per alert, as before
             return pa.array([values_json(v) for v in self.values], _S)
-        assert self.value_items is not None  # else given by from_tables
         labels = self.value_labels.dictionary_encode()
         label_json = pa.array([values_json(s) for s in labels.dictionary.to_pylist()], _S)
         lj = label_json.take(labels.indices)
         if self.typed is not None:  # the core's typed doubles: by Arrow, no Python per value
             vt = typed_json(*self.typed)
         else:
+            assert self.value_items is not None  # else given by from_tables
             vt = pa.array(list(map(repr, self.value_items)), _S)
             bad = np.asarray(pc.invert(pc.match_substring_regex(vt, _JSON_NUMBER)), np.bool_)
             if bad.any():
