@@ -6,9 +6,9 @@ NumPy asks the kernel for transparent huge pages on every array of 4 MB or more
 to find a free 2 MB page instead of falling back to small ones (numpy/numpy#31590).  The engine
 grows its per-key row columns by doubling (:mod:`engine.algorithms._pool`), each growth a fresh
 array of up to hundreds of MB written whole at once: on this machine the first write of 64-256 MB
-took 0.3-1.4 s with the advice and 0.04-0.15 s without, and live runs at 10,000 rules had 2-4
+took 0.3-1.4 s with the advice and 0.04-0.15 s without, and live runs at 10,000 rules had 1-4
 lookup batches of 0.3-1.1 s each away from any snapshot with the advice, none without.  Without
-it the driver took ≈ 5 % more CPU in the same runs (4 KB pages for the state's arrays) and the
+it the driver took ≈ 6 % more CPU in the same runs (4 KB pages for the state's arrays) and the
 p99 latency did not improve beyond the runs' spread, so the advice stays on by default
 (docs/measurements/engine.md, "Huge pages, measured again").
 
