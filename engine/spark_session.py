@@ -137,9 +137,10 @@ def spark_conf(settings: Settings, app_name: str) -> dict[str, str]:
         # instead of FileContext's: cheaper on the path of every batch (figures in
         # docs/measurements/engine.md, "Snapshots by a forked child again")
         "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
-        # the Python workers' NumPy with or without its huge-page advice: engine.runtime.hugepages
-        f"spark.executorEnv.{HUGEPAGE_ENV}": "1" if settings.engine_numpy_hugepages else "0",
     }
+    if not settings.engine_numpy_hugepages:
+        # the Python workers' NumPy without its huge-page advice: engine.runtime.hugepages
+        conf[f"spark.executorEnv.{HUGEPAGE_ENV}"] = "0"
     conf.update(network_conf(settings))
     conf.update(connector_conf(settings))
     conf.update(settings.spark_extra_conf)

@@ -302,8 +302,8 @@ class Settings(BaseSettings):
     )
     engine_numpy_hugepages: bool = Field(
         True,
-        description="NumPy's transparent-huge-page advice on its large arrays in the engine's driver and "
-        "Spark's Python workers (NumPy's default); false: none -- where the kernel's "
+        description="true: NumPy's own choice of transparent-huge-page advice on its large arrays in the "
+        "engine's driver and Spark's Python workers (NumPy's default: on); false: none -- where the kernel's "
         "transparent_hugepage/defrag is 'madvise' a state column's growth then no longer stalls on "
         "memory compaction, at some CPU (engine.runtime.hugepages)",
     )

@@ -12,10 +12,12 @@ it the driver took ≈ 6 % more CPU in the same runs (4 KB pages for the state's
 p99 latency did not improve beyond the runs' spread, so the advice stays on by default
 (docs/measurements/engine.md, "Huge pages, measured again").
 
-:func:`numpy_hugepages` sets NumPy's choice in the driver at the engine's start (NumPy reads its
-``NUMPY_MADVISE_HUGEPAGE`` variable at import only; this is its runtime switch);
+:func:`numpy_hugepages` applies the setting in the driver at the engine's start (NumPy reads
+its ``NUMPY_MADVISE_HUGEPAGE`` variable at import only; this uses its runtime switch);
 :data:`ENV` is the variable Spark's Python workers get (``spark.executorEnv``,
-:func:`engine.spark_session.spark_conf`).  ``engine_numpy_hugepages = false`` turns the advice off.
+:func:`engine.spark_session.spark_conf`).  ``engine_numpy_hugepages = true`` (the default) leaves
+NumPy's own choice alone -- what NumPy decided at import, from the user's ``NUMPY_MADVISE_HUGEPAGE``
+or the kernel's version -- and ``false`` turns the advice off.
 """
 
 from __future__ import annotations
@@ -28,16 +30,20 @@ log = logging.getLogger("tidewatch.engine")
 ENV = "NUMPY_MADVISE_HUGEPAGE"
 
 
-def numpy_hugepages(on: bool) -> bool:
-    """Make NumPy advise huge pages on its large arrays from now on (``on``) or not; whether it
-    did before.  Arrays already made keep what they were given."""
+def numpy_hugepages(allowed: bool) -> bool:
+    """Apply ``engine_numpy_hugepages``: ``allowed`` leaves NumPy's own choice as it is, not
+    ``allowed`` stops its huge-page advice on large arrays from now on.  Returns whether NumPy
+    advised huge pages before the call.  Arrays already made keep what they were given."""
     from numpy._core import multiarray
 
+    read = getattr(multiarray, "_get_madvise_hugepage", None)
     switch = getattr(multiarray, "_set_madvise_hugepage", None)
-    if switch is None:  # a NumPy without the switch: its import-time choice stands
-        log.warning("NumPy has no huge-page switch; %s decides at import", ENV)
-        return on
-    before = bool(switch(bool(on)))
-    if before != on:
-        log.info("NumPy's huge-page advice on large arrays: %s", "on" if on else "off")
+    if read is None or switch is None:  # a NumPy without the switch: its import-time choice stands
+        if not allowed:
+            log.warning("NumPy has no huge-page switch; %s decides at import", ENV)
+        return allowed
+    before = bool(read())
+    if not allowed and before:
+        switch(False)
+        log.info("NumPy's huge-page advice on large arrays: off (engine_numpy_hugepages = false)")
     return before

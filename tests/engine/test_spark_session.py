@@ -133,8 +133,8 @@ def test_local_masters() -> None:
 
 
 def test_python_workers_get_numpys_huge_page_choice(tmp_path: Path) -> None:
-    """Spark's Python workers start with NumPy's huge-page advice as the settings say (on by
-    default, NumPy's own default: engine.runtime.hugepages), through ``spark.executorEnv``."""
-    assert spark_conf(_settings(tmp_path), "t")["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "1"
+    """Spark's Python workers keep NumPy's own huge-page choice by default and start without the
+    advice when the settings turn it off (engine.runtime.hugepages), through ``spark.executorEnv``."""
+    assert "spark.executorEnv.NUMPY_MADVISE_HUGEPAGE" not in spark_conf(_settings(tmp_path), "t")
     off = _settings(tmp_path).model_copy(update={"engine_numpy_hugepages": False})
     assert spark_conf(off, "t")["spark.executorEnv.NUMPY_MADVISE_HUGEPAGE"] == "0"

@@ -18,9 +18,19 @@ def restored() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("restored")
-def test_the_switch_sets_numpys_choice_and_says_what_it_was() -> None:
+def test_off_stops_the_advice_and_says_what_it_was() -> None:
     multiarray._set_madvise_hugepage(True)
     assert numpy_hugepages(False) is True
     assert multiarray._get_madvise_hugepage() is False
-    assert numpy_hugepages(True) is False
-    assert multiarray._get_madvise_hugepage() is True
+    assert numpy_hugepages(False) is False
+    assert multiarray._get_madvise_hugepage() is False
+
+
+@pytest.mark.usefixtures("restored")
+@pytest.mark.parametrize("numpys_choice", [True, False])
+def test_allowed_leaves_numpys_own_choice_alone(numpys_choice: bool) -> None:
+    """The default setting does not override NumPy's import-time choice (a user's
+    NUMPY_MADVISE_HUGEPAGE=0, or an old kernel where NumPy chose no advice)."""
+    multiarray._set_madvise_hugepage(numpys_choice)
+    assert numpy_hugepages(True) is numpys_choice
+    assert multiarray._get_madvise_hugepage() is numpys_choice
