@@ -53,6 +53,7 @@ from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.hugepages import numpy_hugepages
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
+from engine.runtime.thread_usage import ThreadUsage, thread_usage
 from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
@@ -106,6 +107,8 @@ class _Evaluated:
     t0: float  # perf_counter at the start of the evaluation
     read_s: float  # Kafka read (Spark: + toArrow) of the batch
     core_s: float  # evaluation
+    #: the evaluation thread's time in the kernel and page faults during the evaluation
+    core_usage: ThreadUsage = ThreadUsage(0.0, 0)
 
 
 class EngineApp:
@@ -525,10 +528,12 @@ class EngineApp:
             log.info("batch %d is already in the state (committed before a restart): skipped", batch_id)
             return None
         t0 = time.perf_counter()
+        usage0 = thread_usage()
         with self.charts.lock:  # chart answers read the state between batches (engine/sinks/charts.py)
             out = self._process(batch_id, tbl)
         n_events = sum(out.events.values())
         core_s = time.perf_counter() - t0
+        core_usage = thread_usage() - usage0
         # the overload policy's load: the evaluation's share of the trigger interval (none when
         # batches run back to back, trigger 0); it decides the next batch's strides
         self.core.observe_load(core_s / self.trigger_s if self.trigger_s > 0 else None, self.marks)
@@ -547,7 +552,7 @@ class EngineApp:
             with self.charts.lock:  # the capture compacts the structures: no chart read meanwhile
                 self.snapshot()
         return _Evaluated(
-            batch_id, out, metrics, self.core.watermark, len(self.core.rules), t0, read_s, core_s
+            batch_id, out, metrics, self.core.watermark, len(self.core.rules), t0, read_s, core_s, core_usage
         )
 
     def _deliver(self, e: _Evaluated) -> None:
@@ -573,12 +578,13 @@ class EngineApp:
         dl = ", ".join(f"{n} {r}" for r, n in out.dead.counts().items() if n) or "none"
         log.info(
             "batch %d: %d events (%s), dead letters: %s; %d lookups up to %s; %d alerts; %d rules; "
-            "done in %.0f ms (read %.0f, evaluation %.0f, waiting for output %.0f, PostgreSQL %.0f "
+            "done in %.0f ms (read %.0f, evaluation %.0f (in the kernel %.0f, %d page faults), waiting for "
+            "output %.0f, PostgreSQL %.0f "
             "(Kafka records produced meanwhile), Kafka commit %.0f, the previous batch's expansion "
             "into the alert log %.0f (waited %.0f))",
             batch_id, n_events, ", ".join(f"{k} {v}" for k, v in out.events.items()), dl, len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(out.alerts), e.rules, total_s * 1000,
-            e.read_s * 1000, e.core_s * 1000, (t_pg - e.t0 - e.core_s) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
+            e.read_s * 1000, e.core_s * 1000, e.core_usage.kernel_s * 1000, e.core_usage.faults, (t_pg - e.t0 - e.core_s) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
             d.expanded_s * 1000, d.waited_s * 1000,
         )  # fmt: skip
 
