@@ -41,7 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.engine_bench import make_events, make_mixed_rules, record_table, subscribed_core  # noqa: E402
+from bench.core_probe import add_workload_args, build_core  # noqa: E402
+from bench.engine_bench import record_table  # noqa: E402
 
 PAGE = 4096
 
@@ -113,11 +114,7 @@ def _heap_exclusive(pagemap: Any) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rules", type=int, default=10_000)
-    ap.add_argument("--keys", type=int, default=100_000)
-    ap.add_argument("--stream", choices=["trades", "packets"], default="packets")
-    ap.add_argument("--rate", type=float, default=50_000.0)
-    ap.add_argument("--batch", type=int, default=25_000, help="events per batch (the live run's)")
+    add_workload_args(ap, keys=100_000, stream="packets")
     ap.add_argument("--warm", type=int, default=150, help="batches before the fork")
     ap.add_argument("--batches", type=int, default=4, help="batches while the child lives")
     ap.add_argument("--top", type=int, default=15)
@@ -145,22 +142,12 @@ def main() -> None:
     )
     a = ap.parse_args()
 
-    from engine.runtime.gc_tuning import freeze_state, tune_gc
-    from tidewatch.settings import get_settings
-    from tidewatch.wire.avro import encode_batch
-
-    settings = get_settings()
     if a.huge_pages == "off":
         from numpy._core.multiarray import _set_madvise_hugepage  # type: ignore[attr-defined]
 
         _set_madvise_hugepage(False)
     n = a.batch * (a.warm + 2 * a.batches + 2 + 2 * a.compare * (_ROUND_BATCHES + _SETTLE))
-    cols = make_events(a.stream, n, a.keys, a.rate, int(time.time() * 1000) - 600_000, seed=3)
-    texts = make_mixed_rules(a.rules, a.stream, cols, n / a.rate)
-    msgs = encode_batch(a.stream, cols).messages()
-    tune_gc(settings.engine_gc_threshold)
-    core = subscribed_core(settings, texts, allowed_lateness_ms=500)
-    freeze_state()
+    core, msgs = build_core(a, n)
     kafka_ts = int(time.time() * 1000)
 
     def batch(b: int) -> tuple[float, int, int, int]:

@@ -52,6 +52,7 @@ from engine.rule_evaluator import rule_compiler
 from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.hugepages import numpy_hugepages
+from engine.runtime.prefault import SpareWarmer
 from engine.runtime.snapshot_writer import SnapshotWriter, atomic_write, remove_stale_temporaries
 from engine.runtime.thread_usage import ThreadUsage, thread_usage
 from engine.sinks.charts import ChartAnswers
@@ -155,6 +156,8 @@ class EngineApp:
         self.snapshots = SnapshotWriter(
             fork=settings.engine_snapshot_fork, prefault=settings.engine_snapshot_prefault
         )
+        #: the row columns made ahead of a structure's growth, faulted in off the batch
+        self.spares = SpareWarmer()
         #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
@@ -534,6 +537,7 @@ class EngineApp:
         n_events = sum(out.events.values())
         core_s = time.perf_counter() - t0
         core_usage = thread_usage() - usage0
+        self.spares.after_batch(self.core.evaluator)
         # the overload policy's load: the evaluation's share of the trigger interval (none when
         # batches run back to back, trigger 0); it decides the next batch's strides
         self.core.observe_load(core_s / self.trigger_s if self.trigger_s > 0 else None, self.marks)
@@ -736,6 +740,7 @@ class EngineApp:
         self.charts.stop()
         self.drain(output=True)
         self.snapshots.wait()
+        self.spares.close()
         if self._worker is not None:
             self._worker.shutdown()
             self._out_worker.shutdown()

@@ -736,6 +736,17 @@ class Evaluator:
         )
         return [t for o in objs if hasattr(o, "write_targets") for t in o.write_targets()]
 
+    def take_spares(self) -> list[np.ndarray]:
+        """The row columns the per-key row buffers made ahead of their next growth since the last
+        call (:meth:`engine.algorithms._base.PooledStructure.take_spares`), for the runtime to
+        fault in off the batch (:class:`engine.runtime.prefault.SpareWarmer`)."""
+        objs = (
+            o
+            for st in self.states.values()
+            for o in (*st.domains.values(), *(s.obj for s in st.structs.values()))
+        )
+        return [a for o in objs if hasattr(o, "take_spares") for a in o.take_spares()]
+
     @property
     def nbytes(self) -> int:
         """Bytes held by every shared structure and index, and by the retained history."""

@@ -1,15 +1,17 @@
 """NumPy's transparent huge pages in the engine's processes: on (NumPy's default) or off.
 
 NumPy asks the kernel for transparent huge pages on every array of 4 MB or more
-(``madvise(MADV_HUGEPAGE)``).  Where the kernel's ``transparent_hugepage/defrag`` is ``madvise``
-(Debian's default), the first write to such an array may stall while the kernel compacts memory
-to find a free 2 MB page instead of falling back to small ones (numpy/numpy#31590).  The engine
-grows its per-key row columns by doubling (:mod:`engine.algorithms._pool`), each growth a fresh
-array of up to hundreds of MB written whole at once: on this machine the first write of 64-256 MB
-took 0.3-1.4 s with the advice and 0.04-0.15 s without, and live runs at 10,000 rules had 1-4
-lookup batches of 0.3-1.1 s each away from any snapshot with the advice, none without.  Without
-it the driver took ≈ 6 % more CPU in the same runs (4 KB pages for the state's arrays) and the
-p99 latency did not improve beyond the runs' spread, so the advice stays on by default
+(``madvise(MADV_HUGEPAGE)``).  The engine grows its per-key row columns by ~1.5x
+(:mod:`engine.algorithms._pool`), each growth a fresh array of up to hundreds of MB written whole
+at once: on this project's benchmark machine the first write of 64-256 MB took 0.3-1.4 s with the
+advice and 0.04-0.15 s without, and live runs at 10,000 rules had 1-4 lookup batches of 0.3-1.1 s
+each away from any snapshot with the advice, none without.  That is not the kernel compacting
+memory (``compact_stall`` in ``/proc/vmstat`` stayed 0 through such runs) but the cost of faulting
+fresh 2 MB pages in on that machine, a nested virtual machine whose free memory goes back to the
+host (docs/measurements/engine.md, "What the slow batches do, in the kernel"); the growths now
+take columns made and faulted in ahead, off the batch (:mod:`engine.algorithms._spare`).  Without
+the advice the driver took ≈ 6 % more CPU in the same runs (4 KB pages for the state's arrays) and
+the p99 latency did not improve beyond the runs' spread, so the advice stays on by default
 (docs/measurements/engine.md, "Huge pages, measured again").
 
 :func:`numpy_hugepages` applies the setting in the driver at the engine's start (NumPy reads

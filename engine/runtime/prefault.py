@@ -24,15 +24,18 @@ before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["PAGE", "Target", "ahead_of_next_batch", "make_private", "page_runs"]
+__all__ = ["PAGE", "SpareWarmer", "Target", "ahead_of_next_batch", "make_private", "page_runs"]
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -129,6 +132,68 @@ def ahead_of_next_batch(evaluator: object) -> Callable[[], None] | None:
         )
 
     return run
+
+
+#: bytes of a spare faulted in by one call (:class:`SpareWarmer`): two huge pages
+WARM_STEP = 4 << 20
+#: how much lower the warming thread's priority is than the batches' (the kernel's work on its
+#: page faults is its own CPU time: the batches, Spark and PostgreSQL come first)
+WARM_NICENESS = 10
+
+
+class SpareWarmer:
+    """Faults in, on a thread of its own, the row columns the structures made ahead of their next
+    growth (:mod:`engine.algorithms._spare`), so that the growth's fresh memory is paid while the
+    batches go on rather than by the batch that grows.  :meth:`after_batch` is called by the
+    evaluation thread after each batch (it only collects the new spares and hands them over);
+    :meth:`close` waits for the thread.  The thread holds the arrays until they are faulted in;
+    the evaluation thread may write them meanwhile (``MADV_POPULATE_WRITE`` writes nothing)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tidewatch-spares")
+        self._niced = False
+        #: (arrays, bytes, seconds) of the spares faulted in, the newest last (a short tail)
+        self.warmed: list[tuple[int, int, float]] = []
+
+    def after_batch(self, evaluator: object) -> int:
+        """Hand ``evaluator``'s new spare columns (``take_spares()``) to the thread; how many."""
+        take = getattr(evaluator, "take_spares", None)
+        spares = list(take()) if take is not None else []
+        if spares:
+            self._pool.submit(self._warm, spares)
+        return len(spares)
+
+    def _warm(self, spares: list[np.ndarray]) -> None:
+        if not self._niced:  # this thread only (Linux: a thread's own nice value)
+            self._niced = True
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICENESS)
+        t0 = time.perf_counter()
+        pages = 0
+        try:
+            for a in spares:
+                flat = a.reshape(-1).view(np.uint8)
+                # a step at a time: the kernel holds the process's memory map for the length of
+                # one call, and a thread that maps or unmaps memory meanwhile (the output's
+                # buffers) waits for it -- live, one call for 147-295 MB held the delivery up
+                # for 1.1-1.7 s (docs/measurements/engine.md, "What the slow batches do")
+                for lo in range(0, flat.shape[0], WARM_STEP):
+                    pages += make_private([(flat[lo : lo + WARM_STEP], None)])
+        except Exception:  # a spare not faulted in is faulted by its first write, as without one
+            log.exception("spare row columns could not be faulted in ahead")
+            return
+        took = time.perf_counter() - t0
+        self.warmed = [*self.warmed[-15:], (len(spares), pages * PAGE, took)]
+        log.info(
+            "row columns for a structure's next growth made ready ahead: %d MB in %.0f ms",
+            pages * PAGE >> 20,
+            took * 1000,
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def _madvise() -> ctypes._CFuncPtr:  # type: ignore[name-defined]

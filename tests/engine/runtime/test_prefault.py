@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import threading
 import time
 
 import numpy as np
@@ -145,3 +146,52 @@ def test_ahead_of_next_batch_reads_the_targets_now_and_lets_them_go(caplog: pyte
     assert run.__closure__ is not None
     held = [c.cell_contents for c in run.__closure__ if isinstance(c.cell_contents, list)]
     assert held == [[]]  # the arrays let go once done
+
+
+class _Spares:
+    """An evaluator's stand-in: hands out its spare columns once."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def take_spares(self) -> list[np.ndarray]:
+        out, self.arrays = self.arrays, []
+        return out
+
+
+def test_the_spare_warmer_faults_spares_in_off_the_batch() -> None:
+    """Spare columns handed over after a batch are faulted in by the warmer's thread: the batch
+    that then writes them takes (nearly) no page faults; each spare is handed over once."""
+    from engine.algorithms._spare import spare_array
+    from engine.runtime.prefault import WARM_NICENESS, SpareWarmer
+    from engine.runtime.thread_usage import thread_usage
+
+    spares = [spare_array((1 << 20,), np.float64), spare_array((1 << 19, 2), np.int64)]
+    pages = sum(a.nbytes for a in spares) // PAGE
+    evaluator = _Spares(list(spares))
+    warmer = SpareWarmer()
+    try:
+        assert warmer.after_batch(evaluator) == 2
+        assert warmer.after_batch(evaluator) == 0
+        # the warming thread yields to the batches (a nice value of its own); this thread keeps its
+        niceness = warmer._pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert niceness.result() == min(19, mine + WARM_NICENESS)
+    finally:
+        warmer.close()
+    if not warmer.warmed or warmer.warmed[-1][1] == 0:
+        pytest.skip("this kernel cannot fault pages in ahead (MADV_POPULATE_WRITE)")
+    assert warmer.warmed[-1][:2] == (2, pages * PAGE)
+    before = thread_usage()
+    for a in spares:
+        a[...] = 7
+    assert (thread_usage() - before).faults < pages // 20
+
+
+def test_the_spare_warmer_with_an_evaluator_without_spares() -> None:
+    from engine.runtime.prefault import SpareWarmer
+
+    warmer = SpareWarmer()
+    assert warmer.after_batch(object()) == 0
+    warmer.close()
+    assert warmer.warmed == []

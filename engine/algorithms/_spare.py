@@ -1,0 +1,86 @@
+"""Row columns made ahead of a pool's growth, so that its fresh memory is paid off the batch.
+
+A pooled structure's row columns grow by :func:`engine.algorithms._pool.grow_len` when the pool
+runs out of room (:meth:`engine.algorithms._base.PooledStructure._apply_plan`): a fresh array per
+column, its first write the page faults of all its memory.  Where a fault is cheap that is a
+memset's time; on this project's benchmark machine -- a nested virtual machine whose free memory
+goes back to the host -- the growth of a 93-146 MB structure held the live run's lookup batches
+up for 0.3-0.7 s, nearly all of it kernel time on those faults (docs/measurements/engine.md,
+"What the slow batches do, in the kernel").  So once a structure's pool is
+:data:`SPARE_AT` full, it makes the columns of its next growth ahead (:func:`spare_array`: memory
+mapped, nothing touched yet); the engine's runtime faults them in on a thread of its own while the
+batches go on (:func:`engine.runtime.prefault.warm_spares`), and the growth takes them.
+
+A spare is not state: it is left out of snapshots and of :attr:`PooledStructure.nbytes`, and a
+snapshot's forked child does not get it (``MADV_DONTFORK``: the parent's spare stays its own, so
+filling it while a child lives costs no copies).  A spare taken by a growth becomes state, and a
+forked child gets it again (:func:`adopt`, ``MADV_DOFORK``).  Arrays and memory only: no thread,
+no I/O.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SPARE_AT", "SPARE_DROP", "SPARE_MIN_BYTES", "adopt", "mapping_of", "spare_array", "spare_len"]
+
+#: a structure makes its spare once the pool's used length reaches this share of its columns
+SPARE_AT = 0.8
+#: ... and lets it go when the used length falls below this share (rows expired, compacted)
+SPARE_DROP = 0.5
+#: structures whose row columns hold less than this grow cheaply: no spare
+SPARE_MIN_BYTES = 16 << 20
+
+_HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
+_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
+_DOFORK = getattr(mmap, "MADV_DOFORK", None)
+
+
+def spare_len(cur_len: int) -> int:
+    """Rows of a spare for columns of ``cur_len`` rows: twice as many, so that it is at least
+    ``grow_len`` of any growth by up to a third (a growth needing more makes its columns fresh)."""
+    return 2 * int(cur_len) + 64
+
+
+def spare_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` in memory of its own (a private anonymous mapping, page
+    aligned, not written: no page of it is faulted in yet), with NumPy's huge-page advice when
+    NumPy gives it, and not passed to forked children."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    # private (mmap's default is a shared mapping: shared memory, no transparent huge pages)
+    m = mmap.mmap(-1, max(1, count * dt.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if _HUGE is not None and _numpy_advises_huge_pages():
+        m.madvise(_HUGE)
+    if _DONTFORK is not None:
+        m.madvise(_DONTFORK)
+    return np.frombuffer(m, dtype=dt, count=count).reshape(shape)
+
+
+def adopt(arr: np.ndarray) -> np.ndarray:
+    """``arr`` (a :func:`spare_array`) made state: forked children get its memory again."""
+    m = mapping_of(arr)
+    if _DOFORK is not None and m is not None:
+        m.madvise(_DOFORK)
+    return arr
+
+
+def mapping_of(arr: np.ndarray) -> mmap.mmap | None:
+    """The mapping a :func:`spare_array` lives in (through its bases and the buffer it was made
+    from); None for any other array."""
+    base: Any = arr
+    while isinstance(base, np.ndarray | memoryview):
+        base = base.base if isinstance(base, np.ndarray) else base.obj
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def _numpy_advises_huge_pages() -> bool:
+    try:
+        from numpy._core import multiarray
+
+        return bool(multiarray._get_madvise_hugepage())  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):  # a NumPy without the switch: its default, on
+        return True

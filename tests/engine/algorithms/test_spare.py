@@ -1,0 +1,101 @@
+"""Row columns made ahead of a pool's growth (engine.algorithms._spare): the same answers, the
+spare's memory taken by the growth, a forked child sees what became state (no services)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from unittest.mock import patch
+
+import numpy as np
+import pytest
+
+from engine.algorithms import RInt
+from engine.algorithms._spare import mapping_of, spare_array
+from tests.engine.algorithms.test_minmax_distinct import (
+    test_distinct_matches_brute_force,
+    test_minmax_matches_brute_force,
+)
+from tests.engine.algorithms.test_rint import test_rint_matches_brute_force
+
+
+@pytest.fixture
+def spares_always() -> Iterator[None]:
+    """Every structure makes its spare, however small its columns."""
+    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+        yield
+
+
+@pytest.fixture
+def spares_never() -> Iterator[None]:
+    with patch("engine.algorithms._base.SPARE_AT", 2.0):
+        yield
+
+
+@pytest.mark.usefixtures("spares_always")
+@pytest.mark.parametrize(
+    "brute_force_test",
+    [test_rint_matches_brute_force, test_minmax_matches_brute_force, test_distinct_matches_brute_force],
+    ids=["rint", "minmax", "distinct"],
+)
+def test_structures_with_spares_match_brute_force(brute_force_test) -> None:
+    brute_force_test()
+
+
+def _grow(r: RInt, batches: int, seed: int = 5) -> list[np.ndarray]:
+    """Feed ``r`` growing batches; the spares it made, in order."""
+    rng = np.random.default_rng(seed)
+    made: list[np.ndarray] = []
+    t = 0
+    for _ in range(batches):
+        n = int(rng.integers(200, 2_000))
+        keys = rng.integers(0, 50, n)
+        ts = t + np.sort(rng.integers(0, 1_000, n))
+        t = int(ts[-1]) + 1
+        r.append(keys, ts, rng.normal(size=(n, 1)))
+        made += r.take_spares()
+    return made
+
+
+def _answers(r: RInt) -> tuple[np.ndarray, np.ndarray]:
+    return r.window(np.arange(50), 0, 10**9)
+
+
+def test_a_growth_takes_the_spare_and_answers_do_not_change() -> None:
+    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+        with_spares = RInt(1)
+        made = _grow(with_spares, 40)
+    with patch("engine.algorithms._base.SPARE_AT", 2.0):
+        without = RInt(1)
+        assert _grow(without, 40) == []
+    assert made, "no spare was made"
+    taken = [a for a in made if any(np.shares_memory(a, c) for c in with_spares._cols.values())]
+    assert taken or with_spares._spare, "the growths took none of the spares"
+    cnt, sums = _answers(with_spares)
+    cnt0, sums0 = _answers(without)
+    np.testing.assert_array_equal(cnt, cnt0)
+    np.testing.assert_array_equal(sums, sums0)
+    assert with_spares.take_spares() == []  # each spare handed out once
+
+
+@pytest.mark.usefixtures("spares_always")
+def test_a_forked_child_reads_the_columns_a_spare_became() -> None:
+    r = RInt(1)
+    _grow(r, 40)
+    assert any(mapping_of(c) is not None for c in r._cols.values()), "no spare was taken"
+    want = [bytes(c.view(np.uint8).reshape(-1)[::997]) for c in r._cols.values()]
+    pid = os.fork()
+    if pid == 0:  # the child: every column of the state readable, as in the parent (MADV_DOFORK)
+        got = [bytes(c.view(np.uint8).reshape(-1)[::997]) for c in r._cols.values()]
+        os._exit(0 if got == want else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), f"the child was killed by signal {os.WTERMSIG(status)}"
+    assert os.WEXITSTATUS(status) == 0, "the child read other bytes"
+
+
+def test_a_spare_is_its_own_private_mapping_not_yet_written() -> None:
+    a = spare_array((1000, 3), np.float64)
+    assert a.shape == (1000, 3) and a.dtype == np.float64 and a.flags.writeable
+    assert a.ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
+    assert not a.any()  # fresh anonymous memory reads as zeroes
+    assert mapping_of(a) is not None and mapping_of(np.zeros(3)) is None
