@@ -8,7 +8,7 @@ engine core of the live benchmark's mix (``--rules`` rules over ``--keys`` keys,
 decode path, no Spark, no I/O), feeds it ``--batches`` batches of ``--batch`` events ``--pace``
 seconds apart (the live trigger), and prints every batch that grew a structure or took longer
 than ``--slow`` ms: its time, its kernel time and page faults (:mod:`engine.runtime.thread_usage`)
-and the columns made.  ``--spares off``: no columns made ahead (``SPARE_AT`` out of reach);
+and the columns made.  ``--spares off``: no columns made ahead (as ``tidewatch backtest``);
 ``on`` (the engine's default): the columns made ahead are faulted in by the engine's
 :class:`engine.runtime.prefault.SpareWarmer` thread while the batches go on.
 
@@ -42,11 +42,11 @@ def main() -> None:
     a = ap.parse_args()
 
     from engine.algorithms import _base
+    from engine.algorithms._spare import make_spares
     from engine.runtime.prefault import SpareWarmer
     from engine.runtime.thread_usage import thread_usage
 
-    if a.spares == "off":
-        _base.SPARE_AT = 2.0  # type: ignore[misc]  # never reached: no spare is made
+    make_spares(a.spares == "on")  # as the engine does at its start
     made: list[tuple[str, int, bool]] = []
     new_col = _base.PooledStructure._new_col
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from engine.algorithms._spare import make_spares
 from engine.core import EngineCore, default_core
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
@@ -685,6 +686,7 @@ class EngineApp:
         """
         tune_gc(self.settings.engine_gc_threshold)
         numpy_hugepages(self.settings.engine_numpy_hugepages)
+        make_spares(True)  # a growth's row columns made ahead, faulted in by self.spares
         if self.executors:
             log.info(
                 "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks%s",

@@ -20,7 +20,7 @@ from ._pool import (
     move_rows_2d,
     unpack,
 )
-from ._spare import SPARE_AT, SPARE_DROP, SPARE_MIN_BYTES, adopt, spare_array, spare_len
+from ._spare import SPARE_AT, SPARE_DROP, SPARE_MIN_BYTES, adopt, spare_array, spare_len, spares_on
 
 
 class PooledStructure:
@@ -95,7 +95,9 @@ class PooledStructure:
                 self._spare.clear()
                 self._spare_new.clear()
             return
-        if cur == 0 or top < SPARE_AT * cur or sum(c.nbytes for c in self._cols.values()) < SPARE_MIN_BYTES:
+        if not spares_on() or cur == 0 or top < SPARE_AT * cur:
+            return
+        if sum(c.nbytes for c in self._cols.values()) < SPARE_MIN_BYTES:
             return
         n = spare_len(cur)
         self._spare = {name: spare_array((n,) + c.shape[1:], c.dtype) for name, c in self._cols.items()}
@@ -103,7 +105,7 @@ class PooledStructure:
 
     def take_spares(self) -> list[np.ndarray]:
         """The spare columns made since the last call, for the runtime to fault in off the
-        batch (:func:`engine.runtime.prefault.warm_spares`); each is handed out once."""
+        batch (:class:`engine.runtime.prefault.SpareWarmer`); each is handed out once."""
         out, self._spare_new = self._spare_new, []
         return out
 

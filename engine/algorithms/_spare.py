@@ -9,13 +9,15 @@ up for 0.3-0.7 s, nearly all of it kernel time on those faults (docs/measurement
 "What the slow batches do, in the kernel").  So once a structure's pool is
 :data:`SPARE_AT` full, it makes the columns of its next growth ahead (:func:`spare_array`: memory
 mapped, nothing touched yet); the engine's runtime faults them in on a thread of its own while the
-batches go on (:func:`engine.runtime.prefault.warm_spares`), and the growth takes them.
+batches go on (:class:`engine.runtime.prefault.SpareWarmer`), and the growth takes them.
 
-A spare is not state: it is left out of snapshots and of :attr:`PooledStructure.nbytes`, and a
-snapshot's forked child does not get it (``MADV_DONTFORK``: the parent's spare stays its own, so
-filling it while a child lives costs no copies).  A spare taken by a growth becomes state, and a
-forked child gets it again (:func:`adopt`, ``MADV_DOFORK``).  Arrays and memory only: no thread,
-no I/O.
+Made only where something faults them in ahead: the engine turns them on at its start
+(:func:`make_spares`, :meth:`engine.app.EngineApp.start`); elsewhere (``tidewatch backtest``, the
+sharded mode's executors) a growth makes its columns as before.  A spare is not state: it is left
+out of snapshots and of :attr:`PooledStructure.nbytes`, and a snapshot's forked child does not get
+it (``MADV_DONTFORK``: the parent's spare stays its own, so filling it while a child lives costs no
+copies).  A spare taken by a growth becomes state, and a forked child gets it again (:func:`adopt`,
+``MADV_DOFORK``).  Arrays and memory only: no thread, no I/O.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SPARE_AT", "SPARE_DROP", "SPARE_MIN_BYTES", "adopt", "mapping_of", "spare_array", "spare_len"]
+__all__ = [
+    "SPARE_AT",
+    "SPARE_DROP",
+    "SPARE_MIN_BYTES",
+    "adopt",
+    "make_spares",
+    "mapping_of",
+    "spare_array",
+    "spare_len",
+    "spares_on",
+]
 
 #: a structure makes its spare once the pool's used length reaches this share of its columns
 SPARE_AT = 0.8
@@ -33,6 +45,22 @@ SPARE_AT = 0.8
 SPARE_DROP = 0.5
 #: structures whose row columns hold less than this grow cheaply: no spare
 SPARE_MIN_BYTES = 16 << 20
+
+_ON = False  # make_spares
+
+
+def make_spares(on: bool) -> bool:
+    """Whether the structures of this process make spares from now on (the engine, whose
+    :class:`engine.runtime.prefault.SpareWarmer` faults them in); whether they did before."""
+    global _ON
+    before, _ON = _ON, bool(on)
+    return before
+
+
+def spares_on() -> bool:
+    """Whether the structures of this process make spares (:func:`make_spares`)."""
+    return _ON
+
 
 _HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
 _DONTFORK = getattr(mmap, "MADV_DONTFORK", None)

@@ -22,7 +22,7 @@ from tests.engine.algorithms.test_rint import test_rint_matches_brute_force
 @pytest.fixture
 def spares_always() -> Iterator[None]:
     """Every structure makes its spare, however small its columns."""
-    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", True):
         yield
 
 
@@ -62,7 +62,7 @@ def _answers(r: RInt) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_a_growth_takes_the_spare_and_answers_do_not_change() -> None:
-    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", True):
         with_spares = RInt(1)
         made = _grow(with_spares, 40)
     with patch("engine.algorithms._base.SPARE_AT", 2.0):
@@ -99,3 +99,10 @@ def test_a_spare_is_its_own_private_mapping_not_yet_written() -> None:
     assert a.ctypes.data % os.sysconf("SC_PAGE_SIZE") == 0
     assert not a.any()  # fresh anonymous memory reads as zeroes
     assert mapping_of(a) is not None and mapping_of(np.zeros(3)) is None
+
+
+def test_no_spares_unless_turned_on() -> None:
+    """Off by default (``tidewatch backtest``, the executors): nothing faults spares in there."""
+    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", False):
+        r = RInt(1)
+        assert _grow(r, 40) == [] and not r._spare
