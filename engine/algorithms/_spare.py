@@ -34,6 +34,7 @@ __all__ = [
     "adopt",
     "make_spares",
     "mapping_of",
+    "numpy_advises_huge_pages",
     "spare_array",
     "spare_len",
     "spares_on",
@@ -81,7 +82,7 @@ def spare_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     # private (mmap's default is a shared mapping: shared memory, no transparent huge pages)
     m = mmap.mmap(-1, max(1, count * dt.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if _HUGE is not None and _numpy_advises_huge_pages():
+    if _HUGE is not None and numpy_advises_huge_pages() is not False:
         m.madvise(_HUGE)
     if _DONTFORK is not None:
         m.madvise(_DONTFORK)
@@ -105,10 +106,14 @@ def mapping_of(arr: np.ndarray) -> mmap.mmap | None:
     return base if isinstance(base, mmap.mmap) else None
 
 
-def _numpy_advises_huge_pages() -> bool:
+def numpy_advises_huge_pages() -> bool | None:
+    """Whether NumPy asks for transparent huge pages on its large arrays now (its runtime switch,
+    set at import from ``NUMPY_MADVISE_HUGEPAGE`` or the kernel's version); None for a NumPy
+    without the switch (whose default is to ask).  Also what
+    :func:`engine.runtime.hugepages.numpy_hugepages` reads."""
     try:
         from numpy._core import multiarray
-
-        return bool(multiarray._get_madvise_hugepage())  # type: ignore[attr-defined]
-    except (ImportError, AttributeError):  # a NumPy without the switch: its default, on
-        return True
+    except ImportError:
+        return None
+    read = getattr(multiarray, "_get_madvise_hugepage", None)
+    return None if read is None else bool(read())

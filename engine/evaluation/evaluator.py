@@ -66,7 +66,7 @@ key seen since its key field came into use (a key field new to the rules: the ke
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -729,23 +729,20 @@ class Evaluator:
     def write_targets(self) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """Where the next batch's rows are written in every per-key row buffer (the domains' and
         the structures' that have them: :meth:`engine.algorithms._base.PooledStructure.write_targets`)."""
-        objs = (
-            o
-            for st in self.states.values()
-            for o in (*st.domains.values(), *(s.obj for s in st.structs.values()))
-        )
-        return [t for o in objs if hasattr(o, "write_targets") for t in o.write_targets()]
+        return [t for o in self._row_buffers("write_targets") for t in o.write_targets()]
 
     def take_spares(self) -> list[np.ndarray]:
         """The row columns the per-key row buffers made ahead of their next growth since the last
         call (:meth:`engine.algorithms._base.PooledStructure.take_spares`), for the runtime to
         fault in off the batch (:class:`engine.runtime.prefault.SpareWarmer`)."""
-        objs = (
-            o
-            for st in self.states.values()
-            for o in (*st.domains.values(), *(s.obj for s in st.structs.values()))
-        )
-        return [a for o in objs if hasattr(o, "take_spares") for a in o.take_spares()]
+        return [a for o in self._row_buffers("take_spares") for a in o.take_spares()]
+
+    def _row_buffers(self, method: str) -> Iterator[Any]:
+        """Every domain and structure of every stream that has ``method`` (the per-key row buffers)."""
+        for st in self.states.values():
+            for o in (*st.domains.values(), *(s.obj for s in st.structs.values())):
+                if hasattr(o, method):
+                    yield o
 
     @property
     def nbytes(self) -> int:

@@ -38,13 +38,14 @@ def numpy_hugepages(allowed: bool) -> bool:
     advised huge pages before the call.  Arrays already made keep what they were given."""
     from numpy._core import multiarray
 
-    read = getattr(multiarray, "_get_madvise_hugepage", None)
+    from engine.algorithms._spare import numpy_advises_huge_pages
+
+    before = numpy_advises_huge_pages()
     switch = getattr(multiarray, "_set_madvise_hugepage", None)
-    if read is None or switch is None:  # a NumPy without the switch: its import-time choice stands
+    if before is None or switch is None:  # a NumPy without the switch: its import-time choice stands
         if not allowed:
             log.warning("NumPy has no huge-page switch; %s decides at import", ENV)
         return allowed
-    before = bool(read())
     if not allowed and before:
         switch(False)
         log.info("NumPy's huge-page advice on large arrays: off (engine_numpy_hugepages = false)")

@@ -136,8 +136,9 @@ def ahead_of_next_batch(evaluator: object) -> Callable[[], None] | None:
 
 #: bytes of a spare faulted in by one call (:class:`SpareWarmer`): two huge pages
 WARM_STEP = 4 << 20
-#: how much lower the warming thread's priority is than the batches' (the kernel's work on its
-#: page faults is its own CPU time: the batches, Spark and PostgreSQL come first)
+#: how much lower the warming thread's priority is than the batches' (added to the thread's nice
+#: value, at most 19; the kernel's work on its page faults is its own CPU time: the batches, Spark
+#: and PostgreSQL come first)
 WARM_NICENESS = 10
 
 
@@ -169,7 +170,10 @@ class SpareWarmer:
         if not self._niced:  # this thread only (Linux: a thread's own nice value)
             self._niced = True
             with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICENESS)
+                me = threading.get_native_id()
+                os.setpriority(
+                    os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WARM_NICENESS)
+                )
         t0 = time.perf_counter()
         pages = 0
         try:
