@@ -13,7 +13,10 @@ batches go on (:class:`engine.runtime.prefault.SpareWarmer`), and the growth tak
 
 Made only where something faults them in ahead: the engine turns them on at its start
 (:func:`make_spares`, :meth:`engine.app.EngineApp.start`); elsewhere (``tidewatch backtest``, the
-sharded mode's executors) a growth makes its columns as before.  A spare is not state: it is left
+sharded mode's executors) a growth makes its columns as before.  The switch is per process, as
+NumPy's huge-page switch is, not per structure: structures are made by the evaluator, by a
+snapshot's restore and by the executors' shards, and what decides is whether the process runs the
+warmer.  A spare is not state: it is left
 out of snapshots and of :attr:`PooledStructure.nbytes`, and a snapshot's forked child does not get
 it (``MADV_DONTFORK``: the parent's spare stays its own, so filling it while a child lives costs no
 copies).  A spare taken by a growth becomes state, and a forked child gets it again (:func:`adopt`,
