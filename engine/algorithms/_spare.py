@@ -16,11 +16,11 @@ Made only where something faults them in ahead: the engine turns them on at its 
 sharded mode's executors) a growth makes its columns as before.  The switch is per process, as
 NumPy's huge-page switch is, not per structure: structures are made by the evaluator, by a
 snapshot's restore and by the executors' shards, and what decides is whether the process runs the
-warmer.  A spare is not state: it is left
-out of snapshots and of :attr:`PooledStructure.nbytes`, and a snapshot's forked child does not get
-it (``MADV_DONTFORK``: the parent's spare stays its own, so filling it while a child lives costs no
-copies).  A spare taken by a growth becomes state, and a forked child gets it again (:func:`adopt`,
-``MADV_DOFORK``).  Arrays and memory only: no thread, no I/O.
+warmer.  A spare is not state: it is left out of snapshots and of :attr:`PooledStructure.nbytes`,
+and a snapshot's forked child does not get it (``MADV_DONTFORK``: the parent's spare stays its own,
+so filling it while a child lives costs no copies).  A spare taken by a growth becomes state, and a
+forked child gets it again (:func:`adopt`, ``MADV_DOFORK``).  Arrays and memory only: no thread, no
+I/O.
 """
 
 from __future__ import annotations
