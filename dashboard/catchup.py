@@ -49,6 +49,12 @@ from tidewatch.db.models import Alert, ClientCursor, CurrentResult, EngineBatch,
 PER_GROUP_LIMIT = 50
 #: what is shown for an alert or result without recorded values
 NO_VALUES = "\u2014"
+#: how an aggregate without a value is shown (as ``tidewatch alerts`` shows it)
+NULL = "NULL"
+#: what :data:`NULL` means, for a page that shows one (docs/rules.md, "NULLs arise only ...")
+NULL_MEANS = (
+    "NULL: an AVG, MIN, MAX, FIRST or LAST over a window with no events in it, or a division by zero."
+)
 _MAX_VALUE_ITEMS = 12
 _MAX_VALUE_CHARS = 80
 
@@ -73,7 +79,7 @@ def as_values(raw: object) -> dict[str, Any]:
 
 def _format_value(v: object) -> str:
     if v is None:
-        return "null"
+        return NULL
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):

@@ -149,7 +149,7 @@ def test_values_are_one_sorted_compact_line() -> None:
     }
     assert format_values(values) == (
         "AVG(price) OVER LAST 1 MINUTE = 101.235, COUNT(*) OVER LAST 5 SECONDS = 13, "
-        "SUM(size) OVER LAST 10 SECONDS = 1200, big = 1e+20, flag = true, missing = null, nan = nan"
+        "SUM(size) OVER LAST 10 SECONDS = 1200, big = 1e+20, flag = true, missing = NULL, nan = nan"
     )
 
 

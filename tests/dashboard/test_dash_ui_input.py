@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard.catchup import NO_VALUES, format_values
+from dashboard.catchup import NO_VALUES, NULL_MEANS, format_values
 from engine import liveness
 from subscriptions.service import NAME_MAX, SubscriptionService
 from tests.dashboard.support import PASSWORD, RULE, add_alerts, subscribe
@@ -194,6 +194,22 @@ def test_the_login_form_refuses_after_too_many_failures(
 
 
 # --- alerts, values, keys ---------------------------------------------------------------------
+
+
+def test_a_null_value_is_shown_as_null_and_explained(
+    app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
+) -> None:
+    """An aggregate without a value (an empty window) reads NULL, as in ``tidewatch alerts``,
+    and the page says once what NULL means; without one, no such note."""
+    name = new_user("null")
+    sub = subscribe(svc, name, SCRIPT)
+    add_alerts(sm, sub.id, [("MSFT", "ENTER")], values={"SUM(size) OVER LAST 10 SECONDS": 5.0})
+    at = logged_in(sm, name, "Alerts")
+    assert NULL_MEANS not in [c.value for c in at.caption]
+    add_alerts(sm, sub.id, [("MSFT", "EXIT")], values={"AVG(size) OVER LAST 10 SECONDS": None})
+    at = logged_in(sm, name, "Alerts")
+    assert "Values: AVG(size) OVER LAST 10 SECONDS = NULL" in texts(at)
+    assert NULL_MEANS in [c.value for c in at.caption]
 
 
 def test_alert_values_keys_and_filters_are_shown_verbatim(
