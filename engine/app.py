@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine.algorithms._spare import make_spares
+from engine.algorithms import make_spares
 from engine.core import EngineCore, default_core
 from engine.dead_letter import DeadLetters
 from engine.decode import STREAMS, predecode
@@ -159,6 +159,7 @@ class EngineApp:
         )
         #: the row columns made ahead of a structure's growth, faulted in off the batch
         self.spares = SpareWarmer()
+        self._spares_before: bool | None = None  # the process's spare switch before start()
         #: (start of evaluation, end of delivery, events) of the delivered batches (perf_counter;
         #: the last 50,000-100,000, for benchmarks and metrics)
         self.delivered: list[tuple[float, float, int]] = []
@@ -686,7 +687,8 @@ class EngineApp:
         """
         tune_gc(self.settings.engine_gc_threshold)
         numpy_hugepages(self.settings.engine_numpy_hugepages)
-        make_spares(True)  # a growth's row columns made ahead, faulted in by self.spares
+        # a growth's row columns made ahead, faulted in by self.spares; close() restores the switch
+        self._spares_before = make_spares(True)
         if self.executors:
             log.info(
                 "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks%s",
@@ -743,6 +745,9 @@ class EngineApp:
         self.drain(output=True)
         self.snapshots.wait()
         self.spares.close()
+        if self._spares_before is not None:  # nothing faults spares in from now on
+            make_spares(self._spares_before)
+            self._spares_before = None
         if self._worker is not None:
             self._worker.shutdown()
             self._out_worker.shutdown()

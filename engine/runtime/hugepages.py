@@ -38,7 +38,7 @@ def numpy_hugepages(allowed: bool) -> bool:
     advised huge pages before the call.  Arrays already made keep what they were given."""
     from numpy._core import multiarray
 
-    from engine.algorithms._spare import numpy_advises_huge_pages
+    from engine.algorithms import numpy_advises_huge_pages
 
     before = numpy_advises_huge_pages()
     switch = getattr(multiarray, "_set_madvise_hugepage", None)

@@ -80,6 +80,7 @@ def run_scenario(
 ) -> set[int]:
     """The scenario on ``spark``; raises on any difference from the backtest.  Returns the process
     ids the executors' pane rows came from (empty in the driver mode)."""
+    from engine.algorithms import spares_on
     from engine.app import EngineApp
 
     run = uuid.uuid4().hex[:8]
@@ -92,7 +93,9 @@ def run_scenario(
     produce_rules(sc, bootstrap, s.topic_subscriptions)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     app = EngineApp(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
+    spares_were = spares_on()
     q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=2500)
+    assert spares_on(), "the engine makes a growth's columns ahead (its warmer faults them in)"
     try:
         wait_for(lambda: len(app.core.rules) == len(RULES), 120, "every rule to be active")
         produce(sc, bootstrap, topics_of(s))
@@ -107,6 +110,7 @@ def run_scenario(
     finally:
         q.stop()
         app.close()
+    assert spares_on() is spares_were, "close() gives the process its spare switch back"
 
     if preaggregate == "executors":  # the pane rows came from Spark's Python workers, not the driver
         assert app.executor_pids and os.getpid() not in app.executor_pids, app.executor_pids

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest.mock import patch
 
 import numpy as np
 import pytest
 
-from engine.algorithms import RInt
+from engine.algorithms import RInt, make_spares
 from engine.algorithms._spare import mapping_of, spare_array
 from tests.engine.algorithms.test_minmax_distinct import (
     test_distinct_matches_brute_force,
@@ -19,10 +20,22 @@ from tests.engine.algorithms.test_minmax_distinct import (
 from tests.engine.algorithms.test_rint import test_rint_matches_brute_force
 
 
+@contextmanager
+def spares(on: bool) -> Iterator[None]:
+    """The process's spare switch set to ``on`` (:func:`make_spares`, as the engine sets it) and
+    structures of any size making spares; the switch as it was afterwards."""
+    before = make_spares(on)
+    try:
+        with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+            yield
+    finally:
+        make_spares(before)
+
+
 @pytest.fixture
 def spares_always() -> Iterator[None]:
     """Every structure makes its spare, however small its columns."""
-    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", True):
+    with spares(True):
         yield
 
 
@@ -62,7 +75,7 @@ def _answers(r: RInt) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_a_growth_takes_the_spare_and_answers_do_not_change() -> None:
-    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", True):
+    with spares(True):
         with_spares = RInt(1)
         made = _grow(with_spares, 40)
     with patch("engine.algorithms._base.SPARE_AT", 2.0):
@@ -103,6 +116,6 @@ def test_a_spare_is_its_own_private_mapping_not_yet_written() -> None:
 
 def test_no_spares_unless_turned_on() -> None:
     """Off by default (``tidewatch backtest``, the executors): nothing faults spares in there."""
-    with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0), patch("engine.algorithms._spare._ON", False):
+    with spares(False):
         r = RInt(1)
         assert _grow(r, 40) == [] and not r._spare

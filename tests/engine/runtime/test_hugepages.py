@@ -40,7 +40,7 @@ def test_allowed_leaves_numpys_own_choice_alone(numpys_choice: bool) -> None:
 @pytest.mark.parametrize("numpys_choice", [True, False])
 def test_the_spares_read_the_same_switch(numpys_choice: bool) -> None:
     """One reading of NumPy's switch for the setting and for the spares' advice."""
-    from engine.algorithms._spare import numpy_advises_huge_pages
+    from engine.algorithms import numpy_advises_huge_pages
 
     multiarray._set_madvise_hugepage(numpys_choice)
     assert numpy_advises_huge_pages() is numpys_choice
@@ -50,7 +50,7 @@ def test_the_spares_read_the_same_switch(numpys_choice: bool) -> None:
 def test_a_numpy_without_the_switch_keeps_its_import_time_choice(
     monkeypatch: pytest.MonkeyPatch, allowed: bool
 ) -> None:
-    from engine.algorithms._spare import numpy_advises_huge_pages
+    from engine.algorithms import numpy_advises_huge_pages
 
     monkeypatch.delattr(multiarray, "_get_madvise_hugepage")
     assert numpy_advises_huge_pages() is None
