@@ -14,6 +14,7 @@ and the columns made.  ``--spares off``: no columns made ahead (as ``tidewatch b
 
     .venv/bin/python bench/growth_probe.py --spares on
     .venv/bin/python bench/growth_probe.py --spares off
+    .venv/bin/python bench/growth_probe.py --spares on --spare-min-mb 4    # spares for smaller structures too
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.5, help="seconds from one batch's start to the next's")
     ap.add_argument("--slow", type=float, default=120.0, help="print batches slower than this (ms)")
     ap.add_argument("--spares", choices=["on", "off"], default="on")
+    ap.add_argument(
+        "--spare-min-mb",
+        type=float,
+        default=None,
+        help="structures whose row columns hold less make no spare (default: the engine's SPARE_MIN_BYTES)",
+    )
     a = ap.parse_args()
 
     from engine.algorithms import _base
@@ -47,6 +54,8 @@ def main() -> None:
     from engine.runtime.thread_usage import thread_usage
 
     make_spares(a.spares == "on")  # as the engine does at its start
+    if a.spare_min_mb is not None:
+        _base.SPARE_MIN_BYTES = int(a.spare_min_mb * (1 << 20))
     made: list[tuple[str, int, bool]] = []
     new_col = _base.PooledStructure._new_col
 
@@ -88,7 +97,7 @@ def main() -> None:
         warmer.close()
     warmed = sum(w[1] for w in warmer.warmed) / 1e6
     print(
-        f"spares {a.spares}: {len(grown_ms)} batches grew a structure, median {np.median(grown_ms or [0]):.0f} ms, "
+        f"spares {a.spares} (from {_base.SPARE_MIN_BYTES / (1 << 20):g} MB): {len(grown_ms)} batches grew a structure, median {np.median(grown_ms or [0]):.0f} ms, "
         f"max {max(grown_ms or [0]):.0f} ms; state {core.state_nbytes() / 1e6:.0f} MB; spares faulted in ahead "
         f"(last {len(warmer.warmed)}): {warmed:.0f} MB"
     )
