@@ -48,7 +48,7 @@ SPARE_AT = 0.8
 #: ... and lets it go when the used length falls below this share (rows expired, compacted)
 SPARE_DROP = 0.5
 #: structures whose row columns hold less than this grow cheaply: no spare
-SPARE_MIN_BYTES = 16 << 20
+SPARE_MIN_BYTES = 4 << 20
 
 _ON = False  # make_spares
 
