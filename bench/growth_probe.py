@@ -48,14 +48,14 @@ def main() -> None:
     )
     a = ap.parse_args()
 
-    from engine.algorithms import _base
+    from engine.algorithms import _base, _spare
     from engine.algorithms._spare import make_spares
     from engine.runtime.prefault import SpareWarmer
     from engine.runtime.thread_usage import thread_usage
 
     make_spares(a.spares == "on")  # as the engine does at its start
     if a.spare_min_mb is not None:
-        _base.SPARE_MIN_BYTES = int(a.spare_min_mb * (1 << 20))
+        _spare.SPARE_MIN_BYTES = int(a.spare_min_mb * (1 << 20))
     made: list[tuple[str, int, bool]] = []
     new_col = _base.PooledStructure._new_col
 
@@ -97,7 +97,7 @@ def main() -> None:
         warmer.close()
     warmed = sum(w[1] for w in warmer.warmed) / 1e6
     print(
-        f"spares {a.spares} (from {_base.SPARE_MIN_BYTES / (1 << 20):g} MB): {len(grown_ms)} batches grew a structure, median {np.median(grown_ms or [0]):.0f} ms, "
+        f"spares {a.spares} (from {_spare.SPARE_MIN_BYTES / (1 << 20):g} MB): {len(grown_ms)} batches grew a structure, median {np.median(grown_ms or [0]):.0f} ms, "
         f"max {max(grown_ms or [0]):.0f} ms; state {core.state_nbytes() / 1e6:.0f} MB; spares faulted in ahead "
         f"(last {len(warmer.warmed)}): {warmed:.0f} MB"
     )

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numba as nb
 import numpy as np
 
+from . import _spare
 from ._levels import (
     BLOCK2_SHIFT,
     BLOCK_SHIFT,
@@ -49,6 +50,7 @@ from ._levels import (
     touch,
 )
 from ._pool import INT64_MIN, Packing, as_keys, order_batch, unpack
+from ._spare import SPARE_AT, adopt, spare_array, spares_on
 from .rint import RInt, count_filter
 
 _MISSING = object()
@@ -83,6 +85,10 @@ class CICount:
         self._nid = 0  # largest key id seen + 1
         self._since = 0  # rows since the last relayout
         self._plans: dict[tuple, LookupPlan | None] = {}
+        #: the slot tables of the next key growth, made ahead (:mod:`engine.algorithms._spare`):
+        #: (TS, BM, BM2) for twice the positions and the groups allocated now; None: none made
+        self._spare: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._spare_new: list[np.ndarray] = []  # their rows in use, not yet handed to take_spares
         self._alloc(64, 1)
 
     # ----------------------------------------------------------------- storage
@@ -95,11 +101,17 @@ class CICount:
         """(Re)allocate for kcap positions and La groups; the groups in use (self.L) are copied
         or initialized, the rest of the rows stay untouched (np.empty: no memory committed)."""
         S, Su = La * self.p, self.L * self.p
-        nb1 = (kcap >> BLOCK_SHIFT) + 1
-        nb2 = (kcap >> BLOCK2_SHIFT) + 1
-        TS = np.empty((S, kcap), np.int64)
-        BM = np.empty((S, nb1), np.int64)
-        BM2 = np.empty((S, nb2), np.int64)
+        spare, self._spare, self._spare_new = self._spare, None, []
+        if spare is not None and spare[0].shape[0] == S and spare[0].shape[1] >= kcap:
+            TS, BM, BM2 = (adopt(a) for a in spare)  # a key growth takes the tables made ahead
+            kcap = TS.shape[1]
+        else:
+            nb1 = (kcap >> BLOCK_SHIFT) + 1
+            nb2 = (kcap >> BLOCK2_SHIFT) + 1
+            TS = np.empty((S, kcap), np.int64)
+            BM = np.empty((S, nb1), np.int64)
+            BM2 = np.empty((S, nb2), np.int64)
+        nb1, nb2 = BM.shape[1], BM2.shape[1]
         m = np.zeros(kcap, np.int64)
         act = np.full(kcap, INT64_MIN, np.int64)
         bma = np.full(nb1, INT64_MIN, np.int64)
@@ -158,6 +170,36 @@ class CICount:
         kcap = self.TS.shape[1]
         if n_ids > kcap:
             self._alloc(max(int(n_ids), 2 * kcap), self.La)
+        self._plan_spare(int(n_ids))
+
+    def _plan_spare(self, n_ids: int) -> None:
+        """Make the slot tables of the next key growth ahead once key ids reach :data:`SPARE_AT`
+        of the positions allocated (``n_ids``: the key ids known now), in a process that makes
+        spares (:func:`engine.algorithms._spare.spares_on`) and for tables of
+        :data:`SPARE_MIN_BYTES` or more: twice the positions, the groups allocated now.  Only
+        the rows of the groups in use are handed to :meth:`take_spares` to be faulted in (the
+        rows of later groups are never touched until they come into use, as in :meth:`_alloc`).
+        A growth of the groups (``La``) cannot use them: it lets them go."""
+        kcap = self.TS.shape[1]
+        if self._spare is not None or not spares_on() or n_ids < SPARE_AT * kcap:
+            return
+        if self.L * self.p * kcap * 8 < _spare.SPARE_MIN_BYTES:  # read at each call: probes set it
+            return
+        S, Su, k2 = self.TS.shape[0], self.L * self.p, 2 * kcap
+        tables = (
+            spare_array((S, k2), np.int64),
+            spare_array((S, (k2 >> BLOCK_SHIFT) + 1), np.int64),
+            spare_array((S, (k2 >> BLOCK2_SHIFT) + 1), np.int64),
+        )
+        self._spare = tables
+        self._spare_new = [t[:Su] for t in tables]
+
+    def take_spares(self) -> list[np.ndarray]:
+        """The slot tables' rows made ahead since the last call (:meth:`_plan_spare`), for the
+        runtime to fault in off the batch (:class:`engine.runtime.prefault.SpareWarmer`); each
+        is handed out once."""
+        out, self._spare_new = self._spare_new, []
+        return out
 
     @property
     def eps(self) -> float:
@@ -197,6 +239,7 @@ class CICount:
             self._grow(nkeys, 0)
         self._nid = max(self._nid, nkeys)
         pos, self._K = assign_positions(keys, self.pos_of, self.key_of, self._K)
+        self._plan_spare(self._nid)
         return pos
 
     def _apply(self, pos: np.ndarray, ts: np.ndarray, units: np.ndarray, ordered: bool = False) -> None:

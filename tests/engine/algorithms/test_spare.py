@@ -11,7 +11,7 @@ from unittest.mock import patch
 import numpy as np
 import pytest
 
-from engine.algorithms import RInt, make_spares
+from engine.algorithms import CICount, CISum, RInt, make_spares
 from engine.algorithms._spare import mapping_of, spare_array
 from tests.engine.algorithms.test_minmax_distinct import (
     test_distinct_matches_brute_force,
@@ -26,7 +26,7 @@ def spares(on: bool) -> Iterator[None]:
     structures of any size making spares; the switch as it was afterwards."""
     before = make_spares(on)
     try:
-        with patch("engine.algorithms._base.SPARE_MIN_BYTES", 0):
+        with patch("engine.algorithms._spare.SPARE_MIN_BYTES", 0):
             yield
     finally:
         make_spares(before)
@@ -119,3 +119,61 @@ def test_no_spares_unless_turned_on() -> None:
     with spares(False):
         r = RInt(1)
         assert _grow(r, 40) == [] and not r._spare
+
+
+@pytest.mark.parametrize("cls", [CICount, CISum])
+def test_a_collective_index_grows_into_its_spare_tables_and_answers_do_not_change(cls) -> None:
+    """CI-COUNT / CI-SUM (Arasu & Widom 2004, section 4): the slot tables of the next key growth
+    made ahead; the growth takes them, and every lookup, every key's units and a snapshot's
+    round trip are those of an index that made none."""
+    rng = np.random.default_rng(11)
+    n, top = 60_000, 20_000
+    keys = (np.arange(n) * top // n + rng.integers(0, 40, n)).astype(np.int64)  # new ids keep coming
+    ts = np.sort(rng.integers(0, 200_000, n))
+    vals = rng.integers(0, 30, n)
+    with spares(True):
+        ahead = cls(4)
+        taken: list[np.ndarray] = []
+        handed = 0
+        for i in range(0, n, 3_000):
+            sl = slice(i, i + 3_000)
+            ahead.update(keys[sl], ts[sl], vals[sl])
+            handed += len(ahead.take_spares())
+            if ahead._spare is not None:
+                taken.append(ahead._spare[0])
+    with spares(False):
+        plain = cls(4)
+        for i in range(0, n, 3_000):
+            sl = slice(i, i + 3_000)
+            plain.update(keys[sl], ts[sl], vals[sl])
+        assert plain.take_spares() == [] and plain._spare is None
+    assert handed >= 3, "no spare tables were handed out to be faulted in"
+    assert any(np.shares_memory(ahead.TS, t) for t in taken), "no key growth took its spare tables"
+    assert mapping_of(ahead.TS) is not None
+    now = int(ts[-1])
+    k = np.arange(top + 64)
+    np.testing.assert_array_equal(ahead.units(k), plain.units(k))
+    for T, v in ((5_000, 3), (50_000, 20), (200_000, 0)):
+        ca, sa = ahead.lookup(T, now, v, None)
+        cp, sp = plain.lookup(T, now, v, None)
+        assert ca.tolist() == cp.tolist() and sa.tolist() == sp.tolist()
+        cb, sb = ahead.lookup(T, now, None, v + 1)
+        cq, sq = plain.lookup(T, now, None, v + 1)
+        assert cb.tolist() == cq.tolist() and sb.tolist() == sq.tolist()
+    back = cls.from_bytes(ahead.to_bytes())
+    assert back.to_bytes() == plain.to_bytes()
+    assert ahead.nbytes == plain.nbytes  # a spare is not state
+
+
+def test_a_growth_of_the_groups_lets_the_spare_tables_go() -> None:
+    """Spare tables are for the groups allocated when they were made: a count that needs more
+    groups reallocates fresh, drops them, and the answers are still exact."""
+    with spares(True):
+        ci = CICount(2)
+        ids = np.arange(60)
+        ci.update(ids, np.full(60, 1), np.ones(60, np.int64))
+        assert ci._spare is not None  # 60 of 64 positions: the next key growth made ahead
+        la = ci.La
+        ci.update(np.array([0]), np.array([2]), np.array([2**20]))  # many more groups
+        assert ci.La > la and ci._spare is None and ci.take_spares() == []
+        assert ci.units(np.array([0, 1])).tolist() == [2**20 + 1, 1]
