@@ -9,7 +9,9 @@ up for 0.3-0.7 s, nearly all of it kernel time on those faults (docs/measurement
 "What the slow batches do, in the kernel").  So once a structure's pool is
 :data:`SPARE_AT` full, it makes the columns of its next growth ahead (:func:`spare_array`: memory
 mapped, nothing touched yet); the engine's runtime faults them in on a thread of its own while the
-batches go on (:class:`engine.runtime.prefault.SpareWarmer`), and the growth takes them.
+batches go on (:class:`engine.runtime.prefault.SpareWarmer`), and the growth takes them.  The
+collective indexes do the same for the slot tables of their next key growth
+(:meth:`engine.algorithms.ci_count.CICount._plan_spare`).
 
 Made only where something faults them in ahead: the engine turns them on at its start
 (:func:`make_spares`, :meth:`engine.app.EngineApp.start`); elsewhere (``tidewatch backtest``, the

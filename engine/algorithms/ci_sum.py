@@ -55,6 +55,7 @@ class CISum(CICount):
 
     def _alloc(self, kcap: int, La: int) -> None:
         super()._alloc(kcap, La)
+        kcap = self.TS.shape[1]  # the positions allocated (spare tables taken may hold more)
         if self.csum.shape[0] < kcap:
             c = np.zeros(kcap, np.float64)
             c[: self.csum.shape[0]] = self.csum
