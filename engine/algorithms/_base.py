@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _spare
 from ._pool import (
     INT64_MIN,
     Packing,
@@ -21,7 +20,7 @@ from ._pool import (
     move_rows_2d,
     unpack,
 )
-from ._spare import SPARE_AT, SPARE_DROP, adopt, spare_array, spare_len, spares_on
+from ._spare import SPARE_AT, SPARE_DROP, adopt, spare_array, spare_len, wants_spare
 
 
 class PooledStructure:
@@ -96,9 +95,7 @@ class PooledStructure:
                 self._spare.clear()
                 self._spare_new.clear()
             return
-        if not spares_on() or cur == 0 or top < SPARE_AT * cur:
-            return
-        if sum(c.nbytes for c in self._cols.values()) < _spare.SPARE_MIN_BYTES:  # read at each call
+        if cur == 0 or top < SPARE_AT * cur or not wants_spare(sum(c.nbytes for c in self._cols.values())):
             return
         n = spare_len(cur)
         self._spare = {name: spare_array((n,) + c.shape[1:], c.dtype) for name, c in self._cols.items()}

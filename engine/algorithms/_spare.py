@@ -43,6 +43,7 @@ __all__ = [
     "spare_array",
     "spare_len",
     "spares_on",
+    "wants_spare",
 ]
 
 #: a structure makes its spare once the pool's used length reaches this share of its columns
@@ -66,6 +67,14 @@ def make_spares(on: bool) -> bool:
 def spares_on() -> bool:
     """Whether the structures of this process make spares (:func:`make_spares`)."""
     return _ON
+
+
+def wants_spare(nbytes: int) -> bool:
+    """Whether a structure whose growing arrays hold ``nbytes`` now makes the arrays of its next
+    growth ahead: spares are on in this process and the arrays hold :data:`SPARE_MIN_BYTES` or
+    more (read at each call: probes set it).  The one policy of the row columns and of the
+    collective indexes' slot tables."""
+    return _ON and nbytes >= SPARE_MIN_BYTES
 
 
 _HUGE = getattr(mmap, "MADV_HUGEPAGE", None)

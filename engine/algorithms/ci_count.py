@@ -26,7 +26,6 @@ from collections.abc import Callable
 import numba as nb
 import numpy as np
 
-from . import _spare
 from ._levels import (
     BLOCK2_SHIFT,
     BLOCK_SHIFT,
@@ -50,7 +49,7 @@ from ._levels import (
     touch,
 )
 from ._pool import INT64_MIN, Packing, as_keys, order_batch, unpack
-from ._spare import SPARE_AT, adopt, spare_array, spares_on
+from ._spare import SPARE_AT, adopt, spare_array, wants_spare
 from .rint import RInt, count_filter
 
 _MISSING = object()
@@ -174,16 +173,14 @@ class CICount:
 
     def _plan_spare(self, n_ids: int) -> None:
         """Make the slot tables of the next key growth ahead once key ids reach :data:`SPARE_AT`
-        of the positions allocated (``n_ids``: the key ids known now), in a process that makes
-        spares (:func:`engine.algorithms._spare.spares_on`) and for tables of
-        :data:`SPARE_MIN_BYTES` or more: twice the positions, the groups allocated now.  Only
-        the rows of the groups in use are handed to :meth:`take_spares` to be faulted in (the
-        rows of later groups are never touched until they come into use, as in :meth:`_alloc`).
+        of the positions allocated (``n_ids``: the key ids known now) and the tables' rows in use
+        want one (:func:`engine.algorithms._spare.wants_spare`): twice the positions, the groups
+        allocated now.  Only the rows of the groups in use are handed to :meth:`take_spares` to be
+        faulted in (the rows of later groups are never touched until they come into use, as in
+        :meth:`_alloc`).
         A growth of the groups (``La``) cannot use them: it lets them go."""
         kcap = self.TS.shape[1]
-        if self._spare is not None or not spares_on() or n_ids < SPARE_AT * kcap:
-            return
-        if self.L * self.p * kcap * 8 < _spare.SPARE_MIN_BYTES:  # read at each call: probes set it
+        if self._spare is not None or n_ids < SPARE_AT * kcap or not wants_spare(self.L * self.p * kcap * 8):
             return
         S, Su, k2 = self.TS.shape[0], self.L * self.p, 2 * kcap
         tables = (
