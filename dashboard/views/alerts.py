@@ -99,7 +99,7 @@ def _live(settings: Settings) -> None:
         else:
             st.text(f"Latest: {last.kind} {last.key} ({last.subscription}) as of {utc_text(last.as_of)}")
             st.text(f"Values: {catchup.format_values(last.values)}")
-            if any(v is None for v in catchup.as_values(last.values).values()):
+            if any(v is None for v in last.values.values()):  # already a dict (queries.alerts)
                 st.caption(catchup.NULL_MEANS)
         summary, log = st.tabs(["Summary", f"Alert log (newest {len(rows)})"])
         with summary:

@@ -20,7 +20,7 @@ from ._pool import (
     move_rows_2d,
     unpack,
 )
-from ._spare import SPARE_AT, SPARE_DROP, adopt, spare_array, spare_len, wants_spare
+from ._spare import SPARE_AT, SPARE_DROP, Spares, adopt, spare_array, spare_len, wants_spare
 
 
 class PooledStructure:
@@ -41,8 +41,7 @@ class PooledStructure:
         self._kcols: dict[str, np.ndarray] = {"last_ts": np.zeros(0, np.int64)}
         self._kfill: dict[str, Any] = {"last_ts": INT64_MIN}
         #: the row columns of the next growth, made ahead (:mod:`engine.algorithms._spare`)
-        self._spare: dict[str, np.ndarray] = {}
-        self._spare_new: list[np.ndarray] = []  # made, not yet handed to :meth:`take_spares`
+        self._spares = Spares()
 
     # ----------------------------------------------------------------- bookkeeping
     def _add_col(self, name: str, dtype: Any, width: int | None, fill: Any) -> None:
@@ -90,28 +89,25 @@ class PooledStructure:
         """Make the columns of the next growth ahead once the pool is :data:`SPARE_AT` full, let
         them go when it has shrunk below :data:`SPARE_DROP` (:mod:`engine.algorithms._spare`)."""
         cur, top = self._pool_len(), self._pool.top
-        if self._spare:
+        if self._spares:
             if top < SPARE_DROP * cur:
-                self._spare.clear()
-                self._spare_new.clear()
+                self._spares.spend()
             return
         if cur == 0 or top < SPARE_AT * cur or not wants_spare(sum(c.nbytes for c in self._cols.values())):
             return
         n = spare_len(cur)
-        self._spare = {name: spare_array((n,) + c.shape[1:], c.dtype) for name, c in self._cols.items()}
-        self._spare_new = list(self._spare.values())
+        self._spares.hold({name: spare_array((n,) + c.shape[1:], c.dtype) for name, c in self._cols.items()})
 
     def take_spares(self) -> list[np.ndarray]:
         """The spare columns made since the last call, for the runtime to fault in off the
         batch (:class:`engine.runtime.prefault.SpareWarmer`); each is handed out once."""
-        out, self._spare_new = self._spare_new, []
-        return out
+        return self._spares.take_new()
 
     def _new_col(self, name: str, old: np.ndarray, n: int, keep: int = 0) -> np.ndarray:
         """A column of n rows or more: the first ``keep`` rows copied from old, the rest filled
         (each row written once; lengths grow geometrically, see :func:`grow_len`).  A growth
         (``keep``) takes the spare column when it is long enough."""
-        spare = self._spare.get(name) if keep else None
+        spare = self._spares.get(name) if keep else None
         if spare is not None and spare.shape[0] >= n:
             new = adopt(spare)
         else:
@@ -134,8 +130,7 @@ class PooledStructure:
             mover(old, new, plan.src, plan.dst, plan.length, new is old)
             self._cols[name] = new
         if not plan.fresh and plan.new_len > cur_len:  # grown: the spare, taken or too short, is spent
-            self._spare.clear()
-            self._spare_new.clear()
+            self._spares.spend()
         self._after_moves(plan)
 
     def _after_moves(self, plan: Plan) -> None:

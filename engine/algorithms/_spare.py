@@ -36,6 +36,7 @@ __all__ = [
     "SPARE_AT",
     "SPARE_DROP",
     "SPARE_MIN_BYTES",
+    "Spares",
     "adopt",
     "make_spares",
     "mapping_of",
@@ -75,6 +76,46 @@ def wants_spare(nbytes: int) -> bool:
     more (read at each call: probes set it).  The one policy of the row columns and of the
     collective indexes' slot tables."""
     return _ON and nbytes >= SPARE_MIN_BYTES
+
+
+class Spares:
+    """One structure's arrays of its next growth, made ahead (:func:`spare_array`), by name, and
+    those of them not yet handed to the runtime's warmer: the bookkeeping the row columns
+    (:class:`engine.algorithms._base.PooledStructure`) and the collective indexes' slot tables
+    (:class:`engine.algorithms.ci_count.CICount`) share.  True while it holds arrays.  A growth
+    that takes one makes it state with :func:`adopt`."""
+
+    __slots__ = ("_arrays", "_new")
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, np.ndarray] = {}
+        self._new: list[np.ndarray] = []  # made, not yet handed out by take_new
+
+    def __bool__(self) -> bool:
+        return bool(self._arrays)
+
+    def hold(self, arrays: dict[str, np.ndarray], warm: list[np.ndarray] | None = None) -> None:
+        """Keep ``arrays`` for the next growth; ``warm`` (views of them; default all of them) is
+        what :meth:`take_new` hands to the warmer, for a structure whose rows beyond some are
+        never touched until they come into use."""
+        self._arrays = dict(arrays)
+        self._new = list(self._arrays.values()) if warm is None else list(warm)
+
+    def get(self, name: str) -> np.ndarray | None:
+        """The array held for ``name``; None when none is."""
+        return self._arrays.get(name)
+
+    def spend(self) -> dict[str, np.ndarray]:
+        """The arrays held, which the caller's growth takes or lets go: none is held after."""
+        out = self._arrays
+        self._arrays, self._new = {}, []
+        return out
+
+    def take_new(self) -> list[np.ndarray]:
+        """The arrays held since the last call, for the runtime to fault in off the batch
+        (:class:`engine.runtime.prefault.SpareWarmer`); each is handed out once."""
+        out, self._new = self._new, []
+        return out
 
 
 _HUGE = getattr(mmap, "MADV_HUGEPAGE", None)

@@ -49,7 +49,7 @@ from ._levels import (
     touch,
 )
 from ._pool import INT64_MIN, Packing, as_keys, order_batch, unpack
-from ._spare import SPARE_AT, adopt, spare_array, wants_spare
+from ._spare import SPARE_AT, Spares, adopt, spare_array, wants_spare
 from .rint import RInt, count_filter
 
 _MISSING = object()
@@ -85,9 +85,8 @@ class CICount:
         self._since = 0  # rows since the last relayout
         self._plans: dict[tuple, LookupPlan | None] = {}
         #: the slot tables of the next key growth, made ahead (:mod:`engine.algorithms._spare`):
-        #: (TS, BM, BM2) for twice the positions and the groups allocated now; None: none made
-        self._spare: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._spare_new: list[np.ndarray] = []  # their rows in use, not yet handed to take_spares
+        #: TS, BM and BM2 for twice the positions and the groups allocated now
+        self._spares = Spares()
         self._alloc(64, 1)
 
     # ----------------------------------------------------------------- storage
@@ -100,9 +99,9 @@ class CICount:
         """(Re)allocate for kcap positions and La groups; the groups in use (self.L) are copied
         or initialized, the rest of the rows stay untouched (np.empty: no memory committed)."""
         S, Su = La * self.p, self.L * self.p
-        spare, self._spare, self._spare_new = self._spare, None, []
-        if spare is not None and spare[0].shape[0] == S and spare[0].shape[1] >= kcap:
-            TS, BM, BM2 = (adopt(a) for a in spare)  # a key growth takes the tables made ahead
+        spare = self._spares.spend()
+        if spare and spare["TS"].shape[0] == S and spare["TS"].shape[1] >= kcap:
+            TS, BM, BM2 = (adopt(spare[n]) for n in ("TS", "BM", "BM2"))  # a key growth takes them
             kcap = TS.shape[1]
         else:
             nb1 = (kcap >> BLOCK_SHIFT) + 1
@@ -180,23 +179,21 @@ class CICount:
         :meth:`_alloc`).
         A growth of the groups (``La``) cannot use them: it lets them go."""
         kcap = self.TS.shape[1]
-        if self._spare is not None or n_ids < SPARE_AT * kcap or not wants_spare(self.L * self.p * kcap * 8):
+        if self._spares or n_ids < SPARE_AT * kcap or not wants_spare(self.L * self.p * kcap * 8):
             return
         S, Su, k2 = self.TS.shape[0], self.L * self.p, 2 * kcap
-        tables = (
-            spare_array((S, k2), np.int64),
-            spare_array((S, (k2 >> BLOCK_SHIFT) + 1), np.int64),
-            spare_array((S, (k2 >> BLOCK2_SHIFT) + 1), np.int64),
-        )
-        self._spare = tables
-        self._spare_new = [t[:Su] for t in tables]
+        tables = {
+            "TS": spare_array((S, k2), np.int64),
+            "BM": spare_array((S, (k2 >> BLOCK_SHIFT) + 1), np.int64),
+            "BM2": spare_array((S, (k2 >> BLOCK2_SHIFT) + 1), np.int64),
+        }
+        self._spares.hold(tables, warm=[t[:Su] for t in tables.values()])
 
     def take_spares(self) -> list[np.ndarray]:
         """The slot tables' rows made ahead since the last call (:meth:`_plan_spare`), for the
         runtime to fault in off the batch (:class:`engine.runtime.prefault.SpareWarmer`); each
         is handed out once."""
-        out, self._spare_new = self._spare_new, []
-        return out
+        return self._spares.take_new()
 
     @property
     def eps(self) -> float:

@@ -83,7 +83,7 @@ def test_a_growth_takes_the_spare_and_answers_do_not_change() -> None:
         assert _grow(without, 40) == []
     assert made, "no spare was made"
     taken = [a for a in made if any(np.shares_memory(a, c) for c in with_spares._cols.values())]
-    assert taken or with_spares._spare, "the growths took none of the spares"
+    assert taken or with_spares._spares, "the growths took none of the spares"
     cnt, sums = _answers(with_spares)
     cnt0, sums0 = _answers(without)
     np.testing.assert_array_equal(cnt, cnt0)
@@ -118,7 +118,7 @@ def test_no_spares_unless_turned_on() -> None:
     """Off by default (``tidewatch backtest``, the executors): nothing faults spares in there."""
     with spares(False):
         r = RInt(1)
-        assert _grow(r, 40) == [] and not r._spare
+        assert _grow(r, 40) == [] and not r._spares
 
 
 @pytest.mark.parametrize("cls", [CICount, CISum])
@@ -139,14 +139,15 @@ def test_a_collective_index_grows_into_its_spare_tables_and_answers_do_not_chang
             sl = slice(i, i + 3_000)
             ahead.update(keys[sl], ts[sl], vals[sl])
             handed += len(ahead.take_spares())
-            if ahead._spare is not None:
-                taken.append(ahead._spare[0])
+            held = ahead._spares.get("TS")
+            if held is not None:
+                taken.append(held)
     with spares(False):
         plain = cls(4)
         for i in range(0, n, 3_000):
             sl = slice(i, i + 3_000)
             plain.update(keys[sl], ts[sl], vals[sl])
-        assert plain.take_spares() == [] and plain._spare is None
+        assert plain.take_spares() == [] and not plain._spares
     assert handed >= 3, "no spare tables were handed out to be faulted in"
     assert any(np.shares_memory(ahead.TS, t) for t in taken), "no key growth took its spare tables"
     assert mapping_of(ahead.TS) is not None
@@ -172,8 +173,8 @@ def test_a_growth_of_the_groups_lets_the_spare_tables_go() -> None:
         ci = CICount(2)
         ids = np.arange(60)
         ci.update(ids, np.full(60, 1), np.ones(60, np.int64))
-        assert ci._spare is not None  # 60 of 64 positions: the next key growth made ahead
+        assert ci._spares  # 60 of 64 positions: the next key growth made ahead
         la = ci.La
         ci.update(np.array([0]), np.array([2]), np.array([2**20]))  # many more groups
-        assert ci.La > la and ci._spare is None and ci.take_spares() == []
+        assert ci.La > la and not ci._spares and ci.take_spares() == []
         assert ci.units(np.array([0, 1])).tolist() == [2**20 + 1, 1]
