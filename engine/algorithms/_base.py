@@ -191,26 +191,43 @@ class PooledStructure:
         return {}
 
     def to_bytes(self) -> bytes:
-        """Serialize the whole state (the pool is compacted first; answers are unchanged)."""
+        """Serialize the whole state, the rows laid out as a full compaction would lay them
+        (:meth:`Pool.compacted`); the structure itself is not changed."""
         return self._packing().to_bytes()
 
     def capture_bytes(self) -> Callable[[], bytes]:
         """:meth:`to_bytes` of now, made by the callable returned whenever it is called (it holds
-        copies of the arrays); the pool is compacted now."""
+        the compacted rows and copies of the per-key arrays)."""
         return self._packing().later()
 
     def _packing(self) -> Packing:
-        if self._pool.n_keys:
-            self._apply_plan(self._pool.compact())
-        top = self._pool.top
-        arrays = {f"c_{k}": v[:top] for k, v in self._cols.items()}
-        arrays.update({f"k_{k}": v for k, v in self._kcols.items()})
+        """The arrays :meth:`to_bytes` writes.  The row columns are gathered into fresh arrays of
+        exactly the compacted rows (their slack filled), and the structure is left as it is: a
+        snapshot's forked child allocates only the rows it writes (compacting the structure made
+        it columns of 1.5 times as many rows, filled, and MIN/MAX's block summaries anew)."""
         p = self._pool
-        arrays.update({"p_off": p.off, "p_cap": p.cap, "p_head": p.head, "p_end": p.end})
+        arrays: dict[str, np.ndarray] = {}
+        if p.n_keys:
+            plan, layout = p.compacted()
+            top = plan.new_len
+            for name, old in self._cols.items():
+                new = np.empty((top,) + old.shape[1:], old.dtype)
+                new[...] = self._fill[name]
+                mover = move_rows_1d if old.ndim == 1 else move_rows_2d
+                mover(old, new, plan.src, plan.dst, plan.length, False)
+                arrays[f"c_{name}"] = new
+            owned = frozenset(arrays) | {f"p_{n}" for n in layout}
+        else:
+            top = p.top
+            arrays.update({f"c_{k}": v[:top] for k, v in self._cols.items()})
+            layout = {"off": p.off, "cap": p.cap, "head": p.head, "end": p.end}
+            owned = frozenset()
+        arrays.update({f"k_{k}": v for k, v in self._kcols.items()})
+        arrays.update({f"p_{n}": a for n, a in layout.items()})
         meta = dict(self._meta())
         meta["top"] = top
         meta["min_cap"] = p.min_cap
-        return Packing(self._kind, arrays, meta)
+        return Packing(self._kind, arrays, meta, owned)
 
     @classmethod
     def _empty_from_meta(cls, meta: dict[str, np.ndarray]) -> PooledStructure:

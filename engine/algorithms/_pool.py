@@ -318,15 +318,16 @@ class Pool:
             return None
         return Plan(keys, src, dst, length, max(self.top, pool_len), False)
 
-    def compact(self) -> Plan:
-        """Plan a full compaction (used before serialization)."""
-        self._cap_sum = None
+    def compacted(self) -> tuple[Plan, dict[str, np.ndarray]]:
+        """A full compaction's plan (rows into a fresh pool of ``new_len`` rows) and the per-key
+        ``off``, ``cap``, ``head`` and ``end`` it leads to, as new arrays: this pool is not
+        changed.  What serialization writes (:meth:`engine.algorithms._base.PooledStructure.to_bytes`)."""
+        layout = {name: getattr(self, name).copy() for name in ("off", "cap", "head", "end")}
         need = np.zeros(self.n_keys, np.int64)
         keys, src, dst, length, top = _plan_compact(
-            need, self.off, self.cap, self.head, self.end, self.min_cap
+            need, layout["off"], layout["cap"], layout["head"], layout["end"], self.min_cap
         )
-        self.top = int(top)
-        return Plan(keys, src, dst, length, self.top, True)
+        return Plan(keys, src, dst, length, int(top), True), layout
 
 
 def grow_len(n: int) -> int:
@@ -353,13 +354,16 @@ class Packing:
     kind: str
     arrays: dict[str, np.ndarray]
     meta: dict[str, int | float]
+    #: names of arrays made for this packing (no view of the structure's state: not copied again)
+    owned: frozenset[str] = frozenset()
 
     def to_bytes(self) -> bytes:
         return self.kind.encode() + b"\x00" + pack(self.arrays, self.meta)
 
     def later(self) -> Callable[[], bytes]:
-        """:meth:`to_bytes` to be called later: the arrays copied now (a ``memcpy`` each)."""
-        arrays = {k: np.array(v, order="C") for k, v in self.arrays.items()}
+        """:meth:`to_bytes` to be called later: the arrays copied now (a ``memcpy`` each; those
+        it owns are kept as they are)."""
+        arrays = {k: v if k in self.owned else np.array(v, order="C") for k, v in self.arrays.items()}
         return Packing(self.kind, arrays, dict(self.meta)).to_bytes
 
 

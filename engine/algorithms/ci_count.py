@@ -56,6 +56,14 @@ _MISSING = object()
 _NO_AUX = np.zeros(0, np.float64)
 
 
+def groups_allocated(L: int) -> int:
+    """Groups to allocate for ``L`` in use: ``L + max(2, L / 2)``, so that a count's growth copies
+    the tables only O(log log m) times.  The rows of groups not in use are address space only
+    (np.empty, never touched until they come into use), so a restored index gets the same room
+    rather than growing at its first larger count."""
+    return L + max(2, L // 2)
+
+
 class CICount:
     """CI-COUNT over all keys of one substream family, with p sub-levels per level.
 
@@ -157,7 +165,7 @@ class CICount:
         La = self.La
         if nkeys > kcap or L > La:
             new_cap = max(kcap, nkeys, 2 * kcap if nkeys > kcap else 0)
-            self._alloc(new_cap, max(La, L + max(2, L // 2)) if L > La else La)
+            self._alloc(new_cap, max(La, groups_allocated(L)) if L > La else La)
         if L > self.L:
             self._use_levels(L)
 
@@ -413,7 +421,7 @@ class CICount:
         nid = int(meta["nid"]) if "nid" in meta else K
         obj.relayout_every = int(meta["every"]) if "every" in meta else -1
         obj._since = int(meta["since"]) if "since" in meta else 0
-        obj._alloc(max(64, K, nid), int(meta["L"]))
+        obj._alloc(max(64, K, nid), groups_allocated(int(meta["L"])))  # room to grow, as _grow leaves
         obj._use_levels(int(meta["L"]))
         obj._K, obj._nid = K, nid
         obj.TS[: obj.L * obj.p, :K] = arrays["TS"]

@@ -272,6 +272,26 @@ def test_levels_grow_with_headroom_and_state_counts_levels_in_use():
 
 
 @pytest.mark.parametrize("cls", [CICount, CISum])
+def test_a_restored_index_has_room_for_more_groups(cls):
+    """A restore allocates the groups a growth would (address space only): the next larger
+    count brings a group into use without copying the tables, and answers as the original."""
+    from engine.algorithms.ci_count import groups_allocated
+
+    ci = cls(4)
+    ci.update(np.arange(100), np.full(100, 1), np.full(100, 3))
+    ci.update(np.array([7]), np.array([2]), np.array([400]))
+    back = cls.from_bytes(ci.to_bytes())
+    assert back.L == ci.L and back.La == groups_allocated(back.L) > back.L
+    tables, L0 = back.TS, back.L
+    for idx in (ci, back):
+        idx.update(np.array([7]), np.array([3]), np.array([1_000]))  # needs more groups
+    assert back.L == ci.L > L0 and back.TS is tables
+    assert back.to_bytes() == ci.to_bytes()
+    for lo in (1.0, 500.0, 1_200.0):
+        assert back.lookup(10, 3, lo, None)[0].tolist() == ci.lookup(10, 3, lo, None)[0].tolist()
+
+
+@pytest.mark.parametrize("cls", [CICount, CISum])
 def test_reserve_keys_allocates_once_and_changes_no_answer(cls):
     """A capacity hint (the evaluator passes the keys it has interned) gives one allocation for
     the whole key domain, and the same candidates as growing batch by batch."""
