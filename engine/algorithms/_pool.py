@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -335,13 +336,38 @@ def grow_len(n: int) -> int:
     return max(64, int(n * 1.5) + 64)
 
 
-def pack(arrays: dict[str, np.ndarray], meta: dict[str, int | float]) -> bytes:
-    """Serialize named arrays and scalars (``np.savez``, no pickle)."""
+class _After:
+    """The part of a ``BytesIO`` after what it holds now, as a file of its own: positions are
+    counted from there, so a zip written into it is the zip written alone."""
+
+    def __init__(self, buf: io.BytesIO) -> None:
+        self._buf, self._at = buf, buf.tell()
+
+    def write(self, b: Any) -> int:
+        return self._buf.write(b)
+
+    def read(self, n: int = -1) -> bytes:  # NumPy takes only objects with read for files
+        return self._buf.read(n)
+
+    def tell(self) -> int:
+        return self._buf.tell() - self._at
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._buf.seek(pos + self._at if whence == 0 else pos, whence) - self._at
+
+    def flush(self) -> None:
+        pass
+
+
+def pack(arrays: dict[str, np.ndarray], meta: dict[str, int | float], prefix: bytes = b"") -> bytes:
+    """``prefix``, then named arrays and scalars serialized (``np.savez``, no pickle), made in one
+    buffer (no copy of the whole to join them)."""
     buf = io.BytesIO()
+    buf.write(prefix)
     payload = {f"a_{k}": np.ascontiguousarray(v) for k, v in arrays.items()}
     for k, v in meta.items():
         payload[f"m_{k}"] = np.asarray(v)
-    np.savez(buf, **payload)  # type: ignore[arg-type]
+    np.savez(_After(buf), **payload)  # type: ignore[arg-type]
     return buf.getvalue()
 
 
@@ -358,7 +384,7 @@ class Packing:
     owned: frozenset[str] = frozenset()
 
     def to_bytes(self) -> bytes:
-        return self.kind.encode() + b"\x00" + pack(self.arrays, self.meta)
+        return pack(self.arrays, self.meta, self.kind.encode() + b"\x00")
 
     def later(self) -> Callable[[], bytes]:
         """:meth:`to_bytes` to be called later: the arrays copied now (a ``memcpy`` each; those

@@ -76,3 +76,16 @@ def test_restored_answers_equal_the_original() -> None:
         for got, want in zip(back.window(keys, lo, t), s.window(keys, lo, t), strict=True):
             np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(back.rows(keys, 5)[0], s.rows(keys, 5)[0])
+
+
+def test_a_prefix_is_written_in_the_same_buffer_and_changes_no_byte_after_it() -> None:
+    from engine.algorithms._pool import pack, unpack
+
+    arrays = {"x": np.arange(10_000), "y": np.ones((50, 3))}
+    meta: dict[str, int | float] = {"top": 7, "unit": 0.5}
+    alone = pack(arrays, meta)
+    with_prefix = pack(arrays, meta, b"rint\x00")
+    assert with_prefix == b"rint\x00" + alone
+    got, m = unpack(with_prefix[5:])
+    np.testing.assert_array_equal(got["x"], arrays["x"])
+    assert int(m["top"]) == 7 and float(m["unit"]) == 0.5
