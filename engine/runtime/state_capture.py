@@ -13,7 +13,8 @@ state as it is now, and what can work on a private copy:
   every object array of str (its elements are immutable), the algorithm structures'
   ``capture_bytes()`` -- it gathers the rows as a compaction lays them out and copies the other
   arrays its ``to_bytes`` would write (so it must run where the structure is used), and gives a
-  callable that writes them later (``engine.algorithms._pool.Packing``; a class without it: its ``to_bytes`` now) --,
+  callable that writes them later (``engine.algorithms._pool.Packing``; a class without it: its
+  ``to_bytes`` now) --,
   Arrow tables' IPC stream and NumPy scalars.  What it returns shares nothing mutable with the
   state: the nodes are lists holding atoms (immutable) -- its own, or a :class:`CaptureCache`'s,
   which nothing changes --, the buffers are copies, ``bytes``, or the structures' callables
