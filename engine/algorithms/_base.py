@@ -23,6 +23,11 @@ from ._pool import (
 from ._spare import SPARE_AT, SPARE_DROP, Spares, adopt, spare_array, spare_len, wants_spare
 
 
+def _mover(col: np.ndarray) -> Callable[..., None]:
+    """The kernel that moves a plan's rows of ``col`` (one per column rank)."""
+    return move_rows_1d if col.ndim == 1 else move_rows_2d
+
+
 class PooledStructure:
     """Per-key row buffers in shared columns (see :mod:`engine.algorithms._pool`).
 
@@ -126,8 +131,7 @@ class PooledStructure:
                 old = new
             else:
                 new = old
-            mover = move_rows_1d if old.ndim == 1 else move_rows_2d
-            mover(old, new, plan.src, plan.dst, plan.length, new is old)
+            _mover(old)(old, new, plan.src, plan.dst, plan.length, new is old)
             self._cols[name] = new
         if not plan.fresh and plan.new_len > cur_len:  # grown: the spare, taken or too short, is spent
             self._spares.spend()
@@ -211,10 +215,8 @@ class PooledStructure:
             plan, layout = p.compacted()
             top = plan.new_len
             for name, old in self._cols.items():
-                new = np.empty((top,) + old.shape[1:], old.dtype)
-                new[...] = self._fill[name]
-                mover = move_rows_1d if old.ndim == 1 else move_rows_2d
-                mover(old, new, plan.src, plan.dst, plan.length, False)
+                new = self._new_col(name, old, top)  # filled, no spare (that is for growths)
+                _mover(old)(old, new, plan.src, plan.dst, plan.length, False)
                 arrays[f"c_{name}"] = new
             owned = frozenset(arrays) | {f"p_{n}" for n in layout}
         else:

@@ -7,6 +7,17 @@ import pytest
 from engine.algorithms import DistinctCount, MinMax, RInt
 
 
+def _append(s, rng: np.random.Generator, keys: np.ndarray, ts: np.ndarray) -> None:
+    """Rows of random values in the shape ``s`` takes."""
+    n = keys.shape[0]
+    if isinstance(s, RInt):
+        s.append(keys, ts, rng.normal(size=(n, 2)))
+    elif isinstance(s, MinMax):
+        s.append(keys, ts, rng.normal(size=n))
+    else:
+        s.append(keys, ts, rng.integers(0, 20, n))
+
+
 def _feed(cls, seed: int):
     """A structure with holes in its pool: many keys of uneven rates, expired twice."""
     rng = np.random.default_rng(seed)
@@ -17,12 +28,7 @@ def _feed(cls, seed: int):
         keys = (rng.pareto(1.2, n) * 5).astype(np.int64) % 300
         ts = t + np.sort(rng.integers(0, 50, n))
         t = int(ts[-1]) + 1
-        if cls is RInt:
-            s.append(keys, ts, rng.normal(size=(n, 2)))
-        elif cls is MinMax:
-            s.append(keys, ts, rng.normal(size=n))
-        else:
-            s.append(keys, ts, rng.integers(0, 20, n))
+        _append(s, rng, keys, ts)
         if step in (10, 20):
             s.expire(t - 300)
     return s, t
@@ -57,12 +63,7 @@ def test_a_capture_writes_the_rows_of_its_time(cls) -> None:
     rng = np.random.default_rng(8)
     keys = rng.integers(0, 400, 2_000)
     ts = t + np.sort(rng.integers(0, 100, 2_000))
-    if cls is RInt:
-        s.append(keys, ts, rng.normal(size=(2_000, 2)))
-    elif cls is MinMax:
-        s.append(keys, ts, rng.normal(size=2_000))
-    else:
-        s.append(keys, ts, rng.integers(0, 20, 2_000))
+    _append(s, rng, keys, ts)
     s.expire(t)
     assert later() == want
     assert s.to_bytes() != want
