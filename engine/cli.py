@@ -150,12 +150,13 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
     ) -> None:
-        """Run the engine until interrupted (SIGINT / SIGTERM stop it cleanly, exit 0).
+        """Run the engine until interrupted (Ctrl-C or SIGTERM stop it cleanly, exit 0).
 
-        The stop waits for the micro-batch in progress, then stops the streaming query between
-        two batches (:class:`StopGate`), then Spark.  A fatal error exits 1.  Either way the
-        engine's run record (:mod:`engine.liveness`) says how it ended, for Health and
-        ``tidewatch status``."""
+        A stop waits for the micro-batch in progress, stops the streaming query between two
+        batches, then Spark.  A fatal error exits 1.  Either way the dashboard's Health view and
+        `tidewatch status` say how the run ended.
+        \f
+        The stop: :class:`StopGate`; the run record: :mod:`engine.liveness`."""
         from tidewatch.settings import get_settings
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

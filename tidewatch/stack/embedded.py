@@ -747,9 +747,11 @@ def engine_verdict(s: Settings, rows: list[dict[str, str]]) -> Any:
 def status() -> None:
     """What runs: state (apps: RUNNING, BACKOFF, FATAL, ...), PID, uptime, restarts, port, health, log.
 
-    The engine's health is the dashboard's (:func:`engine_verdict`), its cause printed when it
-    is not ok.  Exits 1 when something that should run does not, and prints its log and last
-    error line."""
+    The engine's health is the one the dashboard's Health view shows, with its cause when it is
+    not ok.  Exits 1 when something that should run does not, and prints its log and last
+    error line.
+    \f
+    The engine's verdict: :func:`engine_verdict`."""
     table = Table(title="tidewatch status", box=box.SIMPLE_HEAD)
     for col in ("component", "state", "pid", "uptime", "restarts", "port", "health"):
         table.add_column(col, overflow="fold")
