@@ -14,14 +14,16 @@ Issue 7 ("Load"): a live feed at 50 % of the engine's measured maximum (≈ 50,0
   process), its Spark JVM, the feed process, and Kafka and PostgreSQL when they run here
   (embedded, started by this script, or found listening on the given ports); start / end / max;
 * **zero alerts lost**: the engine's alert log in PostgreSQL equals the backtest
-  (:func:`engine.evaluation.backtest.iter_alerts`, the engine's own evaluation code; RULES.md
-  backtest contract, lookups every ``engine_lookup_every_ms`` = the pane) of exactly the events
-  the engine used: every record of the feed topic read back from Kafka, minus those it
-  dead-lettered, up to the engine's last lookup time (missing / extra must be 0 / 0).
+  (:func:`engine.evaluation.backtest.iter_alerts`, the engine's own evaluation code, evaluated
+  as ``tidewatch backtest`` does; RULES.md backtest contract, lookups every
+  ``engine_lookup_every_ms`` = the pane) of exactly the events the engine used: every record of
+  the feed topic read back from Kafka, minus those it dead-lettered, up to the engine's last
+  lookup time (missing / extra must be 0 / 0).
 
-The pane-fed engine and the raw-event backtest share the evaluator's structures (Arasu & Widom
-2004, section 4: basic windows / panes of width g); their equality is the engine's delivery
-contract (docs/engine.md).
+The engine's panes come from its executors' pre-aggregation merged on the driver; the
+backtest's from the raw events read back, aggregated in this process.  Both feed the evaluator's
+structures (Arasu & Widom 2004, section 4: basic windows / panes of width g); their equality is
+the engine's delivery contract (docs/engine.md).
 
 Without ``--bootstrap`` / ``--database-url`` the script starts its own Kafka broker and
 PostgreSQL server (the embedded stack's code, ``tidewatch.stack.embedded``) in a temporary run
@@ -34,6 +36,7 @@ directory on free ports, and stops them (by PID) at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import multiprocessing
@@ -305,8 +308,14 @@ def events_from_topic(
 def backtest_alerts(
     subs: dict[str, str], ev_file: Any, every: int, until: int
 ) -> list[tuple[str, str, str, int]]:
-    """(subscription id, key, kind, as_of) of the backtest of ``subs`` over ``ev_file``, as_of <= until."""
-    from engine.evaluation.backtest import iter_alerts
+    """(subscription id, key, kind, as_of) of the backtest of ``subs`` over ``ev_file``, as_of <= until.
+
+    Evaluated as ``tidewatch backtest`` does (:func:`engine.evaluation.backtest.run_backtest`): the
+    shared evaluator with panes of width ``every``, the lookup period (identical answers to the
+    raw-event evaluator; Arasu & Widom 2004, section 4).  Without panes every event is a row of
+    every structure until its longest window ends: a 20-minute soak's 30,000,000 events under
+    3-hour windows took over 20 GB in the raw-event evaluator, against a few GB in panes."""
+    from engine.evaluation.backtest import iter_alerts, make_evaluator
     from engine.runtime.gc_tuning import tune_gc
     from subscriptions.compiler import compile_rule
     from tidewatch.settings import get_settings
@@ -325,7 +334,11 @@ def backtest_alerts(
     return sorted(
         (rule, key, kind, int(as_of))
         for as_of, rule, key, kind in iter_alerts(
-            plans, [ev_file], every, progress=progress, ci_p=settings.ci_p
+            plans,
+            [ev_file],
+            every,
+            progress=progress,
+            evaluator=make_evaluator("shared", settings.ci_p, every),
         )
         if as_of <= until
     )
@@ -465,8 +478,11 @@ def run(a: argparse.Namespace) -> int:
         dead = int(app.totals["dead_letters"])
         until = app.core.applied_until
         state_mb = app.core.state_nbytes() / 1e6
+        batches_done = app.batches_done
+        app = None  # the engine's state goes before the backtest builds its own
         spark.stop()
         spark = None
+        gc.collect()
         t_end_soak = time.time()
 
         # ------------------------------------------------------------ zero alerts lost
@@ -538,7 +554,7 @@ def run(a: argparse.Namespace) -> int:
         )
         print(
             f"events: produced {produced:,}, applied {applied:,}, dead-lettered {dead:,}; engine batches "
-            f"{app.batches_done:,}; state {state_mb:.0f} MB; alerts {len(got):,} in PostgreSQL"
+            f"{batches_done:,}; state {state_mb:.0f} MB; alerts {len(got):,} in PostgreSQL"
         )
         print(
             f"zero alerts lost: backtest of the {n_used:,} events the engine used (lookups every {every} ms up to "
@@ -571,8 +587,6 @@ def run(a: argparse.Namespace) -> int:
                 spark.stop()
             except Exception:  # noqa: BLE001
                 pass
-        import gc
-
         if app is not None and q is not None:  # an error mid-run: the engine still holds clients
             try:
                 app.close()
