@@ -312,9 +312,9 @@ def backtest_alerts(
 
     Evaluated as ``tidewatch backtest`` does (:func:`engine.evaluation.backtest.run_backtest`): the
     shared evaluator with panes of width ``every``, the lookup period (identical answers to the
-    raw-event evaluator; Arasu & Widom 2004, section 4).  Without panes every event is a row of
-    every structure until its longest window ends: a 20-minute soak's 30,000,000 events under
-    3-hour windows took over 20 GB in the raw-event evaluator, against a few GB in panes."""
+    raw-event evaluator; Arasu & Widom 2004, section 4).  Without panes every event would be a
+    row of every structure until its longest window ends: a 20-minute soak under 3-hour windows
+    does not fit in this machine's memory that way (docs/RELIABILITY.md, "Load")."""
     from engine.evaluation.backtest import iter_alerts, make_evaluator
     from engine.runtime.gc_tuning import tune_gc
     from subscriptions.compiler import compile_rule
