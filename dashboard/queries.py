@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dashboard import degraded, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
+from dashboard.driver_load import DriverLoad, driver_load
 from dashboard.owners import own_names
 from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
@@ -346,6 +347,9 @@ class Health:
     #: the newest delivery's ms (both commits) and its alert log's expansion behind it (0012)
     delivery_ms: float | None = None
     expansion_ms: float | None = None
+    #: the driver's CPU over the last :data:`RATE_WINDOW_S` of batches: its share of a core and
+    #: where it saturates one (:mod:`dashboard.driver_load`; None without two figures, 0013)
+    driver: DriverLoad | None = None
 
     @property
     def lost_banner(self) -> str | None:
@@ -494,7 +498,21 @@ def health(
         storm=found,
         storm_rule=storm.rule_text(st.storm_factor, st.storm_min_alerts_per_s),
         degraded=spaced,
+        driver=driver_load(
+            [r.ts.timestamp() for r in rows],
+            [r.driver_cpu_ms for r in rows],
+            [_events(r) for r in rows],
+            RATE_WINDOW_S,
+        ),
     )
+
+
+def _events(r: EngineMetric) -> float | None:
+    """A metric row's events: its evaluation rate times its evaluation time (the row has no
+    count of its own); None when either is missing."""
+    if r.events_per_s is None or r.batch_ms is None:
+        return None
+    return r.events_per_s * r.batch_ms / 1000
 
 
 def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:

@@ -50,6 +50,7 @@ from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
 from engine.rule_evaluator import rule_compiler
+from engine.runtime.driver_cpu import DriverCpu
 from engine.runtime.driver_warmup import warm_driver
 from engine.runtime.gc_tuning import freeze_state, tune_gc
 from engine.runtime.hugepages import numpy_hugepages
@@ -154,6 +155,7 @@ class EngineApp:
         self._inflight: Any = None  # the batch being evaluated
         self._delivering: Any = None  # the output being delivered
         self._evaluated = 0  # batches evaluated since start (snapshot cadence)
+        self._driver_cpu = DriverCpu()  # the driver's CPU between batches' metrics (Health)
         self.snapshots = SnapshotWriter(
             fork=settings.engine_snapshot_fork, prefault=settings.engine_snapshot_prefault
         )
@@ -551,6 +553,7 @@ class EngineApp:
             "dead_letters": len(out.dead),
             "dead_letter_reasons": {r: int(n) for r, n in out.dead.counts().items() if n},
             "state_bytes": self.core.state_nbytes(),
+            "driver_cpu_ms": self._driver_cpu.since_last(),
         }
         self._evaluated += 1
         self.snapshots.poll()

@@ -12,6 +12,7 @@ import streamlit as st
 
 from dashboard import charts, queries
 from dashboard.degraded import Degradation
+from dashboard.driver_load import DriverLoad
 from dashboard.timefmt import as_utc, utc_text
 from dashboard.ui import current_user, plain, sessions
 from tidewatch.settings import Settings
@@ -69,6 +70,7 @@ def render(settings: Settings) -> None:
         "alert log and current results shown here are written right behind that"
         + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time"),
     )
+    _driver(h.driver)
     if h.watermark is not None:
         st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
     if h.series:
@@ -85,6 +87,46 @@ def render(settings: Settings) -> None:
             strict=True,
         ):
             col.altair_chart(charts.metric_chart(df, field, title), width="stretch")
+
+
+def _driver(d: DriverLoad | None) -> None:
+    """The driver's share of a core and where it saturates one: the part more executors do not
+    scale (:mod:`dashboard.driver_load`)."""
+    row = st.columns(4)
+    why = (
+        "The engine's driver merges the executors' pane rows, evaluates the shared indexes and "
+        "delivers the alerts: adding Spark executors does not spread that work."
+    )
+    if d is None:
+        row[0].metric("driver CPU", "-", help=f"{why} Shown once two batches have reported it.")
+        return
+    row[0].metric(
+        "driver CPU",
+        f"{d.share:.0%} of a core",
+        help=f"CPU of the engine's driver process, all its threads, over the last {d.seconds:,.0f} s "
+        f"of batches. {why}",
+    )
+    ceiling = d.ceiling_per_s
+    row[1].metric(
+        "driver ceiling",
+        "-" if ceiling is None else f"≈ {_si(ceiling)} events/s",
+        help="one core's worth of the driver at its current CPU per event"
+        + ("" if d.us_per_event is None else f" ({d.us_per_event:,.2f} µs)")
+        + ": past this input rate the driver is the bottleneck, whatever the executors; more "
+        "rules or more alerts per event lower it. Its fixed costs (a batch's, the pages' chart "
+        "answers) count in it too, so at a low input rate it understates the ceiling",
+    )
+
+
+def _si(x: float) -> str:
+    """``x`` in a short form: 3.2 M, 850 k, 1.3 k, 900."""
+    if x >= 1e6:
+        return f"{x / 1e6:,.1f} M"
+    if x >= 1e4:
+        return f"{x / 1e3:,.0f} k"
+    if x >= 1e3:
+        return f"{x / 1e3:,.1f} k"
+    return f"{x:,.0f}"
 
 
 #: at most this many degraded subscriptions are listed one by one

@@ -56,6 +56,7 @@ from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
 from engine.messages import BatchOutput
 from engine.overload import Marks
+from engine.runtime.driver_cpu import DriverCpu
 from engine.shards.charts import RequestFile, ShardCharts
 from engine.shards.processor import OUTPUT_DDL, ShardProcessor
 from engine.shards.route import ROUTED_DDL, Router, merge_ranges
@@ -128,6 +129,7 @@ class ShardedEngine:
         self.publisher = Publisher(self.bootstrap, settings, engine_id)
         self.delivery = Delivery(self.store, self.publisher, settings.engine_db_retry_s)
         self.batches_done = 0
+        self._driver_cpu = DriverCpu()  # the driver's CPU between batches' metrics (Health)
         self.totals: dict[str, float] = {"events": 0, "alerts": 0, "dead_letters": 0, "seconds": 0.0}
         self.metas: dict[int, ShardMeta] = {}
         self.executor_pids: set[int] = set()
@@ -359,6 +361,7 @@ class ShardedEngine:
             "dead_letters": len(out.dead),
             "dead_letter_reasons": {r: int(k) for r, k in out.dead.counts().items() if k},
             "state_bytes": sum(m.state_bytes for m in self.metas.values()),
+            "driver_cpu_ms": self._driver_cpu.since_last(),
         }
         d = self.delivery.deliver(out, watermark=watermark, metrics=metrics)
         t_done = time.perf_counter()

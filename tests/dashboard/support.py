@@ -70,6 +70,16 @@ def add_alerts(
     return seqs
 
 
+def two_batches(now: datetime, older: dict[str, Any], newer: dict[str, Any]) -> list[EngineMetric]:
+    """Two ``engine_metrics`` rows 2 s apart, 3 s and 1 s before ``now``: batch 1 at 900 events/s
+    over 350 ms (315 events), batch 2 at 1,200 events/s over 420 ms (504 events), each with the
+    extra columns given (``driver_cpu_ms`` on the newer one: the Health view's driver load)."""
+    return [
+        EngineMetric(ts=now - timedelta(seconds=3), batch_id=1, events_per_s=900.0, batch_ms=350.0, **older),
+        EngineMetric(ts=now - timedelta(seconds=1), batch_id=2, events_per_s=1200.0, batch_ms=420.0, **newer),
+    ]
+
+
 def add_storm_metrics(
     sm: sessionmaker[Session],
     end: datetime,

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import auth, catchup
 from subscriptions.service import SubscriptionService
-from tests.dashboard.support import PASSWORD, RULE, add_alerts, add_storm_metrics, subscribe
+from tests.dashboard.support import PASSWORD, RULE, add_alerts, add_storm_metrics, subscribe, two_batches
 from tidewatch.db.models import EngineMetric
 from tidewatch.settings import get_settings
 
@@ -247,6 +247,35 @@ def test_health_page_warns_of_an_alert_storm(
         at = logged_in(sm, other, "Health")
         (warn,) = [shown(x.value) for x in at.warning]
         assert f"another user's subscription ({str(sub.id)[:8]})" in warn and "everything" not in warn
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
+
+
+def test_health_page_shows_the_drivers_share_and_ceiling(
+    app_env: str, sm: sessionmaker[Session], new_user: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches 2 s apart, the newer one's driver CPU 400 ms for 504 events (1,200/s × 0.42 s):
+    the Health page says the driver used 20 % of a core and would saturate one near 1.3 k events/s
+    (793.65 µs per event) -- and "-" before any batch has reported its CPU (migration 0013)."""
+    monkeypatch.setenv("TIDEWATCH_RUN_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    older, newer = two_batches(
+        datetime.now(UTC), {"lag_ms": 800.0}, {"lag_ms": 900.0, "driver_cpu_ms": 400.0}
+    )
+    with sm.begin() as db:
+        db.execute(delete(EngineMetric))
+        db.add(older)
+    try:
+        at = logged_in(sm, new_user("cpu"), "Health")
+        assert not at.exception and {m.label: m.value for m in at.metric}["driver CPU"] == "-"
+        with sm.begin() as db:
+            db.add(newer)
+        at.run()
+        shown_metrics = {m.label: m.value for m in at.metric}
+        assert not at.exception
+        assert shown_metrics["driver CPU"] == "20% of a core"
+        assert shown_metrics["driver ceiling"] == "≈ 1.3 k events/s"
     finally:
         with sm.begin() as db:
             db.execute(delete(EngineMetric))

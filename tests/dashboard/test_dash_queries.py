@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import queries
 from subscriptions.service import NotFound, SubscriptionService
-from tests.dashboard.support import add_alerts, add_storm_metrics, subscribe
+from tests.dashboard.support import add_alerts, add_storm_metrics, subscribe, two_batches
 from tidewatch.db.models import EngineBatch, EngineMetric
 from tidewatch.settings import Settings
 
@@ -104,31 +104,25 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -
     now = datetime.now(UTC)
     with sm.begin() as db:
         db.execute(delete(EngineMetric))  # the lag series of other tests (hysteresis reads it)
-        db.add(
-            EngineMetric(
-                ts=now - timedelta(seconds=3),
-                batch_id=1,
-                events_per_s=900.0,
-                batch_ms=350.0,
-                lag_ms=800.0,
-                alerts=2,
-                dead_letters=4,
-            )
-        )
-        db.add(
-            EngineMetric(
-                ts=now - timedelta(seconds=1),
-                batch_id=2,
-                events_per_s=1200.0,
-                batch_ms=420.0,
-                lag_ms=1500.0,
-                alerts=0,
-                dead_letters=1,
-                delivery_ms=85.0,
-                expansion_ms=120.0,
+        db.add_all(
+            two_batches(
+                now,
+                older={"lag_ms": 800.0, "alerts": 2, "dead_letters": 4},
+                newer={
+                    "lag_ms": 1500.0,
+                    "alerts": 0,
+                    "dead_letters": 1,
+                    "delivery_ms": 85.0,
+                    "expansion_ms": 120.0,
+                    "driver_cpu_ms": 400.0,
+                },
             )
         )
     h = queries.health(sm, s, now=now)
+    # the driver's CPU since the row before: 0.4 s in 2 s, over 1200/s x 0.42 s = 504 events (0013)
+    assert h.driver is not None and h.driver.seconds == pytest.approx(2.0, abs=0.01)
+    assert h.driver.share == pytest.approx(0.2, rel=0.01)
+    assert h.driver.us_per_event == pytest.approx(400_000 / 504)
     assert h.status == "ok" and h.capacity_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
     assert (h.delivery_ms, h.expansion_ms) == (85.0, 120.0)  # the newest row's (0012)
     assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2

@@ -157,7 +157,11 @@ def run_scenario(
         n_metrics = conn.execute(text("SELECT count(*) FROM engine_metrics")).scalar()
         n_results = conn.execute(text("SELECT count(*) FROM current_results")).scalar()
         per_reason = conn.execute(text("SELECT dead_letters, dead_letter_reasons FROM engine_metrics")).all()
+        cpu_rows = conn.execute(text("SELECT batch_id, driver_cpu_ms FROM engine_metrics")).all()
     assert n_metrics == app.batches_done
+    # the driver's CPU since the batch before (0013): none for the run's first batch, then each
+    cpu = [c for _, c in sorted(cpu_rows)]
+    assert cpu[0] is None and all(c is not None and c >= 0 for c in cpu[1:]) and sum(cpu[1:]) > 0
     # the per-reason counts the dashboard reads add up to what reached the dead-letter topic
     summed: dict[str, int] = {}
     for total, reasons in per_reason:

@@ -325,6 +325,10 @@ class EngineMetric(Base):
     #: NULL for an engine's first batch and before migration 0012.
     delivery_ms: Mapped[float | None] = mapped_column(Float)
     expansion_ms: Mapped[float | None] = mapped_column(Float)
+    #: CPU ms of the engine driver's Python process, all its threads, since the batch before's
+    #: row was made: what the Health view turns into the driver's share of a core (migration
+    #: 0013; NULL for an engine's first batch and before it)
+    driver_cpu_ms: Mapped[float | None] = mapped_column(Float)
     engine_id: Mapped[str] = _engine_id()
 
 

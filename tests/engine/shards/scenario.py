@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine, text
+
 from tests.engine.shards.support import SHARD_RULES
 from tests.engine.support import (
     LATE_RULE,
@@ -171,6 +173,10 @@ def run_sharded_scenario(
     dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
     assert sorted(d["reason"] for d in dead) == sorted(r for _, r in sc.bad_trades)
     assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
+    # the driver's CPU since the batch before (0013): none at each run's first batch, then each
+    with create_engine(db).connect() as conn:
+        cpu = [c for (c,) in conn.execute(text("SELECT driver_cpu_ms FROM engine_metrics"))]
+    assert sum(c is None for c in cpu) == (2 if restart else 1) and sum(c or 0.0 for c in cpu) > 0, cpu
     info["alerts"] = len(log)
     return info
 

@@ -1,0 +1,74 @@
+"""How busy the engine's driver is, and where it would saturate: pure functions for the Health view.
+
+Adding Spark executors scales the engine's decode and pane pre-aggregation, not its driver, which
+merges the pane rows, evaluates the shared indexes and delivers the alerts (issue #19;
+docs/engine.md, "Scale").  Each ``engine_metrics`` row carries ``driver_cpu_ms``, the driver
+process's CPU since the row before it (:mod:`engine.runtime.driver_cpu`, migration 0013), and
+the batch's events (``events_per_s`` × ``batch_ms``: the events over the evaluation time, times
+that time).  :func:`driver_load` sums them over the rows of the last ``window_s`` seconds:
+
+* **share**: the driver's CPU seconds per wall-clock second -- 1.0 is one core busy all the time;
+* **µs per event**: its CPU per event taken in; one core's **ceiling** is 10^6 / that events per
+  second at this rule load and alert rate -- the input rate past which more executors do not help.
+  The driver's fixed costs (per batch, the chart answers' polling) are in the sum too, so at a
+  low input rate this understates the ceiling: it is a bound from below.
+
+A row's CPU is the CPU spent between the row before it and itself, so the oldest counted row
+starts the span and its own CPU is not counted (as :func:`dashboard.queries.input_rate` does for
+events).  A row without ``driver_cpu_ms`` (an engine's first batch, a restart, a row older than
+migration 0013) starts the span again: nothing before it is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DriverLoad", "driver_load"]
+
+
+@dataclass(frozen=True)
+class DriverLoad:
+    """The driver's CPU over a span of batches: ``share`` of one core, ``us_per_event`` (None
+    when the span took in no event), and the ``ceiling_per_s`` that gives on one core."""
+
+    share: float
+    us_per_event: float | None
+    seconds: float
+
+    @property
+    def ceiling_per_s(self) -> float | None:
+        if not self.us_per_event:
+            return None
+        return 1e6 / self.us_per_event
+
+
+def driver_load(
+    times_s: Sequence[float],
+    cpu_ms: Sequence[float | None],
+    events: Sequence[float | None],
+    window_s: float,
+) -> DriverLoad | None:
+    """The :class:`DriverLoad` of metric rows made at ``times_s`` (any order) with their
+    ``driver_cpu_ms`` and events, over the last ``window_s`` seconds before the newest; None when
+    fewer than two rows remain after the newest row without a CPU figure (no span to measure)."""
+    t = np.asarray(times_s, dtype=np.float64)
+    if len(t) < 2:
+        return None
+    c = np.asarray([np.nan if x is None else x for x in cpu_ms], dtype=np.float64)
+    e = np.nan_to_num(np.asarray([np.nan if x is None else x for x in events], dtype=np.float64))
+    order = np.argsort(t, kind="stable")
+    t, c, e = t[order], c[order], e[order]
+    keep = t >= t[-1] - window_s
+    t, c, e = t[keep], c[keep], e[keep]
+    gaps = np.flatnonzero(np.isnan(c))
+    if len(gaps):  # the span starts again at the newest row without a figure
+        t, c, e = t[gaps[-1] :], c[gaps[-1] :], e[gaps[-1] :]
+    span = float(t[-1] - t[0]) if len(t) >= 2 else 0.0
+    if span <= 0:
+        return None
+    cpu_s = float(c[1:].sum()) / 1000
+    n = float(e[1:].sum())
+    return DriverLoad(share=cpu_s / span, us_per_event=cpu_s * 1e6 / n if n > 0 else None, seconds=span)

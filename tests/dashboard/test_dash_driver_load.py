@@ -1,0 +1,101 @@
+"""The driver's load on the Health view (:mod:`dashboard.driver_load`): concrete cases and a
+property test against a plain loop over the rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dashboard.driver_load import DriverLoad, driver_load
+
+
+def test_share_per_event_and_ceiling() -> None:
+    # the first row starts the span: its CPU (spent before it) is not counted
+    d = driver_load([100.0, 110.0], [999.0, 500.0], [50.0, 10_000.0], 60.0)
+    assert d is not None
+    assert d.seconds == 10.0 and d.share == pytest.approx(0.05)
+    assert d.us_per_event == pytest.approx(50.0) and d.ceiling_per_s == pytest.approx(20_000.0)
+
+
+def test_rows_before_the_window_do_not_count() -> None:
+    d = driver_load([0.0, 50.0, 100.0, 110.0], [1e6, 1e6, 10.0, 20.0], [1.0, 1.0, 1.0, 100.0], 15.0)
+    assert d is not None and d.seconds == 10.0 and d.share == pytest.approx(0.002)
+
+
+def test_a_row_without_a_figure_starts_the_span_again() -> None:
+    # a restart between the rows at 0 and 5: the CPU before it is unknown, the row at 5 starts
+    d = driver_load([0.0, 5.0, 10.0], [100.0, None, 200.0], [10.0, 10.0, 400.0], 60.0)
+    assert d is not None and d.seconds == 5.0 and d.share == pytest.approx(0.04)
+    assert d.us_per_event == pytest.approx(500.0)
+
+
+def test_no_span_or_no_events() -> None:
+    assert driver_load([], [], [], 60.0) is None
+    assert driver_load([5.0], [10.0], [1.0], 60.0) is None
+    assert driver_load([5.0, 5.0], [10.0, 10.0], [1.0, 1.0], 60.0) is None  # no time between
+    assert driver_load([0.0, 1.0, 2.0], [10.0, 10.0, None], [1.0, 1.0, 1.0], 60.0) is None  # newest: none
+    idle = driver_load([0.0, 1.0], [None, 3.0], [None, 0.0], 60.0)
+    assert idle == DriverLoad(share=pytest.approx(0.003), us_per_event=None, seconds=1.0)
+    assert idle is not None and idle.ceiling_per_s is None
+
+
+def _loop(
+    times: list[float], cpu: list[float | None], events: list[float | None], window: float
+) -> DriverLoad | None:
+    """The same figures by walking the rows one by one, newest first, back to the window's start
+    or the newest row without a CPU figure."""
+    rows = sorted(zip(times, cpu, events, strict=True), key=lambda r: r[0])
+    if len(rows) < 2:
+        return None
+    newest = rows[-1][0]
+    counted_cpu, counted_events, start = 0.0, 0.0, None
+    for i in range(len(rows) - 1, -1, -1):
+        t, c, e = rows[i]
+        if t < newest - window:
+            break
+        start = t
+        if c is None:
+            break
+        if i > 0 and rows[i - 1][0] >= newest - window:
+            counted_cpu += c
+            counted_events += e or 0.0
+    if start is None or newest - start <= 0:
+        return None
+    cpu_s = counted_cpu / 1000
+    return DriverLoad(
+        cpu_s / (newest - start), cpu_s * 1e6 / counted_events if counted_events > 0 else None, newest - start
+    )
+
+
+rows_st = st.lists(
+    st.tuples(
+        st.integers(0, 300).map(float),
+        st.one_of(st.none(), st.integers(0, 5000).map(float)),
+        st.one_of(st.none(), st.integers(0, 100_000).map(float)),
+    ),
+    max_size=12,
+    unique_by=lambda r: r[0],
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows_st, st.sampled_from([10.0, 60.0, 1000.0]))
+def test_matches_a_loop_over_the_rows(
+    rows: list[tuple[float, float | None, float | None]], window: float
+) -> None:
+    times, cpu, events = ([r[i] for r in rows] for i in range(3))
+    got, want = driver_load(times, cpu, events, window), _loop(times, cpu, events, window)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    assert got.seconds == want.seconds and math.isclose(got.share, want.share, abs_tol=1e-12)
+    if want.us_per_event is None:
+        assert got.us_per_event is None
+    else:
+        assert got.us_per_event is not None and math.isclose(
+            got.us_per_event, want.us_per_event, rel_tol=1e-9
+        )
