@@ -109,12 +109,13 @@ def _driver(d: DriverLoad | None) -> None:
     ceiling = d.ceiling_per_s
     row[1].metric(
         "driver ceiling",
-        "-" if ceiling is None else f"≈ {_si(ceiling)} events/s",
-        help="one core's worth of the driver at its current CPU per event"
+        "-" if ceiling is None else f"≥ {_si(ceiling)} events/s",
+        help="the input rate one core of the driver carries at its current CPU per event"
         + ("" if d.us_per_event is None else f" ({d.us_per_event:,.2f} µs)")
-        + ": past this input rate the driver is the bottleneck, whatever the executors; more "
-        "rules or more alerts per event lower it. Its fixed costs (a batch's, the pages' chart "
-        "answers) count in it too, so at a low input rate it understates the ceiling",
+        + ": past it the driver is the bottleneck, whatever the executors; more rules or more "
+        "alerts per event lower it. A lower bound: the driver's fixed costs (each batch's, the "
+        "chart answers) count as per-event here, so while the input is light the real ceiling "
+        "is well above it",
     )
 
 

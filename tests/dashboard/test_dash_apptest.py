@@ -256,7 +256,8 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
     app_env: str, sm: sessionmaker[Session], new_user: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two batches 2 s apart, the newer one's driver CPU 400 ms for 504 events (1,200/s × 0.42 s):
-    the Health page says the driver used 20 % of a core and would saturate one near 1.3 k events/s
+    the Health page says the driver used 20 % of a core and would saturate one at no less than
+    1.3 k events/s
     (793.65 µs per event) -- and "-" before any batch has reported its CPU (migration 0013)."""
     monkeypatch.setenv("TIDEWATCH_RUN_DIR", str(tmp_path))
     get_settings.cache_clear()
@@ -275,7 +276,7 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
         shown_metrics = {m.label: m.value for m in at.metric}
         assert not at.exception
         assert shown_metrics["driver CPU"] == "20% of a core"
-        assert shown_metrics["driver ceiling"] == "≈ 1.3 k events/s"
+        assert shown_metrics["driver ceiling"] == "≥ 1.3 k events/s"  # a lower bound
     finally:
         with sm.begin() as db:
             db.execute(delete(EngineMetric))
