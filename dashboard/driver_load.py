@@ -17,6 +17,12 @@ A row's CPU is the CPU spent between the row before it and itself, so the oldest
 starts the span and its own CPU is not counted (as :func:`dashboard.queries.input_rate` does for
 events).  A row without ``driver_cpu_ms`` (an engine's first batch, a restart, a row older than
 migration 0013) starts the span again: nothing before it is counted.
+
+Engines that share a database (shards, a second deployment: each its own ``--engine-id``,
+docs/engine.md "Scale") each have a driver, and a row's CPU is its own driver's since that
+driver's row before.  :func:`driver_loads` therefore measures each engine's rows apart, over the
+same last ``window_s`` seconds before the newest row of any engine: one engine's restart does
+not cut another's span, and no share sums two processes' CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DriverLoad", "driver_load"]
+__all__ = ["DriverLoad", "driver_load", "driver_loads"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +78,27 @@ def driver_load(
     cpu_s = float(c[1:].sum()) / 1000
     n = float(e[1:].sum())
     return DriverLoad(share=cpu_s / span, us_per_event=cpu_s * 1e6 / n if n > 0 else None, seconds=span)
+
+
+def driver_loads(
+    engine_ids: Sequence[str],
+    times_s: Sequence[float],
+    cpu_ms: Sequence[float | None],
+    events: Sequence[float | None],
+    window_s: float,
+) -> dict[str, DriverLoad]:
+    """Each engine's :func:`driver_load` over its own rows of the last ``window_s`` seconds before
+    the newest row of all (rows in any order), busiest driver first; an engine without a span
+    there (one row, no CPU figure since its restart, or none in the window) is left out."""
+    if not len(times_s):
+        return {}
+    t = np.asarray(times_s, dtype=np.float64)
+    ids = np.asarray(engine_ids, dtype=object)
+    recent = t >= t.max() - window_s
+    loads: dict[str, DriverLoad] = {}
+    for engine in sorted(set(ids[recent].tolist())):
+        rows = np.flatnonzero(recent & (ids == engine)).tolist()
+        d = driver_load(t[rows].tolist(), [cpu_ms[i] for i in rows], [events[i] for i in rows], window_s)
+        if d is not None:
+            loads[engine] = d
+    return dict(sorted(loads.items(), key=lambda kv: -kv[1].share))

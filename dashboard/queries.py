@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from dashboard import degraded, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
-from dashboard.driver_load import DriverLoad, driver_load
+from dashboard.driver_load import DriverLoad, driver_loads
 from dashboard.owners import own_names
 from engine import liveness
 from tidewatch.db.models import Alert, CurrentResult, EngineBatch, EngineMetric, Subscription
@@ -311,7 +311,8 @@ class Health:
     ``events_per_s`` is the *input* rate: events per wall-clock second over the last
     :data:`RATE_WINDOW_S` of committed batches (:func:`input_rate`), what the feeds deliver.
     ``capacity_per_s`` is the newest batch's events over its evaluation time: how fast the
-    engine could go, not how fast events arrive.  ``status`` and ``banner`` (its cause and
+    engine could go, not how fast events arrive; with several engines on the database (each its
+    ``--engine-id``) the sum of each one's newest batch in that window.  ``status`` and ``banner`` (its cause and
     hint) come from :func:`engine.liveness.verdict`, the rule ``tidewatch status`` uses too.
 
     ``alerts_per_s`` is the alerts the engine committed per wall-clock second over the same
@@ -347,9 +348,10 @@ class Health:
     #: the newest delivery's ms (both commits) and its alert log's expansion behind it (0012)
     delivery_ms: float | None = None
     expansion_ms: float | None = None
-    #: the driver's CPU over the last :data:`RATE_WINDOW_S` of batches: its share of a core and
-    #: where it saturates one (:mod:`dashboard.driver_load`; None without two figures, 0013)
-    driver: DriverLoad | None = None
+    #: each engine's driver CPU over the last :data:`RATE_WINDOW_S` of batches, busiest first: its
+    #: share of a core and where it saturates one (:mod:`dashboard.driver_load`; an engine
+    #: without two figures is not in it, 0013)
+    drivers: dict[str, DriverLoad] = field(default_factory=dict)
 
     @property
     def lost_banner(self) -> str | None:
@@ -465,6 +467,7 @@ def health(
     series = [
         {
             "ts": r.ts,
+            "engine": r.engine_id,
             "batch_id": r.batch_id,
             "events_per_s": r.events_per_s,
             "batch_ms": r.batch_ms,
@@ -490,7 +493,7 @@ def health(
         dead_letters_recent=sum(int(r.dead_letters or 0) for r in rows),
         series=series,
         lost_ranges=int(lost or 0),
-        capacity_per_s=latest.events_per_s if latest is not None else None,
+        capacity_per_s=_capacity(rows),
         cause=verdict.cause,
         hint=verdict.hint,
         restarts=record.restarts if record is not None else 0,
@@ -498,7 +501,8 @@ def health(
         storm=found,
         storm_rule=storm.rule_text(st.storm_factor, st.storm_min_alerts_per_s),
         degraded=spaced,
-        driver=driver_load(
+        drivers=driver_loads(
+            [r.engine_id for r in rows],
             [r.ts.timestamp() for r in rows],
             [r.driver_cpu_ms for r in rows],
             [_events(r) for r in rows],
@@ -515,14 +519,34 @@ def _events(r: EngineMetric) -> float | None:
     return r.events_per_s * r.batch_ms / 1000
 
 
+def _capacity(rows: Sequence[EngineMetric]) -> float | None:
+    """The newest row's ``events_per_s``; with several engines, the sum of each engine's newest
+    row made within :data:`RATE_WINDOW_S` of the newest of all (rows newest first; None when
+    none of them has a figure)."""
+    if not rows:
+        return None
+    since = rows[0].ts - timedelta(seconds=RATE_WINDOW_S)
+    newest: dict[str, float | None] = {}
+    for r in rows:
+        if r.ts >= since and r.engine_id not in newest:
+            newest[r.engine_id] = r.events_per_s
+    figures = [x for x in newest.values() if x is not None]
+    return float(sum(figures)) if figures else None
+
+
 def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
-    """Each metric row's alerts over the time since the row before (oldest first; None for the
-    first row, a missing count or no time between)."""
+    """Each metric row's alerts over the time since its engine's row before (oldest first; None
+    for an engine's first row, a missing count or no time between)."""
     if not rows:
         return []
     t = np.array([r.ts.timestamp() for r in rows], np.float64)
     a = np.array([np.nan if r.alerts is None else r.alerts for r in rows], np.float64)
-    dt = np.diff(t, prepend=np.nan)
+    ids = np.array([r.engine_id for r in rows], dtype=object)
+    by_engine = np.argsort(ids, kind="stable")  # each engine's rows together, oldest first
+    gaps = np.diff(t[by_engine], prepend=np.nan)
+    gaps[1:][ids[by_engine][1:] != ids[by_engine][:-1]] = np.nan
+    dt = np.empty_like(gaps)
+    dt[by_engine] = gaps
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(dt > 0, a / dt, np.nan)
     return [None if np.isnan(x) else float(x) for x in rate.tolist()]

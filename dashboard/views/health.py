@@ -70,7 +70,7 @@ def render(settings: Settings) -> None:
         "alert log and current results shown here are written right behind that"
         + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time"),
     )
-    _driver(h.driver)
+    _driver(h.drivers)
     if h.watermark is not None:
         st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
     if h.series:
@@ -89,22 +89,27 @@ def render(settings: Settings) -> None:
             col.altair_chart(charts.metric_chart(df, field, title), width="stretch")
 
 
-def _driver(d: DriverLoad | None) -> None:
+def _driver(drivers: dict[str, DriverLoad]) -> None:
     """The driver's share of a core and where it saturates one: the part more executors do not
-    scale (:mod:`dashboard.driver_load`)."""
+    scale (:mod:`dashboard.driver_load`).  With several engines on the database, the busiest
+    driver's figures, and every engine's in a line below."""
     row = st.columns(4)
     why = (
         "The engine's driver merges the executors' pane rows, evaluates the shared indexes and "
         "delivers the alerts: adding Spark executors does not spread that work."
     )
-    if d is None:
+    if not drivers:
         row[0].metric("driver CPU", "-", help=f"{why} Shown once two batches have reported it.")
         return
+    engine, d = next(iter(drivers.items()))
+    whose = (
+        "" if len(drivers) == 1 else f" Engine '{engine}', the busiest of {len(drivers)} engines' drivers."
+    )
     row[0].metric(
         "driver CPU",
         f"{d.share:.0%} of a core",
         help=f"CPU of the engine's driver process, all its threads, over the last {d.seconds:,.0f} s "
-        f"of batches. {why}",
+        f"of batches. {why}{whose}",
     )
     ceiling = d.ceiling_per_s
     row[1].metric(
@@ -115,8 +120,17 @@ def _driver(d: DriverLoad | None) -> None:
         + ": past it the driver is the bottleneck, whatever the executors; more rules or more "
         "alerts per event lower it. A lower bound: the driver's fixed costs (each batch's, the "
         "chart answers) count as per-event here, so while the input is light the real ceiling "
-        "is well above it",
+        "is well above it" + ("" if len(drivers) == 1 else "; each engine's is its own input's"),
     )
+    if len(drivers) > 1:
+        st.caption(
+            "drivers: "
+            + "; ".join(
+                f"{e} {x.share:.0%} of a core"
+                + ("" if x.ceiling_per_s is None else f", ≥ {_si(x.ceiling_per_s)} events/s")
+                for e, x in drivers.items()
+            )
+        )
 
 
 def _si(x: float) -> str:

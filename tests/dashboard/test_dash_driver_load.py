@@ -1,5 +1,5 @@
-"""The driver's load on the Health view (:mod:`dashboard.driver_load`): concrete cases and a
-property test against a plain loop over the rows."""
+"""The driver's load on the Health view (:mod:`dashboard.driver_load`): concrete cases and
+property tests against a plain loop over the rows, one engine and several."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dashboard.driver_load import DriverLoad, driver_load
+from dashboard.driver_load import DriverLoad, driver_load, driver_loads
 
 
 def test_share_per_event_and_ceiling() -> None:
@@ -99,3 +99,53 @@ def test_matches_a_loop_over_the_rows(
         assert got.us_per_event is not None and math.isclose(
             got.us_per_event, want.us_per_event, rel_tol=1e-9
         )
+
+
+def test_engines_sharing_a_database_are_measured_apart() -> None:
+    # a at 0, 10, 20 (100 ms of CPU per row); b at 5, 15 (900 ms), then b restarts at 18
+    ids = ["a", "b", "a", "b", "a", "b", "b"]
+    times = [0.0, 5.0, 10.0, 15.0, 20.0, 18.0, 19.0]
+    cpu: list[float | None] = [100.0, 900.0, 100.0, 900.0, 100.0, None, 50.0]
+    events: list[float | None] = [1000.0, 10.0, 1000.0, 10.0, 1000.0, 10.0, 100.0]
+    got = driver_loads(ids, times, cpu, events, 60.0)
+    # b's restart does not cut a's span, and no share sums the two processes' CPU
+    assert list(got) == ["b", "a"]  # the busiest driver first
+    assert got["a"] == DriverLoad(share=pytest.approx(0.01), us_per_event=pytest.approx(100.0), seconds=20.0)
+    assert got["b"] == DriverLoad(share=pytest.approx(0.05), us_per_event=pytest.approx(500.0), seconds=1.0)
+    # the window ends at the newest row of all: a has one row in the last 3 s (no span); without
+    # b's last two rows only a's at 20 is in the last 4 s, and b's at 15 is left out with the rest
+    assert list(driver_loads(ids, times, cpu, events, 3.0)) == ["b"]
+    assert driver_loads(ids[:5], times[:5], cpu[:5], events[:5], 4.0) == {}
+    assert driver_loads([], [], [], [], 60.0) == {}
+
+
+engines_st = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(0, 300).map(float),
+        st.one_of(st.none(), st.integers(0, 5000).map(float)),
+        st.one_of(st.none(), st.integers(0, 100_000).map(float)),
+    ),
+    max_size=16,
+    unique_by=lambda r: (r[0], r[1]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(engines_st, st.sampled_from([10.0, 60.0, 1000.0]))
+def test_each_engine_matches_a_loop_over_its_own_rows(
+    rows: list[tuple[str, float, float | None, float | None]], window: float
+) -> None:
+    ids, times, cpu, events = ([r[i] for r in rows] for i in range(4))
+    got = driver_loads(ids, times, cpu, events, window)
+    newest = max(times, default=0.0)
+    want: dict[str, DriverLoad] = {}
+    for engine in sorted(set(ids)):
+        mine = [r for r in rows if r[0] == engine and r[1] >= newest - window]
+        d = _loop([r[1] for r in mine], [r[2] for r in mine], [r[3] for r in mine], window)
+        if d is not None:
+            want[engine] = d
+    assert set(got) == set(want)
+    assert [d.share for d in got.values()] == sorted((d.share for d in got.values()), reverse=True)
+    for engine, d in want.items():
+        assert got[engine].seconds == d.seconds and math.isclose(got[engine].share, d.share, abs_tol=1e-12)

@@ -120,9 +120,10 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -
         )
     h = queries.health(sm, s, now=now)
     # the driver's CPU since the row before: 0.4 s in 2 s, over 1200/s x 0.42 s = 504 events (0013)
-    assert h.driver is not None and h.driver.seconds == pytest.approx(2.0, abs=0.01)
-    assert h.driver.share == pytest.approx(0.2, rel=0.01)
-    assert h.driver.us_per_event == pytest.approx(400_000 / 504)
+    assert list(h.drivers) == ["default"]
+    d = h.drivers["default"]
+    assert d.seconds == pytest.approx(2.0, abs=0.01) and d.share == pytest.approx(0.2, rel=0.01)
+    assert d.us_per_event == pytest.approx(400_000 / 504)
     assert h.status == "ok" and h.capacity_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
     assert (h.delivery_ms, h.expansion_ms) == (85.0, 120.0)  # the newest row's (0012)
     assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2
@@ -133,6 +134,50 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -
     behind = queries.health(sm, s, now=now)
     assert behind.status == "behind" and "45.0 s" in behind.banner
     assert behind.lost_ranges == 0 and behind.lost_banner is None
+
+
+def test_health_measures_engines_sharing_the_database_apart(
+    sm: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Two engines (``--engine-id`` a and b) commit batches in turn: each one's driver load, its
+    alerts per second since its own batch before, and the sum of their capacities."""
+    now = datetime.now(UTC)
+    rows = [  # (engine, seconds before now, events/s, alerts, driver CPU ms)
+        ("a", 4.0, 1000.0, 10, None),
+        ("b", 3.0, 3000.0, 30, None),
+        ("a", 2.0, 1000.0, 20, 200.0),
+        ("b", 1.0, 3000.0, 60, 1000.0),
+    ]
+    with sm.begin() as db:
+        db.execute(delete(EngineMetric))
+        db.add_all(
+            EngineMetric(
+                engine_id=e,
+                ts=now - timedelta(seconds=ago),
+                batch_id=i,
+                events_per_s=eps,
+                batch_ms=100.0,
+                alerts=alerts,
+                driver_cpu_ms=cpu,
+            )  # fmt: skip
+            for i, (e, ago, eps, alerts, cpu) in enumerate(rows)
+        )
+    try:
+        h = queries.health(sm, Settings(run_dir=tmp_path), now=now)
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
+    # b: 1 s of CPU in 2 s for 300 events; a: 0.2 s in 2 s for 100 events -- not one driver at 0.6
+    assert list(h.drivers) == ["b", "a"]
+    assert h.drivers["b"].share == pytest.approx(0.5, rel=0.01)
+    assert h.drivers["a"].share == pytest.approx(0.1, rel=0.01)
+    assert h.drivers["b"].us_per_event == pytest.approx(1e6 / 300)
+    assert h.drivers["a"].us_per_event == pytest.approx(2e5 / 100)
+    assert h.capacity_per_s == 4000.0  # each engine's newest batch, summed
+    per_s = [(r["engine"], r["alerts_per_s"]) for r in h.series]
+    assert per_s[0] == ("a", None) and per_s[1] == ("b", None)  # each engine's first row
+    assert per_s[2][0] == "a" and per_s[2][1] == pytest.approx(10.0, rel=0.01)  # 20 in 2 s, not 20 in 1 s
+    assert per_s[3][0] == "b" and per_s[3][1] == pytest.approx(30.0, rel=0.01)
 
 
 def test_health_reports_offsets_lost_to_retention(sm: sessionmaker[Session]) -> None:

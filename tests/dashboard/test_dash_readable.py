@@ -129,3 +129,15 @@ def test_points_from_part_of_their_window_are_marked() -> None:
     shown = [r for d in spec["datasets"].values() for r in d if "window" in r]
     assert {r["window"] for r in shown} == {"partial", "whole"}  # drawn faint / full
     assert spec["layer"][0]["encoding"]["opacity"]["legend"]["title"] == "window read"
+
+
+def test_engine_metrics_of_several_engines_are_one_line_each() -> None:
+    """Two engines' batches in turn (several ``--engine-id`` on one database): one coloured line per
+    engine, so no line zigzags between them; one engine: one line, no legend."""
+    ts = [T + timedelta(seconds=i) for i in range(4)]
+    two = pd.DataFrame({"ts": ts, "lag_ms": [1.0, 50.0, 2.0, 60.0], "engine": ["a", "b", "a", "b"]})
+    spec = charts.metric_chart(two, "lag_ms", "lag (ms)").to_dict()
+    assert spec["encoding"]["color"]["field"] == "engine"
+    assert {"field": "engine", "title": "engine", "type": "nominal"} in spec["encoding"]["tooltip"]
+    one = charts.metric_chart(two.assign(engine="a"), "lag_ms", "lag (ms)").to_dict()
+    assert "color" not in one["encoding"]
