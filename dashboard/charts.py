@@ -216,19 +216,24 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
 def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
     """One engine metric per micro-batch over time (points joined by a line), its name as the
     title.  With an ``engine`` column naming more than one engine (several ``--engine-id`` on one
-    database), one line per engine, coloured, so no line joins two engines' batches."""
+    database), one line per engine, coloured, so no line joins two engines' batches; with a
+    ``run`` column, one line per run (:func:`dashboard.queries.health`'s unbroken runs of
+    batches), so none joins the batches before a stop of the engine to those after it."""
     several = "engine" in df.columns and df["engine"].nunique() > 1
-    d = df[["ts", field, *(["engine"] if several else [])]].dropna().copy()
+    runs = "run" in df.columns
+    d = df[["ts", field, *(["engine"] if several else []), *(["run"] if runs else [])]].dropna().copy()
     d["ts"] = pd.to_datetime(d["ts"], utc=True)
     d["when"] = _when(d["ts"])
     tooltip = [alt.Tooltip("when:N", title="time"), f"{field}:Q"]
-    by_engine: dict[str, Any] = {}
+    split: dict[str, Any] = {}
     if several:
-        by_engine["color"] = alt.Color("engine:N", title="engine", legend=alt.Legend(orient="bottom"))
+        split["color"] = alt.Color("engine:N", title="engine", legend=alt.Legend(orient="bottom"))
         tooltip.append(alt.Tooltip("engine:N", title="engine"))
+    if runs:  # a line per unbroken run of batches: none drawn across the time the engine was down
+        split["detail"] = alt.Detail("run:N")
     return (
         alt.Chart(d)
         .mark_line(point=True)
-        .encode(x=time_x("ts", d["ts"]), y=alt.Y(f"{field}:Q", title=None), tooltip=tooltip, **by_engine)
+        .encode(x=time_x("ts", d["ts"]), y=alt.Y(f"{field}:Q", title=None), tooltip=tooltip, **split)
         .properties(height=200, title=alt.TitleParams(wrap_title(title, 40), fontSize=12, anchor="start"))
     )

@@ -372,6 +372,9 @@ class Health:
 #: span of committed batches the input and alert rates are measured over (seconds before the
 #: newest one): the storm rule's window
 RATE_WINDOW_S = storm.WINDOW_S
+#: span of the Health charts (seconds before the newest metric row): the batches of an earlier
+#: run of the engine, hours before, would squeeze the current one into a sliver of the axis
+SERIES_WINDOW_S = 15 * 60
 
 
 def input_rate(
@@ -464,6 +467,7 @@ def health(
     record = liveness.read_record(st)
     verdict = liveness.verdict(obs, st, record)
     latest = rows[0] if rows else None
+    shown = [r for r in reversed(rows) if r.ts >= rows[0].ts - timedelta(seconds=SERIES_WINDOW_S)]
     series = [
         {
             "ts": r.ts,
@@ -475,8 +479,11 @@ def health(
             "dead_letters": r.dead_letters,
             "alerts": r.alerts,
             "alerts_per_s": per_s,
+            "run": run,
         }
-        for r, per_s in zip(reversed(rows), _per_batch_rate(list(reversed(rows))), strict=True)
+        for r, per_s, run in zip(
+            shown, _per_batch_rate(shown), _runs(shown, st.engine_down_after_s), strict=True
+        )
     ]
     return Health(
         status=verdict.status,
@@ -534,19 +541,40 @@ def _capacity(rows: Sequence[EngineMetric]) -> float | None:
     return float(sum(figures)) if figures else None
 
 
-def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
-    """Each metric row's alerts over the time since its engine's row before (oldest first; None
-    for an engine's first row, a missing count or no time between)."""
-    if not rows:
-        return []
+def _since_own_row_before(rows: Sequence[EngineMetric]) -> np.ndarray:
+    """Seconds from each metric row's engine's row before to the row (oldest first; NaN for an
+    engine's first row)."""
     t = np.array([r.ts.timestamp() for r in rows], np.float64)
-    a = np.array([np.nan if r.alerts is None else r.alerts for r in rows], np.float64)
     ids = np.array([r.engine_id for r in rows], dtype=object)
     by_engine = np.argsort(ids, kind="stable")  # each engine's rows together, oldest first
     gaps = np.diff(t[by_engine], prepend=np.nan)
     gaps[1:][ids[by_engine][1:] != ids[by_engine][:-1]] = np.nan
     dt = np.empty_like(gaps)
     dt[by_engine] = gaps
+    return dt
+
+
+def _runs(rows: Sequence[EngineMetric], gap_s: float) -> list[str]:
+    """A name per metric row (oldest first) for its engine's unbroken run of batches: a new run
+    starts at an engine's first row and after more than ``gap_s`` without a row (the engine was
+    down: ``engine_down_after_s``), so no chart line joins the batches across the gap."""
+    if not rows:
+        return []
+    dt = _since_own_row_before(rows)
+    by_engine = np.argsort(np.array([r.engine_id for r in rows], dtype=object), kind="stable")
+    starts = ~(dt[by_engine] <= gap_s)  # NaN (an engine's first row) starts a run too
+    run = np.empty(len(rows), np.int64)
+    run[by_engine] = np.cumsum(starts)  # numbered within the engine's rows, which are together
+    return [f"{r.engine_id} {k}" for r, k in zip(rows, run.tolist(), strict=True)]
+
+
+def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
+    """Each metric row's alerts over the time since its engine's row before (oldest first; None
+    for an engine's first row, a missing count or no time between)."""
+    if not rows:
+        return []
+    a = np.array([np.nan if r.alerts is None else r.alerts for r in rows], np.float64)
+    dt = _since_own_row_before(rows)
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = np.where(dt > 0, a / dt, np.nan)
     return [None if np.isnan(x) else float(x) for x in rate.tolist()]

@@ -114,8 +114,8 @@ def _driver(drivers: dict[str, DriverLoad]) -> None:
     ceiling = d.ceiling_per_s
     row[1].metric(
         "driver ceiling",
-        "-" if ceiling is None else f"≥ {_si(ceiling)} events/s",
-        help="the input rate one core of the driver carries at its current CPU per event"
+        "-" if ceiling is None else f"≥ {_si(ceiling)}/s",
+        help="the input rate, in events per second, one core of the driver carries at its current CPU per event"
         + ("" if d.us_per_event is None else f" ({d.us_per_event:,.2f} µs)")
         + ": past it the driver is the bottleneck, whatever the executors; more rules or more "
         "alerts per event lower it. A lower bound: the driver's fixed costs (each batch's, the "

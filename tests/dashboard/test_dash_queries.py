@@ -180,6 +180,35 @@ def test_health_measures_engines_sharing_the_database_apart(
     assert per_s[3][0] == "b" and per_s[3][1] == pytest.approx(30.0, rel=0.01)
 
 
+def test_health_charts_break_at_a_stop_and_leave_out_older_runs(
+    sm: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """The series behind the Health charts: an engine's batches before a stop longer than
+    ``engine_down_after_s`` are another run (no chart line joins them to the ones after), and
+    batches more than :data:`queries.SERIES_WINDOW_S` before the newest are not charted."""
+    now = datetime.now(UTC)
+    ago = [
+        queries.SERIES_WINDOW_S + 60.0,
+        300.0,
+        299.0,
+        3.0,
+        2.0,
+        1.0,
+    ]  # a run, a stop, a run, a stop (> 60 s)
+    with sm.begin() as db:
+        db.execute(delete(EngineMetric))
+        db.add_all(
+            EngineMetric(ts=now - timedelta(seconds=a), batch_id=i, lag_ms=100.0) for i, a in enumerate(ago)
+        )
+    try:
+        h = queries.health(sm, Settings(run_dir=tmp_path, engine_down_after_s=60), now=now)
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
+    assert [r["batch_id"] for r in h.series] == [1, 2, 3, 4, 5]  # batch 0: before the charts' span
+    assert [r["run"] for r in h.series] == ["default 1", "default 1", "default 2", "default 2", "default 2"]
+
+
 def test_health_reports_offsets_lost_to_retention(sm: sessionmaker[Session]) -> None:
     now = datetime.now(UTC)
     before = queries.health(sm, Settings(), now=now).lost_ranges

@@ -141,3 +141,18 @@ def test_engine_metrics_of_several_engines_are_one_line_each() -> None:
     assert {"field": "engine", "title": "engine", "type": "nominal"} in spec["encoding"]["tooltip"]
     one = charts.metric_chart(two.assign(engine="a"), "lag_ms", "lag (ms)").to_dict()
     assert "color" not in one["encoding"]
+
+
+def test_engine_metrics_are_not_joined_across_a_stop() -> None:
+    """Batches of two runs of the engine (a ``run`` column, :func:`dashboard.queries.health`):
+    a line per run, so none is drawn across the time the engine was down."""
+    ts = [T, T + timedelta(seconds=1), T + timedelta(hours=1), T + timedelta(hours=1, seconds=1)]
+    df = pd.DataFrame(
+        {"ts": ts, "lag_ms": [1.0, 2.0, 3.0, 4.0], "run": ["default 1"] * 2 + ["default 2"] * 2}
+    )
+    spec = charts.metric_chart(df, "lag_ms", "lag (ms)").to_dict()
+    assert spec["encoding"]["detail"] == {"field": "run", "type": "nominal"}
+    assert (
+        "detail"
+        not in charts.metric_chart(df.drop(columns="run"), "lag_ms", "lag (ms)").to_dict()["encoding"]
+    )
