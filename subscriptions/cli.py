@@ -26,7 +26,12 @@ def _err(msg: str) -> None:
 
 @rules_app.command("explain")
 def explain_cmd(
-    rule: Annotated[str, typer.Argument(help="the rule text")],
+    rule: Annotated[
+        str,
+        typer.Argument(
+            help='the rule text, e.g. "SELECT symbol FROM trades GROUP BY symbol HAVING COUNT(*) OVER LAST 60 SECONDS > 200"'
+        ),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Print the compiled plan of a rule: atoms, shared structures, index and driving atom, post-check."""
@@ -36,7 +41,7 @@ def explain_cmd(
     try:
         plan = compile_rule(rule, get_settings())
     except RuleError as err:
-        _err(f"rule does not parse: {err.display()}")
+        _err(f"rule refused (it does not parse or type-check): {err.display()}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(plan.to_json(), indent=2))

@@ -53,7 +53,7 @@ class RuleFileError(BacktestInputError):
         self.name = name
         self.err = err
         super().__init__(
-            f"{path}:{lineno}: rule {name!r} does not parse: line {err.line}, column {err.column}: "
+            f"{path}:{lineno}: rule {name!r} refused: line {err.line}, column {err.column}: "
             f"{err.message}\n" + "\n".join(err.display().splitlines()[1:])
         )
 

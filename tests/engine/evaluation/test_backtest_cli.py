@@ -128,8 +128,7 @@ def test_rule_that_does_not_parse_exits_2_with_position(
         ],
     )
     assert res.exit_code == 2
-    assert "broken" in res.output
-    assert "line 1, column 54" in res.output
+    assert "rule 'broken' refused: line 1, column 54" in res.output
     assert "did you mean 'price'" in res.output
     assert "expected" in res.output
 
@@ -269,7 +268,17 @@ def test_rules_explain(app: typer.Typer, runner: CliRunner) -> None:
         ],
     )
     assert res.exit_code == 2
-    assert "did you mean 'length'" in res.output
+    assert "did you mean 'length'" in res.output and res.output.startswith("rule refused")
+    # a type error is refused as a parse error is, and not called one
+    res = runner.invoke(
+        app,
+        [
+            "rules",
+            "explain",
+            "SELECT symbol FROM trades GROUP BY symbol HAVING AVG(side) OVER LAST 5 MINUTES > 1",
+        ],
+    )
+    assert res.exit_code == 2 and "refused" in res.output and "numeric" in res.output
 
 
 def test_rules_check(app: typer.Typer, runner: CliRunner, tmp_path: Path) -> None:
