@@ -14,6 +14,8 @@ so the CLI is a thin shell over the library:
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from dashboard import cli as dashboard_cli
@@ -58,9 +60,50 @@ def version() -> None:
     typer.echo(f"Apache Kafka {settings.kafka_version} (embedded)")
 
 
+#: a line of a help paragraph that stays on its own line: a list item or an indented example
+_OWN_LINE = ("* ", "- ", "• ", "    ")
+
+
+def reflow(text: str) -> str:
+    """A command's help with each paragraph's lines joined, as a terminal user reads it.
+
+    Typer's rich help keeps a docstring's single line breaks after the first paragraph, so a
+    paragraph wrapped at the source's width came out cut short at every source line inside
+    the terminal's own wrapping.  Here a line is joined to the one before unless it starts a
+    list item or is indented as an example (``_OWN_LINE``); paragraphs starting with Click's
+    ``\\b`` (keep as is) and everything after ``\\f`` (the developer's notes, not shown) are
+    left alone."""
+    shown, cut, rest = inspect.cleandoc(text).partition("\f")
+    out = []
+    for para in shown.split("\n\n"):
+        if para.startswith("\b"):
+            out.append(para)
+            continue
+        lines: list[str] = []
+        for line in para.splitlines():
+            if lines and not line.startswith(_OWN_LINE) and not line.lstrip().startswith(_OWN_LINE[:3]):
+                lines[-1] = f"{lines[-1]} {line.strip()}"
+            else:
+                lines.append(line.rstrip())
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + cut + rest
+
+
+def reflow_help(typer_app: typer.Typer) -> None:
+    """:func:`reflow` the help of every command under ``typer_app``, its groups' too."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (inspect.getdoc(info.callback) if info.callback else None)
+        if doc:
+            info.help = reflow(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
+
+
 # Each area adds its own commands; the order is the order of ``tidewatch --help``.
 for _area in (stack, subscriptions_cli, engine_cli, ingest_cli, dashboard_cli, alerts_tail, kafka_tools):
     _area.register(app)
+reflow_help(app)
 
 
 def main() -> None:
