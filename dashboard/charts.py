@@ -132,16 +132,35 @@ def rate_frame(rows: Sequence[tuple[Any, str, int]], bucket_s: int = 1) -> pd.Da
     df = pd.DataFrame(list(rows), columns=["time", "kind", "alerts"])
     df["time"] = pd.to_datetime(df["time"], utc=True)
     df["when"] = _when(df["time"])
-    fmt = "%b %d %H:%M" if not df.empty and (df["time"].max() - df["time"].min()).days >= 1 else "%H:%M:%S"
-    df["bucket"] = df["time"].dt.strftime(fmt if bucket_s < 86400 else "%b %d")
+    df["bucket"] = _bucket_labels(df["time"], df["time"], bucket_s)
     return df
 
 
+def _bucket_labels(times: pd.Series, span: pd.Series, bucket_s: int) -> pd.Series:
+    """The bar labels of buckets starting at ``times``: clock time, with the date when ``span``
+    (the chart's bucket starts) covers more than a day."""
+    fmt = "%b %d %H:%M" if not span.empty and (span.max() - span.min()).days >= 1 else "%H:%M:%S"
+    return times.dt.strftime(fmt if bucket_s < 86400 else "%b %d")
+
+
+#: at most this many bars on the alert-rate chart's axis; with more buckets from the first alert
+#: to the last (a caller's own bucket width), only the buckets with alerts get one
+MAX_RATE_BARS = 500
+
+
 def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart:
-    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked: one bar per bucket
-    that has alerts, in time order, labelled with its start (UTC) -- a band axis, so one bucket
-    is one full bar, not a line on a time scale of no width."""
+    """Alerts per bucket of ``bucket_s`` seconds, ENTER and EXIT stacked: one bar per bucket,
+    in time order, labelled with its start (UTC) -- a band axis, so one bucket is one full bar,
+    not a line on a time scale of no width.  Every bucket from the first alert's to the last's
+    has its place, so a time without alerts (the engine stopped, a quiet market) shows as a gap
+    rather than the bars on either side of it drawn side by side."""
     df = rate_frame(rows, bucket_s).sort_values("time", kind="stable")
+    labels = list(dict.fromkeys(df["bucket"]))
+    if not df.empty and (df["time"].max() - df["time"].min()).total_seconds() / bucket_s < MAX_RATE_BARS:
+        starts = pd.Series(
+            pd.date_range(df["time"].min(), df["time"].max(), freq=pd.Timedelta(seconds=bucket_s))
+        )
+        labels = list(dict.fromkeys(_bucket_labels(starts, df["time"], bucket_s)))
     return (
         alt.Chart(df)
         .mark_bar()
@@ -149,7 +168,8 @@ def rate_chart(rows: Sequence[tuple[Any, str, int]], bucket_s: int) -> alt.Chart
             x=alt.X(
                 "bucket:O",
                 title=TIME_TITLE,
-                sort=list(dict.fromkeys(df["bucket"])),
+                sort=labels,
+                scale=alt.Scale(domain=labels),
                 axis=alt.Axis(labelAngle=0, labelOverlap=True),
             ),
             y=alt.Y("alerts:Q", title="alerts", stack="zero", axis=alt.Axis(tickMinStep=1)),

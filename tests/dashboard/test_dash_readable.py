@@ -156,3 +156,13 @@ def test_engine_metrics_are_not_joined_across_a_stop() -> None:
         "detail"
         not in charts.metric_chart(df.drop(columns="run"), "lag_ms", "lag (ms)").to_dict()["encoding"]
     )
+
+
+def test_the_alert_rate_leaves_a_gap_where_no_alert_was_committed() -> None:
+    """Alerts at 08:30:00 and 08:30:15 in buckets of 5 s: four bars' places, the two between
+    them empty -- not two bars side by side as if the time between had not passed."""
+    rows = [(T, "ENTER", 3), (T + timedelta(seconds=15), "EXIT", 1)]
+    x = charts.rate_chart(rows, 5).to_dict()["encoding"]["x"]
+    assert x["scale"]["domain"] == x["sort"] == ["08:30:00", "08:30:05", "08:30:10", "08:30:15"]
+    far = [(T, "ENTER", 3), (T + timedelta(seconds=5 * charts.MAX_RATE_BARS), "EXIT", 1)]
+    assert charts.rate_chart(far, 5).to_dict()["encoding"]["x"]["sort"] == ["08:30:00", "09:11:40"]
