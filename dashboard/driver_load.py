@@ -14,9 +14,10 @@ that time).  :func:`driver_load` sums them over the rows of the last ``window_s`
   low input rate this understates the ceiling: it is a bound from below.
 
 A row's CPU is the CPU spent between the row before it and itself, so the oldest counted row
-starts the span and its own CPU is not counted (as :func:`dashboard.queries.input_rate` does for
-events).  A row without ``driver_cpu_ms`` (an engine's first batch, a restart, a row older than
-migration 0013) starts the span again: nothing before it is counted.
+starts the span and its own CPU is not counted (:mod:`dashboard.spans`, as
+:func:`dashboard.queries.input_rate` does for events).  A row without ``driver_cpu_ms`` (an
+engine's first batch, a restart, a row older than migration 0013) starts the span again:
+nothing before it is counted.
 
 Engines that share a database (shards, a second deployment: each its own ``--engine-id``,
 docs/engine.md "Scale") each have a driver, and a row's CPU is its own driver's since that
@@ -31,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from dashboard import spans
 
 __all__ = ["DriverLoad", "driver_load", "driver_loads"]
 
@@ -60,15 +63,12 @@ def driver_load(
     """The :class:`DriverLoad` of metric rows made at ``times_s`` (any order) with their
     ``driver_cpu_ms`` and events, over the last ``window_s`` seconds before the newest; None when
     fewer than two rows remain after the newest row without a CPU figure (no span to measure)."""
-    t = np.asarray(times_s, dtype=np.float64)
-    if len(t) < 2:
+    rows = spans.recent(times_s, window_s)
+    if len(rows) < 2:
         return None
-    c = np.asarray([np.nan if x is None else x for x in cpu_ms], dtype=np.float64)
-    e = np.nan_to_num(np.asarray([np.nan if x is None else x for x in events], dtype=np.float64))
-    order = np.argsort(t, kind="stable")
-    t, c, e = t[order], c[order], e[order]
-    keep = t >= t[-1] - window_s
-    t, c, e = t[keep], c[keep], e[keep]
+    t = np.asarray(times_s, dtype=np.float64)[rows]
+    c = np.asarray([np.nan if x is None else x for x in cpu_ms], dtype=np.float64)[rows]
+    e = np.nan_to_num(np.asarray([np.nan if x is None else x for x in events], dtype=np.float64))[rows]
     gaps = np.flatnonzero(np.isnan(c))
     if len(gaps):  # the span starts again at the newest row without a figure
         t, c, e = t[gaps[-1] :], c[gaps[-1] :], e[gaps[-1] :]

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard import degraded, storm
+from dashboard import degraded, spans, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
 from dashboard.driver_load import DriverLoad, driver_loads
@@ -384,18 +384,14 @@ def input_rate(
     ``events``: the batches of the last ``window_s`` before the newest one, the oldest of them
     the start of the span (its events arrived before it, so they are not counted), the rest's
     events over the span.  None with fewer than two batches in the window (no span)."""
-    t = np.asarray(times_s, dtype=np.float64)
-    e = np.nan_to_num(np.asarray(events, dtype=np.float64))
-    if len(t) < 2:
+    rows = spans.recent(times_s, window_s)
+    if len(rows) < 2:
         return None
-    order = np.argsort(t, kind="stable")
-    t, e = t[order], e[order]
-    keep = t >= t[-1] - window_s
-    t, e = t[keep], e[keep]
+    t = np.asarray(times_s, dtype=np.float64)[rows]
     span = float(t[-1] - t[0])
-    if len(t) < 2 or span <= 0:
+    if span <= 0:
         return None
-    return float(e[1:].sum() / span)
+    return float(np.nan_to_num(np.asarray(events, dtype=np.float64)[rows[1:]]).sum() / span)
 
 
 def classify(
