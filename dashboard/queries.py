@@ -420,6 +420,7 @@ def health(
     st = settings
     with sessions() as s:
         obs = liveness.observe(s)
+        engines = liveness.observe_engines(s)
         rows = s.execute(select(EngineMetric).order_by(EngineMetric.id.desc()).limit(recent)).scalars().all()
         dl_total = s.scalar(select(func.coalesce(func.sum(EngineMetric.dead_letters), 0)))
         lost = s.scalar(
@@ -460,8 +461,9 @@ def health(
         spaced = degraded.read(s, username)
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
-    record = liveness.read_record(st)
-    verdict = liveness.verdict(obs, st, record)
+    records = liveness.read_records(st)
+    record = max(records.values(), key=lambda r: r.at, default=None)
+    verdict = liveness.judge(obs, engines, st, records)
     latest = rows[0] if rows else None
     shown = [r for r in reversed(rows) if r.ts >= rows[0].ts - timedelta(seconds=SERIES_WINDOW_S)]
     series = [

@@ -26,6 +26,13 @@ The rule (:func:`verdict`), first match wins; ``last`` is the newest committed b
 5. ``last`` older than ``engine_down_after_s``: **down** (not running, or no events arrive);
 6. :func:`lag_behind` over the recent lag series: **behind**;
 7. **ok**.
+
+Several engines on one database (each its ``--engine-id``: shards by key, a second deployment)
+are judged apart (:func:`judge`): each engine by the rule above, over its own batches and its own
+run record, and the verdict is the worst of them, naming the engine -- one engine that stopped
+is not hidden by another one's newer batches.  An engine counts while its newest batch is within
+:data:`ENGINES_WITHIN_S` of the newest of any.  (A run record alone does not make an engine
+count: the records of a run directory need not be of this database's engines.)
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +57,11 @@ SUSTAIN = 3
 #: last CATCH_UP_BATCHES batches' (a backlog being drained, e.g. a feed's history backfill)
 CATCHING_UP, CATCH_UP_BATCHES = 0.9, 10
 RESTART = "`tidewatch restart engine`"
+#: an engine whose newest batch is more than this before the newest batch of any engine is no
+#: longer judged: a retired shard, a deployment moved to another database
+ENGINES_WITHIN_S = 3600.0
+#: which verdict of several engines is named: the highest
+_SEVERITY = {"ok": 0, "unknown": 1, "starting": 2, "behind": 3, "down": 4}
 _SECRET_URL = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
 
 
@@ -144,6 +156,18 @@ def read_record(settings: Settings, engine_id: str | None = None) -> RunRecord |
         except (OSError, ValueError, TypeError, KeyError):
             continue
     return max(recs, key=lambda r: r.at, default=None)
+
+
+def read_records(settings: Settings) -> dict[str, RunRecord]:
+    """Every engine's run record by engine id (one that cannot be read is left out)."""
+    recs: dict[str, RunRecord] = {}
+    for p in sorted(record_dir(settings).glob("*.run.json")):
+        try:
+            rec = RunRecord.from_json(p.read_text())
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        recs[rec.engine_id] = rec
+    return recs
 
 
 def started(settings: Settings, engine_id: str, now: datetime | None = None) -> RunRecord:
@@ -297,6 +321,31 @@ def verdict(obs: Observed, settings: Settings, record: RunRecord | None) -> Verd
     return Verdict("ok", f"The engine is running: last batch {ago(age)} ago.")
 
 
+def judge(
+    obs: Observed, engines: Mapping[str, Observed], settings: Settings, records: Mapping[str, RunRecord]
+) -> Verdict:
+    """The verdict over every engine (pure): ``obs`` is all the batches together (:func:`observe`),
+    ``engines`` each engine's own (:func:`observe_engines`), ``records`` each engine's run record.
+
+    One engine with batches, or none: :func:`verdict` of ``obs`` and the newest record, the rule
+    above (an engine that failed before its first batch is told by its record).  Several: each
+    by :func:`verdict` over its own batches and its own record, at ``obs.now``: **ok** when all
+    are ("All N engines are running"), else the worst one's verdict, its cause prefixed with the
+    engine's id and followed by how many others are not ok."""
+    if len(engines) <= 1:
+        return verdict(obs, settings, max(records.values(), key=lambda r: r.at, default=None))
+    newest = max((o.last_at for o in engines.values() if o.last_at is not None), default=None)
+    per = {e: verdict(replace(o, now=obs.now), settings, records.get(e)) for e, o in sorted(engines.items())}
+    bad = [e for e, v in per.items() if v.status != "ok"]
+    if not bad:
+        age = (obs.now - newest).total_seconds() if newest is not None else 0.0
+        return Verdict("ok", f"All {len(per)} engines are running: last batch {ago(age)} ago.")
+    worst = max(bad, key=lambda e: _SEVERITY.get(per[e].status, 0))
+    v = per[worst]
+    more = "" if len(bad) == 1 else f" ({len(bad)} of the {len(per)} engines are not ok: {', '.join(bad)}.)"
+    return Verdict(v.status, f"Engine '{worst}' (of {len(per)}): {v.cause}{more}", v.hint)
+
+
 # --- reading PostgreSQL -------------------------------------------------------------------------
 
 
@@ -317,23 +366,57 @@ def observe(session: Any, recent: int = 30) -> Observed:
     )
 
 
+def observe_engines(session: Any, recent: int = 30) -> dict[str, Observed]:
+    """Each engine's :class:`Observed` from ``engine_metrics`` (its newest batch time and last
+    ``recent`` lags, oldest first, at the database's ``now()``), for the engines with a batch
+    within :data:`ENGINES_WITHIN_S` of the newest batch of any; one query, ranked in PostgreSQL."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, select
+
+    from tidewatch.db.models import EngineMetric
+
+    m = EngineMetric
+    newest = select(func.max(m.ts)).scalar_subquery()
+    rank = func.row_number().over(partition_by=m.engine_id, order_by=m.id.desc()).label("rank")
+    ranked = (
+        select(m.engine_id, m.ts, m.lag_ms, rank)
+        .where(m.ts >= newest - timedelta(seconds=ENGINES_WITHIN_S))
+        .subquery()
+    )
+    now = session.scalar(select(func.now()))
+    at = now if isinstance(now, datetime) else datetime.now(UTC)
+    rows = session.execute(
+        select(ranked.c.engine_id, ranked.c.ts, ranked.c.lag_ms)
+        .where(ranked.c.rank <= recent)
+        .order_by(ranked.c.engine_id, ranked.c.rank.desc())
+    ).all()
+    by_engine: dict[str, list[Any]] = {}
+    for engine_id, ts, lag in rows:  # a few rows per engine
+        by_engine.setdefault(engine_id, []).append((ts, lag))
+    return {e: Observed(r[-1][0], [x[1] for x in r], at) for e, r in by_engine.items()}
+
+
 def check(settings: Settings) -> Verdict:
-    """The verdict ``tidewatch status`` prints: :func:`observe` over ``settings.sqlalchemy_url``
-    and the newest run record (a database that does not answer: ``unknown``, why)."""
+    """The verdict ``tidewatch status`` prints: :func:`judge` over ``settings.sqlalchemy_url``'s
+    batches and the run records (a database that does not answer: ``unknown``, why -- or the
+    newest record's failure)."""
     from sqlalchemy import create_engine
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
     from sqlalchemy.pool import NullPool
 
-    record = read_record(settings)
+    records = read_records(settings)
+    record = max(records.values(), key=lambda r: r.at, default=None)
     eng = create_engine(settings.sqlalchemy_url, poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
         with Session(eng) as s:
             obs = observe(s)
+            engines = observe_engines(s)
     except SQLAlchemyError as exc:
         if record is not None and record.kind == "failed":
             return verdict(Observed(None), settings, record)
         return Verdict("unknown", f"Cannot read the engine's batches from PostgreSQL ({type(exc).__name__}).")
     finally:
         eng.dispose()
-    return verdict(obs, settings, record)
+    return judge(obs, engines, settings, records)

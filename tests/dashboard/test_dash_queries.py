@@ -12,6 +12,7 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from dashboard import queries
+from engine import liveness
 from subscriptions.service import NotFound, SubscriptionService
 from tests.dashboard.support import add_alerts, add_storm_metrics, subscribe, two_batches
 from tidewatch.db.models import EngineBatch, EngineMetric
@@ -178,6 +179,32 @@ def test_health_measures_engines_sharing_the_database_apart(
     assert per_s[0] == ("a", None) and per_s[1] == ("b", None)  # each engine's first row
     assert per_s[2][0] == "a" and per_s[2][1] == pytest.approx(10.0, rel=0.01)  # 20 in 2 s, not 20 in 1 s
     assert per_s[3][0] == "b" and per_s[3][1] == pytest.approx(30.0, rel=0.01)
+
+
+def test_health_names_an_engine_that_stopped_beside_one_that_runs(
+    sm: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Engine b committed its last batch 5 minutes ago, engine a a second ago: Health is "down"
+    and names b (each engine's own batches, :func:`engine.liveness.observe_engines`); an engine
+    whose batches are over an hour older than the newest is not judged."""
+    now = datetime.now(UTC)
+    rows = [("gone", 2 * 3600.0), ("b", 302.0), ("b", 300.0), ("a", 2.0), ("a", 1.0)]
+    with sm.begin() as db:
+        db.execute(delete(EngineMetric))
+        db.add_all(
+            EngineMetric(engine_id=e, ts=now - timedelta(seconds=ago), batch_id=i, lag_ms=200.0)
+            for i, (e, ago) in enumerate(rows)
+        )
+    try:
+        s = Settings(run_dir=tmp_path, engine_down_after_s=60)
+        h = queries.health(sm, s, now=now)
+        with sm() as db:
+            seen = liveness.observe_engines(db)
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
+    assert sorted(seen) == ["a", "b"] and len(seen["b"].lags_ms) == 2
+    assert h.status == "down" and h.banner.startswith("Engine 'b' (of 2): The engine looks down")
 
 
 def test_health_charts_break_at_a_stop_and_leave_out_older_runs(

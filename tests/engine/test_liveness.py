@@ -115,3 +115,51 @@ def test_describe_masks_passwords_and_names_the_setting(s: Settings) -> None:
     assert "database_url" in hint and "user and password" in hint
     kind, message, _ = liveness.describe(RuntimeError("cannot reach postgresql://tw:s3cret@db:5432/x"), s)
     assert "s3cret" not in message and "postgresql://tw:***@db" in message
+
+
+def test_several_engines_are_judged_apart_and_the_worst_is_named(s: Settings) -> None:
+    """Two engines on one database (``--engine-id``): one of them stopped committing five minutes
+    ago while the other runs -- the verdict is "down" and names it, not "ok" from the other's
+    newer batches (:func:`engine.liveness.judge`)."""
+    fresh = Observed(NOW - timedelta(seconds=1), [300.0] * 5, NOW)
+    stale = Observed(NOW - timedelta(minutes=5), [300.0] * 5, NOW)
+    together = Observed(fresh.last_at, [300.0] * 10, NOW)  # all the batches: the newest is a's
+    assert verdict(together, s, None).status == "ok"  # what one rule over every batch said
+    v = liveness.judge(together, {"a": fresh, "b": stale}, s, {})
+    assert v.status == "down" and v.cause.startswith("Engine 'b' (of 2): The engine looks down")
+    assert liveness.judge(together, {"a": fresh, "b": fresh}, s, {}) == liveness.Verdict(
+        "ok", "All 2 engines are running: last batch 1 s ago."
+    )
+    # down beats behind; the others not ok are counted
+    behind = Observed(NOW - timedelta(seconds=1), [30_000.0] * 3, NOW)
+    v = liveness.judge(together, {"a": fresh, "b": behind, "c": stale}, s, {})
+    assert v.status == "down" and v.cause.startswith("Engine 'c' (of 3)")
+    assert v.cause.endswith("(2 of the 3 engines are not ok: b, c.)")
+
+
+def test_one_engine_is_judged_by_the_rule_and_each_of_several_by_its_own_record(s: Settings) -> None:
+    fresh = Observed(NOW - timedelta(seconds=1), [300.0] * 5, NOW)
+    failed = RunRecord(
+        "b", "failed", NOW - timedelta(seconds=30), "KafkaException", "no broker", "start Kafka"
+    )
+    # one engine with batches: exactly verdict() with the newest record -- a record alone (of
+    # another database's engine, in a shared run directory) does not make a second engine
+    assert liveness.judge(fresh, {"a": fresh}, s, {}) == verdict(fresh, s, None)
+    assert liveness.judge(fresh, {"a": fresh}, s, {"b": failed}) == verdict(fresh, s, failed)
+    assert liveness.judge(fresh, {"a": fresh}, s, {"b": failed}).status == "ok"
+    # no batch at all, one record: the rule's "starting" / "down" as before
+    start = RunRecord("a", "started", NOW - timedelta(seconds=5))
+    assert liveness.judge(Observed(None, [], NOW), {}, s, {"a": start}).status == "starting"
+    # two engines with batches: b failed after its last batch -- down, named, its error and hint
+    b = Observed(NOW - timedelta(minutes=2), [300.0] * 5, NOW)
+    v = liveness.judge(fresh, {"a": fresh, "b": b}, s, {"b": failed, "a": start})
+    assert v.status == "down" and v.cause.startswith("Engine 'b' (of 2)") and "no broker" in v.cause
+    assert v.hint == "start Kafka"
+
+
+def test_read_records_gives_every_engines_record(s: Settings) -> None:
+    liveness.write_record(s, RunRecord("a", "started", NOW))
+    liveness.write_record(s, RunRecord("b", "stopped", NOW + timedelta(seconds=1)))
+    (liveness.record_dir(s) / "broken.run.json").write_text("{")
+    recs = liveness.read_records(s)
+    assert sorted(recs) == ["a", "b"] and recs["b"].kind == "stopped"
