@@ -312,8 +312,10 @@ class Health:
     :data:`RATE_WINDOW_S` of committed batches (:func:`input_rate`), what the feeds deliver.
     ``capacity_per_s`` is the newest batch's events over its evaluation time: how fast the
     engine could go, not how fast events arrive; with several engines on the database (each its
-    ``--engine-id``) the sum of each one's newest batch in that window.  ``status`` and ``banner`` (its cause and
-    hint) come from :func:`engine.liveness.verdict`, the rule ``tidewatch status`` uses too.
+    ``--engine-id``), the sum of each one's newest batch of the last :data:`RATE_WINDOW_S`.
+    ``status`` and ``banner`` (its cause and hint) come from :func:`engine.liveness.judge` (the
+    rule of :func:`engine.liveness.verdict`, per engine when there are several), which
+    ``tidewatch status`` uses too.
 
     ``alerts_per_s`` is the alerts the engine committed per wall-clock second over the same
     window (:func:`dashboard.storm.rate_per_s`, from ``engine_metrics``); ``storm`` is set when
@@ -462,7 +464,7 @@ def health(
     if now is not None:
         obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
     records = liveness.read_records(st)
-    record = max(records.values(), key=lambda r: r.at, default=None)
+    record = liveness.newest_record(records)
     verdict = liveness.judge(obs, engines, st, records)
     latest = rows[0] if rows else None
     shown = [r for r in reversed(rows) if r.ts >= rows[0].ts - timedelta(seconds=SERIES_WINDOW_S)]

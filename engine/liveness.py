@@ -146,28 +146,27 @@ def write_record(settings: Settings, rec: RunRecord) -> None:
 def read_record(settings: Settings, engine_id: str | None = None) -> RunRecord | None:
     """The record of ``engine_id``, or (None) the newest of every engine's; None when none can
     be read."""
-    paths = (
-        [record_path(settings, engine_id)] if engine_id else sorted(record_dir(settings).glob("*.run.json"))
-    )
-    recs = []
-    for p in paths:
-        try:
-            recs.append(RunRecord.from_json(p.read_text()))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    return max(recs, key=lambda r: r.at, default=None)
+    if engine_id is None:
+        return newest_record(read_records(settings))
+    return _read(record_path(settings, engine_id))
 
 
 def read_records(settings: Settings) -> dict[str, RunRecord]:
     """Every engine's run record by engine id (one that cannot be read is left out)."""
-    recs: dict[str, RunRecord] = {}
-    for p in sorted(record_dir(settings).glob("*.run.json")):
-        try:
-            rec = RunRecord.from_json(p.read_text())
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-        recs[rec.engine_id] = rec
-    return recs
+    recs = (_read(p) for p in sorted(record_dir(settings).glob("*.run.json")))
+    return {r.engine_id: r for r in recs if r is not None}
+
+
+def newest_record(records: Mapping[str, RunRecord]) -> RunRecord | None:
+    """The newest of ``records`` (None when there is none)."""
+    return max(records.values(), key=lambda r: r.at, default=None)
+
+
+def _read(path: Path) -> RunRecord | None:
+    try:
+        return RunRecord.from_json(path.read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def started(settings: Settings, engine_id: str, now: datetime | None = None) -> RunRecord:
@@ -333,7 +332,7 @@ def judge(
     are ("All N engines are running"), else the worst one's verdict, its cause prefixed with the
     engine's id and followed by how many others are not ok."""
     if len(engines) <= 1:
-        return verdict(obs, settings, max(records.values(), key=lambda r: r.at, default=None))
+        return verdict(obs, settings, newest_record(records))
     newest = max((o.last_at for o in engines.values() if o.last_at is not None), default=None)
     per = {e: verdict(replace(o, now=obs.now), settings, records.get(e)) for e, o in sorted(engines.items())}
     bad = [e for e, v in per.items() if v.status != "ok"]
@@ -407,7 +406,7 @@ def check(settings: Settings) -> Verdict:
     from sqlalchemy.pool import NullPool
 
     records = read_records(settings)
-    record = max(records.values(), key=lambda r: r.at, default=None)
+    record = newest_record(records)
     eng = create_engine(settings.sqlalchemy_url, poolclass=NullPool, connect_args={"connect_timeout": 5})
     try:
         with Session(eng) as s:
