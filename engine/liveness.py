@@ -42,7 +42,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -369,8 +369,6 @@ def observe_engines(session: Any, recent: int = 30) -> dict[str, Observed]:
     """Each engine's :class:`Observed` from ``engine_metrics`` (its newest batch time and last
     ``recent`` lags, oldest first, at the database's ``now()``), for the engines with a batch
     within :data:`ENGINES_WITHIN_S` of the newest batch of any; one query, ranked in PostgreSQL."""
-    from datetime import timedelta
-
     from sqlalchemy import func, select
 
     from tidewatch.db.models import EngineMetric
