@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard import spans
+from dashboard import per_engine, spans
 
 __all__ = ["DriverLoad", "driver_load", "driver_loads"]
 
@@ -93,11 +93,10 @@ def driver_loads(
     if not len(times_s):
         return {}
     t = np.asarray(times_s, dtype=np.float64)
-    ids = np.asarray(engine_ids, dtype=object)
-    recent = t >= t.max() - window_s
+    recent = np.flatnonzero(t >= t.max() - window_s)
     loads: dict[str, DriverLoad] = {}
-    for engine in sorted(set(ids[recent].tolist())):
-        rows = np.flatnonzero(recent & (ids == engine)).tolist()
+    for engine, part in per_engine.groups([engine_ids[i] for i in recent.tolist()]).items():
+        rows = recent[part].tolist()
         d = driver_load(t[rows].tolist(), [cpu_ms[i] for i in rows], [events[i] for i in rows], window_s)
         if d is not None:
             loads[engine] = d

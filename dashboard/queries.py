@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard import degraded, spans, storm
+from dashboard import degraded, per_engine, spans, storm
 from dashboard.capped import CAPPED
 from dashboard.catchup import AlertRow, as_values, withheld_sum
 from dashboard.driver_load import DriverLoad, driver_loads
@@ -313,6 +313,10 @@ class Health:
     ``capacity_per_s`` is the newest batch's events over its evaluation time: how fast the
     engine could go, not how fast events arrive; with several engines on the database (each its
     ``--engine-id``), the sum of each one's newest batch of the last :data:`RATE_WINDOW_S`.
+    ``lag_ms``, ``batch_ms``, ``delivery_ms`` and ``last_batch_at`` are the newest batch's; with
+    several engines (``engines``, each one's newest row), the worst of their newest batches: the
+    largest lag, batch time and delivery, and the batch of the engine that committed least
+    recently (:func:`dashboard.per_engine.worst`).
     ``status`` and ``banner`` (its cause and hint) come from :func:`engine.liveness.judge` (the
     rule of :func:`engine.liveness.verdict`, per engine when there are several), which
     ``tidewatch status`` uses too.
@@ -354,6 +358,9 @@ class Health:
     #: share of a core and where it saturates one (:mod:`dashboard.driver_load`; an engine
     #: without two figures is not in it, 0013)
     drivers: dict[str, DriverLoad] = field(default_factory=dict)
+    #: with several engines on the database, each one's newest row (engines in the order of their
+    #: ids); the figures above are then the worst of them (:func:`dashboard.per_engine.worst`)
+    engines: tuple[per_engine.Newest, ...] = ()
 
     @property
     def lost_banner(self) -> str | None:
@@ -424,6 +431,7 @@ def health(
         obs = liveness.observe(s)
         engines = liveness.observe_engines(s)
         rows = s.execute(select(EngineMetric).order_by(EngineMetric.id.desc()).limit(recent)).scalars().all()
+        newest = _newest_per_engine(s)
         dl_total = s.scalar(select(func.coalesce(func.sum(EngineMetric.dead_letters), 0)))
         lost = s.scalar(
             select(func.coalesce(func.sum(EngineMetric.dead_letter_reasons["lost"].as_integer()), 0))
@@ -467,7 +475,10 @@ def health(
     record = liveness.newest_record(records)
     verdict = liveness.judge(obs, engines, st, records)
     latest = rows[0] if rows else None
+    top = per_engine.worst(newest)
     shown = [r for r in reversed(rows) if r.ts >= rows[0].ts - timedelta(seconds=SERIES_WINDOW_S)]
+    shown_at = [r.ts.timestamp() for r in shown]
+    shown_by_engine = per_engine.groups([r.engine_id for r in shown])
     series = [
         {
             "ts": r.ts,
@@ -482,25 +493,28 @@ def health(
             "run": run,
         }
         for r, per_s, run in zip(
-            shown, _per_batch_rate(shown), _runs(shown, st.engine_down_after_s), strict=True
+            shown,
+            _per_batch_rate(shown, per_engine.since_row_before(shown_at, shown_by_engine)),
+            per_engine.runs(shown_at, shown_by_engine, st.engine_down_after_s),
+            strict=True,
         )
     ]
     return Health(
         status=verdict.status,
         banner=verdict.text,
-        last_batch_at=obs.last_at,
+        last_batch_at=top.at if len(newest) > 1 and top is not None else obs.last_at,
         last_batch_id=(latest.batch_id if latest is not None else (last_batch[0] if last_batch else None)),
         watermark=last_batch[2] if last_batch else None,
         events_per_s=input_rate([float(r[0]) for r in recent_batches], [r[1] or 0 for r in recent_batches]),
-        batch_ms=latest.batch_ms if latest is not None else None,
-        lag_ms=latest.lag_ms if latest is not None else None,
-        delivery_ms=latest.delivery_ms if latest is not None else None,
-        expansion_ms=latest.expansion_ms if latest is not None else None,
+        batch_ms=top.batch_ms if top is not None else None,
+        lag_ms=top.lag_ms if top is not None else None,
+        delivery_ms=top.delivery_ms if top is not None else None,
+        expansion_ms=top.expansion_ms if top is not None else None,
         dead_letters_total=int(dl_total or 0),
         dead_letters_recent=sum(int(r.dead_letters or 0) for r in rows),
         series=series,
         lost_ranges=int(lost or 0),
-        capacity_per_s=_capacity(rows),
+        capacity_per_s=per_engine.capacity(newest, RATE_WINDOW_S),
         cause=verdict.cause,
         hint=verdict.hint,
         restarts=record.restarts if record is not None else 0,
@@ -515,7 +529,34 @@ def health(
             [_events(r) for r in rows],
             RATE_WINDOW_S,
         ),
+        engines=tuple(newest) if len(newest) > 1 else (),
     )
+
+
+def _newest_per_engine(s: Session) -> list[per_engine.Newest]:
+    """Each engine's newest metric row, for the engines with a row within
+    :data:`engine.liveness.ENGINES_WITHIN_S` of the newest of any (the engines
+    :func:`engine.liveness.judge` judges), in the order of their ids; one query, ranked in
+    PostgreSQL as :func:`engine.liveness.observe_engines` ranks them."""
+    m = EngineMetric
+    since = select(func.max(m.ts)).scalar_subquery() - timedelta(seconds=liveness.ENGINES_WITHIN_S)
+    rank = func.row_number().over(partition_by=m.engine_id, order_by=m.id.desc()).label("rank")
+    ranked = select(m.id, rank).where(m.ts >= since).subquery()
+    found = s.execute(
+        select(m).join(ranked, ranked.c.id == m.id).where(ranked.c.rank == 1).order_by(m.engine_id)
+    ).scalars()
+    return [
+        per_engine.Newest(
+            engine=r.engine_id,
+            at=r.ts,
+            lag_ms=r.lag_ms,
+            batch_ms=r.batch_ms,
+            delivery_ms=r.delivery_ms,
+            expansion_ms=r.expansion_ms,
+            events_per_s=r.events_per_s,
+        )
+        for r in found
+    ]
 
 
 def _events(r: EngineMetric) -> float | None:
@@ -526,55 +567,11 @@ def _events(r: EngineMetric) -> float | None:
     return r.events_per_s * r.batch_ms / 1000
 
 
-def _capacity(rows: Sequence[EngineMetric]) -> float | None:
-    """The newest row's ``events_per_s``; with several engines, the sum of each engine's newest
-    row made within :data:`RATE_WINDOW_S` of the newest of all (rows newest first; None when
-    none of them has a figure)."""
-    if not rows:
-        return None
-    since = rows[0].ts - timedelta(seconds=RATE_WINDOW_S)
-    newest: dict[str, float | None] = {}
-    for r in rows:
-        if r.ts >= since and r.engine_id not in newest:
-            newest[r.engine_id] = r.events_per_s
-    figures = [x for x in newest.values() if x is not None]
-    return float(sum(figures)) if figures else None
-
-
-def _since_own_row_before(rows: Sequence[EngineMetric]) -> np.ndarray:
-    """Seconds from each metric row's engine's row before to the row (oldest first; NaN for an
-    engine's first row)."""
-    t = np.array([r.ts.timestamp() for r in rows], np.float64)
-    ids = np.array([r.engine_id for r in rows], dtype=object)
-    by_engine = np.argsort(ids, kind="stable")  # each engine's rows together, oldest first
-    gaps = np.diff(t[by_engine], prepend=np.nan)
-    gaps[1:][ids[by_engine][1:] != ids[by_engine][:-1]] = np.nan
-    dt = np.empty_like(gaps)
-    dt[by_engine] = gaps
-    return dt
-
-
-def _runs(rows: Sequence[EngineMetric], gap_s: float) -> list[str]:
-    """A name per metric row (oldest first) for its engine's unbroken run of batches: a new run
-    starts at an engine's first row and after more than ``gap_s`` without a row (the engine was
-    down: ``engine_down_after_s``), so no chart line joins the batches across the gap."""
-    if not rows:
-        return []
-    dt = _since_own_row_before(rows)
-    by_engine = np.argsort(np.array([r.engine_id for r in rows], dtype=object), kind="stable")
-    starts = ~(dt[by_engine] <= gap_s)  # NaN (an engine's first row) starts a run too
-    run = np.empty(len(rows), np.int64)
-    run[by_engine] = np.cumsum(starts)  # numbered within the engine's rows, which are together
-    return [f"{r.engine_id} {k}" for r, k in zip(rows, run.tolist(), strict=True)]
-
-
-def _per_batch_rate(rows: Sequence[EngineMetric]) -> list[float | None]:
-    """Each metric row's alerts over the time since its engine's row before (oldest first; None
-    for an engine's first row, a missing count or no time between)."""
-    if not rows:
-        return []
+def _per_batch_rate(rows: Sequence[EngineMetric], since_before: np.ndarray) -> list[float | None]:
+    """Each metric row's alerts over ``since_before``, the seconds since its engine's row before
+    (:func:`dashboard.per_engine.since_row_before`); None for an engine's first row, a missing
+    count or no time between."""
     a = np.array([np.nan if r.alerts is None else r.alerts for r in rows], np.float64)
-    dt = _since_own_row_before(rows)
     with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where(dt > 0, a / dt, np.nan)
+        rate = np.where(since_before > 0, a / since_before, np.nan)
     return [None if np.isnan(x) else float(x) for x in rate.tolist()]

@@ -13,6 +13,7 @@ import streamlit as st
 from dashboard import charts, queries
 from dashboard.degraded import Degradation
 from dashboard.driver_load import DriverLoad
+from dashboard.per_engine import Newest
 from dashboard.timefmt import as_utc, utc_text
 from dashboard.ui import current_user, plain, sessions
 from tidewatch.settings import Settings
@@ -46,21 +47,35 @@ def render(settings: Settings) -> None:
         help=f"alerts committed per second, over the last {queries.RATE_WINDOW_S:g} s of batches; "
         f"an alert storm: {h.storm_rule}",
     )
-    top[2].metric("lag", "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s")
+    worst = "" if not h.engines else f"; the largest of the {len(h.engines)} engines' newest batches"
+    top[2].metric(
+        "lag",
+        "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s",
+        help="at the newest batch, how long ago (wall clock) the newest event taken in happened" + worst,
+    )
     top[3].metric(
         "dead letters",
         f"{h.dead_letters_total:,}",
         delta=f"{h.dead_letters_recent:,} recent" if h.dead_letters_recent else None,
         delta_color="inverse",
     )
-    bottom[0].metric("batch duration", "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms")
+    bottom[0].metric(
+        "batch duration",
+        "-" if h.batch_ms is None else f"{h.batch_ms:,.0f} ms",
+        help="the newest batch's evaluation time" + worst,
+    )
     bottom[1].metric(
         "processing capacity",
         "-" if h.capacity_per_s is None else f"{h.capacity_per_s:,.0f}/s",
-        help="the newest batch's events over its evaluation time: how fast the engine could go",
+        help="the newest batch's events over its evaluation time: how fast the engine could go"
+        + ("" if not h.engines else f"; the sum of the {len(h.engines)} engines' newest batches"),
     )
     bottom[2].metric(
-        "last batch (UTC)", "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S")
+        "last batch (UTC)",
+        "-" if h.last_batch_at is None else as_utc(h.last_batch_at).strftime("%H:%M:%S"),
+        help=None
+        if not h.engines
+        else f"the newest batch of the engine that committed least recently of {len(h.engines)}",
     )
     bottom[3].metric(
         "delivery",
@@ -68,8 +83,11 @@ def render(settings: Settings) -> None:
         help="the newest delivered batch, from the end of its evaluation until its alerts were "
         "committed to PostgreSQL and to Kafka (Kafka's consumers see them from then on); the "
         "alert log and current results shown here are written right behind that"
-        + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time"),
+        + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time")
+        + worst.replace("largest", "slowest"),
     )
+    if h.engines:
+        st.caption("engines: " + "; ".join(_engine_line(e) for e in h.engines))
     _driver(h.drivers)
     if h.watermark is not None:
         st.caption(f"watermark {utc_text(h.watermark)}, batch {h.last_batch_id}")
@@ -131,6 +149,15 @@ def _driver(drivers: dict[str, DriverLoad]) -> None:
                 for e, x in drivers.items()
             )
         )
+
+
+def _engine_line(e: Newest) -> str:
+    """One engine's newest batch in a few words: its id, lag, batch time and when."""
+    return (
+        f"{e.engine} lag {'-' if e.lag_ms is None else f'{e.lag_ms / 1000:,.1f} s'}, "
+        f"batch {'-' if e.batch_ms is None else f'{e.batch_ms:,.0f} ms'}, "
+        f"last {as_utc(e.at).strftime('%H:%M:%S')}"
+    )
 
 
 def _si(x: float) -> str:

@@ -277,7 +277,7 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
         assert not at.exception
         assert shown_metrics["driver CPU"] == "20% of a core"
         assert shown_metrics["driver ceiling"] == "≥ 1.3 k/s"  # a lower bound
-        assert not any(c.value.startswith("drivers:") for c in at.caption)  # one engine: no list
+        assert not any(c.value.startswith(("drivers:", "engines:")) for c in at.caption)  # one engine
         with sm.begin() as db:  # a second engine on the database, its driver busier
             db.add_all(
                 EngineMetric(
@@ -286,6 +286,7 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
                     batch_id=b,
                     events_per_s=1000.0,
                     batch_ms=100.0,
+                    lag_ms=5000.0,
                     driver_cpu_ms=cpu,
                 )  # fmt: skip
                 for b, ago, cpu in [(1, 1.5, None), (2, 0.5, 500.0)]
@@ -298,6 +299,12 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
         assert lines == [
             "drivers: shard-2 50% of a core, ≥ 200 events/s; default 20% of a core, ≥ 1.3 k events/s"
         ]
+        # the top figures are the worst engine's: shard-2's lag, the default engine's batch time
+        assert (shown_metrics["lag"], shown_metrics["batch duration"]) == ("5.0 s", "420 ms")
+        assert shown_metrics["processing capacity"] == "2,200/s"  # 1,200 + 1,000
+        (engines,) = [c.value for c in at.caption if c.value.startswith("engines:")]
+        assert engines.startswith("engines: default lag 0.9 s, batch 420 ms, last ")
+        assert "; shard-2 lag 5.0 s, batch 100 ms, last " in engines
     finally:
         with sm.begin() as db:
             db.execute(delete(EngineMetric))

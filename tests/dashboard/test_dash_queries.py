@@ -127,6 +127,7 @@ def test_health_from_engine_metrics(sm: sessionmaker[Session], tmp_path: Path) -
     assert d.us_per_event == pytest.approx(400_000 / 504)
     assert h.status == "ok" and h.capacity_per_s == 1200.0 and h.batch_ms == 420.0 and h.lag_ms == 1500.0
     assert (h.delivery_ms, h.expansion_ms) == (85.0, 120.0)  # the newest row's (0012)
+    assert h.engines == ()  # one engine: its figures as they are, no list
     assert h.dead_letters_total >= 5 and h.series[-1]["batch_id"] == 2
     assert queries.health(sm, s, now=now + timedelta(minutes=10)).status == "down"
     with sm.begin() as db:
@@ -175,6 +176,8 @@ def test_health_measures_engines_sharing_the_database_apart(
     assert h.drivers["b"].us_per_event == pytest.approx(1e6 / 300)
     assert h.drivers["a"].us_per_event == pytest.approx(2e5 / 100)
     assert h.capacity_per_s == 4000.0  # each engine's newest batch, summed
+    assert [(e.engine, e.events_per_s) for e in h.engines] == [("a", 1000.0), ("b", 3000.0)]
+    assert h.last_batch_at == now - timedelta(seconds=2)  # a's: the engine that committed least recently
     per_s = [(r["engine"], r["alerts_per_s"]) for r in h.series]
     assert per_s[0] == ("a", None) and per_s[1] == ("b", None)  # each engine's first row
     assert per_s[2][0] == "a" and per_s[2][1] == pytest.approx(10.0, rel=0.01)  # 20 in 2 s, not 20 in 1 s
@@ -205,6 +208,8 @@ def test_health_names_an_engine_that_stopped_beside_one_that_runs(
             db.execute(delete(EngineMetric))
     assert sorted(seen) == ["a", "b"] and len(seen["b"].lags_ms) == 2
     assert h.status == "down" and h.banner.startswith("Engine 'b' (of 2): The engine looks down")
+    assert [e.engine for e in h.engines] == ["a", "b"]  # "gone" is not among the engines shown
+    assert h.last_batch_at == now - timedelta(seconds=300)  # b's, not a's second-old batch
 
 
 def test_health_charts_break_at_a_stop_and_leave_out_older_runs(
