@@ -233,13 +233,21 @@ def aggregate_chart(series: pd.DataFrame, aggregate: str, lines: Sequence[Thresh
     )
 
 
+#: height of an engine metric's chart (:func:`metric_chart`); the room of its legend, with
+#: several engines: the legend's title and gap, and a row per engine (measured in chromium)
+METRIC_PX = 200
+LEGEND_PX = 44
+LEGEND_ROW_PX = 28
+
+
 def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
     """One engine metric per micro-batch over time (points joined by a line), its name as the
     title.  With an ``engine`` column naming more than one engine (several ``--engine-id`` on one
     database), one line per engine, coloured, so no line joins two engines' batches; with a
     ``run`` column, one line per run (:func:`dashboard.queries.health`'s unbroken runs of
     batches), so none joins the batches before a stop of the engine to those after it."""
-    several = "engine" in df.columns and df["engine"].nunique() > 1
+    engines = df["engine"].nunique() if "engine" in df.columns else 1
+    several = engines > 1
     runs = "run" in df.columns
     d = df[["ts", field, *(["engine"] if several else []), *(["run"] if runs else [])]].dropna().copy()
     d["ts"] = pd.to_datetime(d["ts"], utc=True)
@@ -247,7 +255,9 @@ def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
     tooltip = [alt.Tooltip("when:N", title="time"), f"{field}:Q"]
     split: dict[str, Any] = {}
     if several:
-        split["color"] = alt.Color("engine:N", title="engine", legend=alt.Legend(orient="bottom"))
+        split["color"] = alt.Color(
+            "engine:N", title="engine", legend=alt.Legend(orient="bottom", direction="vertical", labelLimit=0)
+        )
         tooltip.append(alt.Tooltip("engine:N", title="engine"))
     if runs:  # a line per unbroken run of batches: none drawn across the time the engine was down
         split["detail"] = alt.Detail("run:N")
@@ -255,5 +265,10 @@ def metric_chart(df: pd.DataFrame, field: str, title: str) -> alt.Chart:
         alt.Chart(d)
         .mark_line(point=True)
         .encode(x=time_x("ts", d["ts"]), y=alt.Y(f"{field}:Q", title=None), tooltip=tooltip, **split)
-        .properties(height=200, title=alt.TitleParams(wrap_title(title, 40), fontSize=12, anchor="start"))
+        .properties(
+            # the dashboard fits the whole chart, legend included, into its height: a legend row
+            # more per engine keeps the plot as tall as one engine's
+            height=METRIC_PX + (LEGEND_PX + LEGEND_ROW_PX * engines if several else 0),
+            title=alt.TitleParams(wrap_title(title, 40), fontSize=12, anchor="start"),
+        )
     )

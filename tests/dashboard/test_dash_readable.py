@@ -141,6 +141,9 @@ def test_engine_metrics_of_several_engines_are_one_line_each() -> None:
     assert {"field": "engine", "title": "engine", "type": "nominal"} in spec["encoding"]["tooltip"]
     one = charts.metric_chart(two.assign(engine="a"), "lag_ms", "lag (ms)").to_dict()
     assert "color" not in one["encoding"]
+    # the legend, a row per engine under the plot, has room of its own: the plot keeps its height
+    assert spec["encoding"]["color"]["legend"]["direction"] == "vertical"
+    assert spec["height"] == one["height"] + charts.LEGEND_PX + 2 * charts.LEGEND_ROW_PX
 
 
 def test_engine_metrics_are_not_joined_across_a_stop() -> None:
