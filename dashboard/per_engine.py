@@ -41,11 +41,12 @@ def since_row_before(times_s: Sequence[float], by_engine: dict[str, np.ndarray])
     return dt
 
 
-def runs(times_s: Sequence[float], by_engine: dict[str, np.ndarray], gap_s: float) -> list[str]:
+def runs(since_before: np.ndarray, by_engine: dict[str, np.ndarray], gap_s: float) -> list[str]:
     """A name per row ("<engine> <n>") for its engine's unbroken run of rows: a run starts at an
-    engine's first row and after more than ``gap_s`` seconds without a row (rows oldest first
-    within each engine) -- a chart draws no line across the gap."""
-    dt = since_row_before(times_s, by_engine)
+    engine's first row and after more than ``gap_s`` seconds without a row -- a chart draws no
+    line across the gap.  ``since_before`` is :func:`since_row_before` of the rows (NaN at an
+    engine's first row), ``by_engine`` the :func:`groups` it was measured over."""
+    dt = since_before
     names = [""] * len(dt)
     for engine, rows in by_engine.items():
         n = np.cumsum(~(dt[rows] <= gap_s))  # NaN (the engine's first row) starts a run too

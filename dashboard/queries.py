@@ -429,9 +429,10 @@ def health(
     st = settings
     with sessions() as s:
         obs = liveness.observe(s)
-        engines = liveness.observe_engines(s)
+        at, recent_by_engine = liveness.recent_engine_rows(s)
+        engines = liveness.observed(at, recent_by_engine)
+        newest = [_newest(r[-1]) for r in recent_by_engine.values()]
         rows = s.execute(select(EngineMetric).order_by(EngineMetric.id.desc()).limit(recent)).scalars().all()
-        newest = _newest_per_engine(s)
         dl_total = s.scalar(select(func.coalesce(func.sum(EngineMetric.dead_letters), 0)))
         lost = s.scalar(
             select(func.coalesce(func.sum(EngineMetric.dead_letter_reasons["lost"].as_integer()), 0))
@@ -479,6 +480,7 @@ def health(
     shown = [r for r in reversed(rows) if r.ts >= rows[0].ts - timedelta(seconds=SERIES_WINDOW_S)]
     shown_at = [r.ts.timestamp() for r in shown]
     shown_by_engine = per_engine.groups([r.engine_id for r in shown])
+    shown_gaps = per_engine.since_row_before(shown_at, shown_by_engine)
     series = [
         {
             "ts": r.ts,
@@ -494,8 +496,8 @@ def health(
         }
         for r, per_s, run in zip(
             shown,
-            _per_batch_rate(shown, per_engine.since_row_before(shown_at, shown_by_engine)),
-            per_engine.runs(shown_at, shown_by_engine, st.engine_down_after_s),
+            _per_batch_rate(shown, shown_gaps),
+            per_engine.runs(shown_gaps, shown_by_engine, st.engine_down_after_s),
             strict=True,
         )
     ]
@@ -533,30 +535,17 @@ def health(
     )
 
 
-def _newest_per_engine(s: Session) -> list[per_engine.Newest]:
-    """Each engine's newest metric row, for the engines with a row within
-    :data:`engine.liveness.ENGINES_WITHIN_S` of the newest of any (the engines
-    :func:`engine.liveness.judge` judges), in the order of their ids; one query, ranked in
-    PostgreSQL as :func:`engine.liveness.observe_engines` ranks them."""
-    m = EngineMetric
-    since = select(func.max(m.ts)).scalar_subquery() - timedelta(seconds=liveness.ENGINES_WITHIN_S)
-    rank = func.row_number().over(partition_by=m.engine_id, order_by=m.id.desc()).label("rank")
-    ranked = select(m.id, rank).where(m.ts >= since).subquery()
-    found = s.execute(
-        select(m).join(ranked, ranked.c.id == m.id).where(ranked.c.rank == 1).order_by(m.engine_id)
-    ).scalars()
-    return [
-        per_engine.Newest(
-            engine=r.engine_id,
-            at=r.ts,
-            lag_ms=r.lag_ms,
-            batch_ms=r.batch_ms,
-            delivery_ms=r.delivery_ms,
-            expansion_ms=r.expansion_ms,
-            events_per_s=r.events_per_s,
-        )
-        for r in found
-    ]
+def _newest(r: EngineMetric) -> per_engine.Newest:
+    """An engine's newest metric row as the Health view's top figures read it."""
+    return per_engine.Newest(
+        engine=r.engine_id,
+        at=r.ts,
+        lag_ms=r.lag_ms,
+        batch_ms=r.batch_ms,
+        delivery_ms=r.delivery_ms,
+        expansion_ms=r.expansion_ms,
+        events_per_s=r.events_per_s,
+    )
 
 
 def _events(r: EngineMetric) -> float | None:

@@ -368,7 +368,16 @@ def observe(session: Any, recent: int = 30) -> Observed:
 def observe_engines(session: Any, recent: int = 30) -> dict[str, Observed]:
     """Each engine's :class:`Observed` from ``engine_metrics`` (its newest batch time and last
     ``recent`` lags, oldest first, at the database's ``now()``), for the engines with a batch
-    within :data:`ENGINES_WITHIN_S` of the newest batch of any; one query, ranked in PostgreSQL."""
+    within :data:`ENGINES_WITHIN_S` of the newest batch of any: :func:`observed` of
+    :func:`recent_engine_rows`."""
+    return observed(*recent_engine_rows(session, recent))
+
+
+def recent_engine_rows(session: Any, recent: int = 30) -> tuple[datetime, dict[str, list[Any]]]:
+    """The database's ``now()`` and each engine's last ``recent`` ``engine_metrics`` rows (oldest
+    first; engines in the order of their ids), for the engines with a batch within
+    :data:`ENGINES_WITHIN_S` of the newest batch of any; one query, ranked in PostgreSQL.  The
+    Health view reads the engines' newest rows from the same answer."""
     from sqlalchemy import func, select
 
     from tidewatch.db.models import EngineMetric
@@ -376,22 +385,25 @@ def observe_engines(session: Any, recent: int = 30) -> dict[str, Observed]:
     m = EngineMetric
     newest = select(func.max(m.ts)).scalar_subquery()
     rank = func.row_number().over(partition_by=m.engine_id, order_by=m.id.desc()).label("rank")
-    ranked = (
-        select(m.engine_id, m.ts, m.lag_ms, rank)
-        .where(m.ts >= newest - timedelta(seconds=ENGINES_WITHIN_S))
-        .subquery()
-    )
+    ranked = select(m.id, rank).where(m.ts >= newest - timedelta(seconds=ENGINES_WITHIN_S)).subquery()
     now = session.scalar(select(func.now()))
     at = now if isinstance(now, datetime) else datetime.now(UTC)
     rows = session.execute(
-        select(ranked.c.engine_id, ranked.c.ts, ranked.c.lag_ms)
+        select(m)
+        .join(ranked, ranked.c.id == m.id)
         .where(ranked.c.rank <= recent)
-        .order_by(ranked.c.engine_id, ranked.c.rank.desc())
-    ).all()
+        .order_by(m.engine_id, ranked.c.rank.desc())
+    ).scalars()
     by_engine: dict[str, list[Any]] = {}
-    for engine_id, ts, lag in rows:  # a few rows per engine
-        by_engine.setdefault(engine_id, []).append((ts, lag))
-    return {e: Observed(r[-1][0], [x[1] for x in r], at) for e, r in by_engine.items()}
+    for r in rows:  # a few rows per engine
+        by_engine.setdefault(r.engine_id, []).append(r)
+    return at, by_engine
+
+
+def observed(at: datetime, rows_by_engine: Mapping[str, Sequence[Any]]) -> dict[str, Observed]:
+    """Each engine's :class:`Observed` at ``at`` from its metric rows (oldest first, each with
+    ``ts`` and ``lag_ms``): its newest batch time and the rows' lags."""
+    return {e: Observed(r[-1].ts, [x.lag_ms for x in r], at) for e, r in rows_by_engine.items() if r}
 
 
 def check(settings: Settings) -> Verdict:

@@ -47,7 +47,7 @@ def render(settings: Settings) -> None:
         help=f"alerts committed per second, over the last {queries.RATE_WINDOW_S:g} s of batches; "
         f"an alert storm: {h.storm_rule}",
     )
-    worst = "" if not h.engines else f"; the largest of the {len(h.engines)} engines' newest batches"
+    worst = _of_engines(h, "largest")
     top[2].metric(
         "lag",
         "-" if h.lag_ms is None else f"{h.lag_ms / 1000:,.1f} s",
@@ -84,7 +84,7 @@ def render(settings: Settings) -> None:
         "committed to PostgreSQL and to Kafka (Kafka's consumers see them from then on); the "
         "alert log and current results shown here are written right behind that"
         + ("" if h.expansion_ms is None else f", in {h.expansion_ms:,.0f} ms the last time")
-        + worst.replace("largest", "slowest"),
+        + _of_engines(h, "slowest"),
     )
     if h.engines:
         st.caption("engines: " + "; ".join(_engine_line(e) for e in h.engines))
@@ -105,6 +105,12 @@ def render(settings: Settings) -> None:
             strict=True,
         ):
             col.altair_chart(charts.metric_chart(df, field, title), width="stretch")
+
+
+def _of_engines(h: queries.Health, which: str) -> str:
+    """A help text's tail saying a top figure is ``which`` of several engines' newest batches;
+    empty with one engine."""
+    return "" if not h.engines else f"; the {which} of the {len(h.engines)} engines' newest batches"
 
 
 def _driver(drivers: dict[str, DriverLoad]) -> None:

@@ -27,8 +27,9 @@ def test_matches_a_loop_over_each_engines_rows(rows: list[tuple[str, int]], gap:
     assert {e: r.tolist() for e, r in by.items()} == {
         e: [i for i, x in enumerate(ids) if x == e] for e in set(ids)
     }
-    dt = since_row_before(times, by).tolist()
-    names = runs(times, by, gap)
+    gaps = since_row_before(times, by)
+    dt = gaps.tolist()
+    names = runs(gaps, by, gap)
     for e in set(ids):
         before: float | None = None
         run = 0
@@ -43,7 +44,7 @@ def test_matches_a_loop_over_each_engines_rows(rows: list[tuple[str, int]], gap:
 
 def test_no_rows() -> None:
     assert groups([]) == {}
-    assert since_row_before([], {}).tolist() == [] and runs([], {}, 60.0) == []
+    assert since_row_before([], {}).tolist() == [] and runs(since_row_before([], {}), {}, 60.0) == []
 
 
 T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
