@@ -51,6 +51,15 @@ kafka_version() {
     sed -n 's/^ *kafka_version: str = "\(.*\)"/\1/p' "$ROOT/tidewatch/settings.py" | head -1
 }
 
+# the cache_dir setting (TIDEWATCH_CACHE_DIR, default .cache): where python -m tidewatch.jars
+# puts the Kafka and Spark jars the images are built from
+jars_cache_dir() {
+    if [ -x "$ROOT/.venv/bin/python" ]; then
+        (cd "$ROOT" && .venv/bin/python -c 'from tidewatch.settings import get_settings; print(get_settings().cache_dir.resolve())' 2>/dev/null) && return
+    fi
+    (cd "$ROOT" && realpath -m "${TIDEWATCH_CACHE_DIR:-.cache}")
+}
+
 # --- 1. packages ------------------------------------------------------------------
 PACKAGES=(podman runc netavark aardvark-dns slirp4netns uidmap fuse-overlayfs iptables podman-compose debootstrap curl)
 
@@ -187,7 +196,8 @@ build_image() {
 }
 
 stage_kafka_libs() {
-    local version="$1" src="$ROOT/.cache/kafka/$1/libs" dst="$ROOT/containers/kafka/libs"
+    local version="$1" src dst="$ROOT/containers/kafka/libs"
+    src="$(jars_cache_dir)/kafka/$version/libs"
     if [ ! -f "$src/.complete" ]; then
         if [ -x "$ROOT/.venv/bin/python" ]; then
             log "kafka jars: resolving $version from Maven Central"
@@ -206,7 +216,8 @@ stage_kafka_libs() {
 }
 
 stage_spark_jars() {
-    local src="$ROOT/.cache/spark-jars" dst="$ROOT/containers/app/spark-jars"
+    local src dst="$ROOT/containers/app/spark-jars"
+    src="$(jars_cache_dir)/spark-jars"
     mkdir -p "$dst"
     [ -f "$src/.complete" ] || { log "spark jars: none cached (the container engine will use Ivy)"; return; }
     if [ -f "$dst/.complete" ] && cmp -s "$src/.complete" "$dst/.complete" &&
