@@ -20,7 +20,8 @@
 # script: `docker compose up --build` builds from the public debian:bookworm-slim.
 #
 # Environment: TIDEWATCH_PODMAN_SOCKET (default /run/podman/podman.sock),
-# TIDEWATCH_KAFKA_VERSION (default: the kafka_version setting), TIDEWATCH_CONTAINERS_CACHE
+# TIDEWATCH_KAFKA_VERSION (default: the kafka_version setting), TIDEWATCH_CACHE_DIR (the jars, as
+# python -m tidewatch.jars; default .cache), TIDEWATCH_CONTAINERS_CACHE
 # (default .cache/containers: the debootstrap root file system).
 set -euo pipefail
 
@@ -117,7 +118,10 @@ start_service() {
     fi
     mkdir -p "$RUN_DIR" "$(dirname "$SOCKET")"
     log "service: starting podman system service on unix://$SOCKET"
-    setsid podman system service --time=0 "unix://$SOCKET" >"$RUN_DIR/podman-service.log" 2>&1 </dev/null &
+    # from /, not this checkout: the service outlives it (later checkouts reuse it), and a service
+    # whose working directory was deleted answers but fails every container start ("write child:
+    # broken pipe"); exec keeps $! the service's PID
+    (cd / && exec setsid podman system service --time=0 "unix://$SOCKET" >"$RUN_DIR/podman-service.log" 2>&1 </dev/null) &
     echo $! >"$PID_FILE"
     STARTED_SERVICE=1
     for _ in $(seq 1 150); do socket_answers 5 && { log "service: up (pid $(cat "$PID_FILE"))"; return; }; sleep 0.2; done
@@ -268,14 +272,19 @@ main() {
     local cmd="${1:-setup}" t0=$SECONDS
     case "$cmd" in
         setup)
+            if [ "${2:-}" != "--keep-service" ]; then
+                # nothing left running, also when a step below fails: the test fixtures start (and
+                # stop) the service themselves
+                trap 'if [ "$STARTED_SERVICE" = 1 ]; then stop_service; fi' EXIT
+            fi
             install_packages
             write_conf
             start_service
             base_image
             build_images
             if [ "$STARTED_SERVICE" = 1 ] && [ "${2:-}" != "--keep-service" ]; then
-                # nothing left running: the test fixtures start (and stop) the service themselves
                 stop_service
+                STARTED_SERVICE=0
                 log "ready in $((SECONDS - t0)) s (images built; the API service is started on demand)"
             else
                 log "ready in $((SECONDS - t0)) s: DOCKER_HOST=unix://$SOCKET"

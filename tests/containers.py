@@ -139,6 +139,7 @@ class ContainerRuntime:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                cwd="/",  # it may outlive this checkout; in a deleted directory it fails every start
             )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
