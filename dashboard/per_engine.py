@@ -46,10 +46,9 @@ def runs(since_before: np.ndarray, by_engine: dict[str, np.ndarray], gap_s: floa
     engine's first row and after more than ``gap_s`` seconds without a row -- a chart draws no
     line across the gap.  ``since_before`` is :func:`since_row_before` of the rows (NaN at an
     engine's first row), ``by_engine`` the :func:`groups` it was measured over."""
-    dt = since_before
-    names = [""] * len(dt)
+    names = [""] * len(since_before)
     for engine, rows in by_engine.items():
-        n = np.cumsum(~(dt[rows] <= gap_s))  # NaN (the engine's first row) starts a run too
+        n = np.cumsum(~(since_before[rows] <= gap_s))  # NaN (the engine's first row) starts a run too
         for i, k in zip(rows.tolist(), n.tolist(), strict=True):
             names[i] = f"{engine} {k}"
     return names

@@ -428,7 +428,6 @@ def health(
     ``username`` owns it."""
     st = settings
     with sessions() as s:
-        obs = liveness.observe(s)
         at, recent_by_engine = liveness.recent_engine_rows(s)
         engines = liveness.observed(at, recent_by_engine)
         newest = [_newest(r[-1]) for r in recent_by_engine.values()]
@@ -470,8 +469,8 @@ def health(
             sid = found.subscription_id
             found = replace(found, subscription_name=own_names(s, username, [sid]).get(sid))
         spaced = degraded.read(s, username)
-    if now is not None:
-        obs = liveness.Observed(obs.last_at, obs.lags_ms, now)
+    # the rows read above, not a third read of engine_metrics
+    obs = liveness.overall(now or at, rows, last_batch.committed_at if last_batch else None)
     records = liveness.read_records(st)
     record = liveness.newest_record(records)
     verdict = liveness.judge(obs, engines, st, records)

@@ -350,7 +350,8 @@ def judge(
 
 def observe(session: Any, recent: int = 30) -> Observed:
     """The newest batch time (``engine_metrics``, else ``engine_batches``), the last ``recent``
-    lags (oldest first) and the database's ``now()``, in an open SQLAlchemy ``session``."""
+    lags (oldest first) and the database's ``now()``, in an open SQLAlchemy ``session``:
+    :func:`overall` of what it reads."""
     from sqlalchemy import func, select
 
     from tidewatch.db.models import EngineBatch, EngineMetric
@@ -359,10 +360,19 @@ def observe(session: Any, recent: int = 30) -> Observed:
     rows = session.execute(
         select(EngineMetric.ts, EngineMetric.lag_ms).order_by(EngineMetric.id.desc()).limit(recent)
     ).all()
-    last = rows[0][0] if rows else session.scalar(select(func.max(EngineBatch.committed_at)))
-    return Observed(
-        last, [r[1] for r in reversed(rows)], now if isinstance(now, datetime) else datetime.now(UTC)
-    )
+    committed = None if rows else session.scalar(select(func.max(EngineBatch.committed_at)))
+    return overall(now if isinstance(now, datetime) else datetime.now(UTC), rows, committed, recent)
+
+
+def overall(
+    at: datetime, newest_first: Sequence[Any], last_committed: datetime | None, recent: int = 30
+) -> Observed:
+    """The :class:`Observed` of all engines together at ``at``: the newest of ``newest_first``
+    (``engine_metrics`` rows, each with ``ts`` and ``lag_ms``, newest first) and the lags of its
+    first ``recent``, oldest first; with no rows, ``last_committed`` (the newest
+    ``engine_batches.committed_at``) as the newest batch time."""
+    head = newest_first[:recent]
+    return Observed(head[0].ts if head else last_committed, [r.lag_ms for r in reversed(head)], at)
 
 
 def observe_engines(session: Any, recent: int = 30) -> dict[str, Observed]:

@@ -199,9 +199,9 @@ build_image() {
     done
 }
 
+# $1: the Kafka version, $2: jars_cache_dir's answer
 stage_kafka_libs() {
-    local version="$1" src dst="$ROOT/containers/kafka/libs"
-    src="$(jars_cache_dir)/kafka/$version/libs"
+    local version="$1" src="$2/kafka/$1/libs" dst="$ROOT/containers/kafka/libs"
     if [ ! -f "$src/.complete" ]; then
         if [ -x "$ROOT/.venv/bin/python" ]; then
             log "kafka jars: resolving $version from Maven Central"
@@ -219,9 +219,9 @@ stage_kafka_libs() {
     echo "$src" >"$dst/.source"
 }
 
+# $1: jars_cache_dir's answer
 stage_spark_jars() {
-    local src dst="$ROOT/containers/app/spark-jars"
-    src="$(jars_cache_dir)/spark-jars"
+    local src="$1/spark-jars" dst="$ROOT/containers/app/spark-jars"
     mkdir -p "$dst"
     [ -f "$src/.complete" ] || { log "spark jars: none cached (the container engine will use Ivy)"; return; }
     if [ -f "$dst/.complete" ] && cmp -s "$src/.complete" "$dst/.complete" &&
@@ -235,19 +235,20 @@ stage_spark_jars() {
 
 build_images() {
     mkdir -p "$RUN_DIR"
-    local c="$ROOT/containers" kv
+    local c="$ROOT/containers" kv jars
     build_image postgres "$c/postgres" "$c/postgres/Containerfile" \
         "$(inputs_hash postgres "$c/postgres")"
 
     kv="$(kafka_version)"
-    stage_kafka_libs "$kv"
+    jars="$(jars_cache_dir)" # asked once: each answer starts a Python
+    stage_kafka_libs "$kv" "$jars"
     # the jar list (names and sizes), not their bytes: hashing 40 MB every run is wasted time
     build_image kafka "$c/kafka" "$c/kafka/Containerfile" \
         "$(inputs_hash "kafka-$kv-$(cd "$c/kafka/libs" && ls -l -- *.jar | awk '{print $5, $9}' | sha256sum | cut -c1-16)" \
             "$c/kafka/Containerfile" "$c/kafka/entrypoint.sh" "$c/kafka/log4j2.properties")" \
         --build-arg "KAFKA_VERSION=$kv"
 
-    stage_spark_jars
+    stage_spark_jars "$jars"
     local pip_cache=()
     [ -d "$HOME/.cache/pip" ] && pip_cache=(-v "$HOME/.cache/pip:/root/.cache/pip")
     # the host's CA bundle, for pip behind a TLS-intercepting proxy (a public cert, not a secret)

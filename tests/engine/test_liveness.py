@@ -163,3 +163,17 @@ def test_read_records_gives_every_engines_record(s: Settings) -> None:
     (liveness.record_dir(s) / "broken.run.json").write_text("{")
     recs = liveness.read_records(s)
     assert sorted(recs) == ["a", "b"] and recs["b"].kind == "stopped"
+
+
+def test_overall_reads_the_newest_rows_and_falls_back_to_the_batches() -> None:
+    """All engines together: the newest row's time and the first ``recent`` lags, oldest first;
+    with no metric rows, the newest committed batch."""
+    from types import SimpleNamespace
+
+    t0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
+    at = t0 + timedelta(minutes=1)
+    newest_first = [SimpleNamespace(ts=t0 - timedelta(seconds=i), lag_ms=float(i)) for i in range(5)]
+    o = liveness.overall(at, newest_first, last_committed=t0 - timedelta(hours=1), recent=3)
+    assert o == Observed(t0, [2.0, 1.0, 0.0], at)
+    assert liveness.overall(at, [], t0 - timedelta(hours=1)) == Observed(t0 - timedelta(hours=1), [], at)
+    assert liveness.overall(at, [], None).last_at is None
