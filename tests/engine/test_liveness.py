@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -168,8 +169,6 @@ def test_read_records_gives_every_engines_record(s: Settings) -> None:
 def test_overall_reads_the_newest_rows_and_falls_back_to_the_batches() -> None:
     """All engines together: the newest row's time and the first ``recent`` lags, oldest first;
     with no metric rows, the newest committed batch."""
-    from types import SimpleNamespace
-
     t0 = datetime(2026, 12, 6, 9, 0, tzinfo=UTC)
     at = t0 + timedelta(minutes=1)
     newest_first = [SimpleNamespace(ts=t0 - timedelta(seconds=i), lag_ms=float(i)) for i in range(5)]
