@@ -44,21 +44,20 @@ as_root() {
     fi
 }
 
-kafka_version() {
-    if [ -n "${TIDEWATCH_KAFKA_VERSION:-}" ]; then echo "$TIDEWATCH_KAFKA_VERSION"; return; fi
+# the two settings the images are built from, asked of one Python (each start costs about a
+# second): "KAFKA_VERSION CACHE_DIR" -- the kafka_version setting (TIDEWATCH_KAFKA_VERSION first)
+# and the cache_dir setting (TIDEWATCH_CACHE_DIR, default .cache), where python -m tidewatch.jars
+# puts the Kafka and Spark jars; without the .venv, read from settings.py and the environment
+image_settings() {
+    local answer=""
     if [ -x "$ROOT/.venv/bin/python" ]; then
-        (cd "$ROOT" && .venv/bin/python -c 'from tidewatch.settings import get_settings; print(get_settings().kafka_version)' 2>/dev/null) && return
+        answer="$(cd "$ROOT" && .venv/bin/python -c 'from tidewatch.settings import get_settings; s = get_settings(); print(s.kafka_version, s.cache_dir.resolve())' 2>/dev/null)" || answer=""
     fi
-    sed -n 's/^ *kafka_version: str = "\(.*\)"/\1/p' "$ROOT/tidewatch/settings.py" | head -1
-}
-
-# the cache_dir setting (TIDEWATCH_CACHE_DIR, default .cache): where python -m tidewatch.jars
-# puts the Kafka and Spark jars the images are built from
-jars_cache_dir() {
-    if [ -x "$ROOT/.venv/bin/python" ]; then
-        (cd "$ROOT" && .venv/bin/python -c 'from tidewatch.settings import get_settings; print(get_settings().cache_dir.resolve())' 2>/dev/null) && return
+    if [ -z "$answer" ]; then
+        answer="$(sed -n 's/^ *kafka_version: str = "\(.*\)"/\1/p' "$ROOT/tidewatch/settings.py" | head -1) $(cd "$ROOT" && realpath -m "${TIDEWATCH_CACHE_DIR:-.cache}")"
     fi
-    (cd "$ROOT" && realpath -m "${TIDEWATCH_CACHE_DIR:-.cache}")
+    if [ -n "${TIDEWATCH_KAFKA_VERSION:-}" ]; then answer="$TIDEWATCH_KAFKA_VERSION ${answer#* }"; fi
+    echo "$answer"
 }
 
 # --- 1. packages ------------------------------------------------------------------
@@ -199,7 +198,7 @@ build_image() {
     done
 }
 
-# $1: the Kafka version, $2: jars_cache_dir's answer
+# $1: the Kafka version, $2: the cache_dir setting (image_settings)
 stage_kafka_libs() {
     local version="$1" src="$2/kafka/$1/libs" dst="$ROOT/containers/kafka/libs"
     if [ ! -f "$src/.complete" ]; then
@@ -219,7 +218,7 @@ stage_kafka_libs() {
     echo "$src" >"$dst/.source"
 }
 
-# $1: jars_cache_dir's answer
+# $1: the cache_dir setting (image_settings)
 stage_spark_jars() {
     local src="$1/spark-jars" dst="$ROOT/containers/app/spark-jars"
     mkdir -p "$dst"
@@ -239,8 +238,7 @@ build_images() {
     build_image postgres "$c/postgres" "$c/postgres/Containerfile" \
         "$(inputs_hash postgres "$c/postgres")"
 
-    kv="$(kafka_version)"
-    jars="$(jars_cache_dir)" # asked once: each answer starts a Python
+    read -r kv jars <<<"$(image_settings)"
     stage_kafka_libs "$kv" "$jars"
     # the jar list (names and sizes), not their bytes: hashing 40 MB every run is wasted time
     build_image kafka "$c/kafka" "$c/kafka/Containerfile" \
