@@ -1050,7 +1050,8 @@ def main() -> None:
         "--shards",
         default="0",
         help="live mode: engine_shards of each run, comma-separated, run one after the other in this "
-        "process (0: the driver-held index; e.g. 0,2 for the two side by side)",
+        "process (0: the driver-held index; e.g. 0,2 for the two side by side); drains: the shards "
+        "of --modes shards (default 2)",
     )
     ap.add_argument(
         "--snapshot-in-thread",
@@ -1118,6 +1119,8 @@ def main() -> None:
         for i, mode in enumerate(modes):
             # each mode drains its own copy of the events (its own topics); the baselines read the first's
             upd = MODES[mode]
+            if mode == "shards" and (n_sh := int(str(a.shards).split(",")[0])) > 0:  # --shards N
+                upd = {**upd, "engine_shards": n_sh}
             s_mode = settings.model_copy(update=upd) if i == 0 else run_settings(
                 base, "bench", f"{run}-{mode}", allowed_lateness_ms=a.lateness_ms, **upd
             )  # fmt: skip

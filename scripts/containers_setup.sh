@@ -54,9 +54,8 @@ image_settings() {
         answer="$(cd "$ROOT" && .venv/bin/python -c 'from tidewatch.settings import get_settings; s = get_settings(); print(s.kafka_version, s.cache_dir.resolve())' 2>/dev/null)" || answer=""
     fi
     if [ -z "$answer" ]; then
-        answer="$(sed -n 's/^ *kafka_version: str = "\(.*\)"/\1/p' "$ROOT/tidewatch/settings.py" | head -1) $(cd "$ROOT" && realpath -m "${TIDEWATCH_CACHE_DIR:-.cache}")"
+        answer="${TIDEWATCH_KAFKA_VERSION:-$(sed -n 's/^ *kafka_version: str = "\(.*\)"/\1/p' "$ROOT/tidewatch/settings.py" | head -1)} $(cd "$ROOT" && realpath -m "${TIDEWATCH_CACHE_DIR:-.cache}")"
     fi
-    if [ -n "${TIDEWATCH_KAFKA_VERSION:-}" ]; then answer="$TIDEWATCH_KAFKA_VERSION ${answer#* }"; fi
     echo "$answer"
 }
 

@@ -298,7 +298,9 @@ class Settings(BaseSettings):
         description="sharded evaluation (docs/engine.md 'Sharded evaluation'): the collective indexes held "
         "in Spark's executors, N shards by hash(key) mod N, each a stateful Spark task over its keys "
         "(transformWithStateInPandas, RocksDB state); 0: the driver holds them (the default). Fixed "
-        "for a checkpoint: another N needs a new checkpoint and engine id",
+        "for a checkpoint: another N needs a new checkpoint and engine id. On one machine (local[k]) "
+        "1: more shards on one executor take its Python workers in turn and are caught up or rebuilt "
+        "(docs/engine.md 'Where shards run')",
     )
     engine_numpy_hugepages: bool = Field(
         True,

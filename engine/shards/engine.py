@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -74,6 +75,24 @@ if TYPE_CHECKING:
     from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
+
+
+def placement_warning(master: str, shards: int) -> str | None:
+    """What to tell a user who runs ``shards`` shards on Spark's one local executor of several
+    cores (``master`` ``local[k]``, ``k`` > 1 or ``*``), else None.  Its tasks take its Python
+    workers in turn, so a shard's task often lands in a worker that does not hold its live core:
+    the shard is caught up or rebuilt, batches read again from Kafka and run again (docs/engine.md,
+    "Where shards run").  One shard, or one-core executors, keep each shard in one worker."""
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master.strip())
+    if shards < 2 or m is None or m.group(1) == "1":
+        return None
+    return (
+        f"{shards} shards on Spark's one local executor ({master}): its tasks take its Python "
+        "workers in turn, so a shard's task often runs in a worker that does not hold the shard and "
+        "must catch it up or rebuild it, reading its batches again from Kafka (seconds a batch). "
+        "On one machine run 1 shard (--shards 1, a new checkpoint and engine id), or one-core "
+        "executors (tidewatch up --workers N); docs/engine.md, 'Where shards run'."
+    )
 
 
 def shard_labels(spark: Any, n: int) -> list[int]:
@@ -272,6 +291,8 @@ class ShardedEngine:
             else writer.trigger(processingTime=f"{trig} seconds")
         )
         log.info("sharded evaluation: %d shards (labels %s)", self.n, labels)
+        if warning := placement_warning(str(spark.sparkContext.master), self.n):
+            log.warning(warning)
         return (
             writer.option("checkpointLocation", str(self.checkpoint / "spark"))
             .queryName(f"tidewatch-engine-{self.engine_id}")
@@ -389,7 +410,7 @@ class ShardedEngine:
             "(slowest shard %.0f ms%s); delivered in %.0f ms (PostgreSQL %.0f, Kafka commit %.0f)",
             out.batch_id, n_events, len(out.alerts), len(out.dead), len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(metas), shard_s * 1000,
-            "".join(f", shard {m.shard} {m.how}" for m in metas if m.how != "live"),
+            "".join(f", shard {m.shard} {m.how} (Python worker {m.pid})" for m in metas if m.how != "live"),
             (t_done - t0) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
         )  # fmt: skip
 
