@@ -33,6 +33,7 @@ What it sets, and why:
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -80,6 +81,18 @@ def is_local_master(master: str) -> bool:
     """``local``, ``local[N]``, ``local[*]``, ``local[N,F]``, ``local-cluster[…]``: every process on
     this machine."""
     return master.strip().startswith("local")
+
+
+def local_task_slots(master: str) -> int | None:
+    """The task slots of Spark's one executor in local mode: ``local`` 1, ``local[N]`` and
+    ``local[N,F]`` N, ``local[*]`` this machine's cores; None for any other master
+    (``local-cluster[…]``, a cluster), whose executors are separate processes."""
+    m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master.strip())
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return 1
+    return os.cpu_count() or 1 if m.group(1) == "*" else int(m.group(1))
 
 
 def python_executable(settings: Settings) -> str:

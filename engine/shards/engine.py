@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -70,6 +69,7 @@ from engine.sinks.store import Store
 from engine.sources.offsets import spark_end_offsets
 from engine.sources.readers import RECORD_COLUMNS, kafka_stream
 from engine.sources.retention import batch_lost
+from engine.spark_session import local_task_slots
 
 if TYPE_CHECKING:
     from tidewatch.settings import Settings
@@ -79,12 +79,12 @@ log = logging.getLogger("tidewatch.engine")
 
 def placement_warning(master: str, shards: int) -> str | None:
     """What to tell a user who runs ``shards`` shards on Spark's one local executor of several
-    cores (``master`` ``local[k]``, ``k`` > 1 or ``*``), else None.  Its tasks take its Python
-    workers in turn, so a shard's task often lands in a worker that does not hold its live core:
-    the shard is caught up or rebuilt, batches read again from Kafka and run again (docs/engine.md,
-    "Where shards run").  One shard, or one-core executors, keep each shard in one worker."""
-    m = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", master.strip())
-    if shards < 2 or m is None or m.group(1) == "1":
+    task slots (:func:`engine.spark_session.local_task_slots` > 1), else None.  Its tasks take its
+    Python workers in turn, so a shard's task often lands in a worker that does not hold its live
+    core: the shard is caught up or rebuilt, batches read again from Kafka and run again
+    (docs/engine.md, "Where shards run").  One shard, or one-core executors, keep each shard in
+    one worker."""
+    if shards < 2 or (local_task_slots(master) or 1) < 2:
         return None
     return (
         f"{shards} shards on Spark's one local executor ({master}): its tasks take its Python "
