@@ -310,6 +310,43 @@ def test_health_page_shows_the_drivers_share_and_ceiling(
             db.execute(delete(EngineMetric))
 
 
+def test_health_page_shows_the_fitted_ceiling_where_batch_sizes_vary(
+    app_env: str, sm: sessionmaker[Session], new_user: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight batches a second apart of 1,000-8,000 events, each costing the driver 10 ms plus
+    2 µs per event: the ceiling is the fit's, (1 - 10 ms × 1 batch/s) / 2 µs ≈ 495 k events/s,
+    shown as "≈"; its help gives the fit's two costs and the bound counting both per event
+    (140 ms for 35,000 events: 250 k/s)."""
+    monkeypatch.setenv("TIDEWATCH_RUN_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    now = datetime.now(UTC)
+    rows = [
+        EngineMetric(
+            ts=now - timedelta(seconds=8 - i),
+            batch_id=i + 1,
+            events_per_s=1000.0,
+            batch_ms=1000.0 * (i + 1),  # 1,000 × (i + 1) events
+            lag_ms=500.0,
+            driver_cpu_ms=10.0 + 0.002 * 1000.0 * (i + 1),
+        )  # fmt: skip
+        for i in range(8)
+    ]
+    with sm.begin() as db:
+        db.execute(delete(EngineMetric))
+        db.add_all(rows)
+    try:
+        at = logged_in(sm, new_user("fit"), "Health")
+        assert not at.exception
+        (ceiling,) = [m for m in at.metric if m.label == "driver ceiling"]
+        assert ceiling.value == "≈ 495 k/s"
+        assert "10.0 ms fixed per batch, 2.000 µs per event, at 1.00 batches per second" in ceiling.help
+        assert "the bound from below is 250 k/s" in ceiling.help
+        assert {m.label: m.value for m in at.metric}["driver CPU"] == "2% of a core"
+    finally:
+        with sm.begin() as db:
+            db.execute(delete(EngineMetric))
+
+
 def test_subscribe_page_edits_a_subscription_and_refuses_a_duplicate_name(
     app_env: str, sm: sessionmaker[Session], svc: SubscriptionService, new_user: Any
 ) -> None:

@@ -4,6 +4,7 @@ property tests against a plain loop over the rows, one engine and several."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -149,3 +150,93 @@ def test_each_engine_matches_a_loop_over_its_own_rows(
     assert [d.share for d in got.values()] == sorted((d.share for d in got.values()), reverse=True)
     for engine, d in want.items():
         assert got[engine].seconds == d.seconds and math.isclose(got[engine].share, d.share, abs_tol=1e-12)
+
+
+# ---------------------------------------------------------------- the fit: fixed and per-event CPU
+
+
+def test_the_fit_recovers_fixed_and_per_event_cpu() -> None:
+    # 21 batches, one a second, 1,000-50,000 events each: 20 ms fixed + 0.5 µs per event, +-0.2 ms
+    events = [1000.0 + 2450.0 * ((7 * i) % 21) for i in range(21)]
+    cpu = [20.0 + 0.0005 * e + (0.2 if i % 2 else -0.2) for i, e in enumerate(events)]
+    d = driver_load([float(i) for i in range(21)], cpu, events, 60.0)
+    assert d is not None and d.fixed_ms_per_batch is not None and d.marginal_us_per_event is not None
+    assert d.fixed_ms_per_batch == pytest.approx(20.0, abs=0.5)
+    assert d.marginal_us_per_event == pytest.approx(0.5, rel=0.02)
+    assert d.batches_per_s == pytest.approx(1.0)
+    # one core less the fixed 2 % of it, over 0.5 µs per event; the bound counts the 20 ms per event
+    assert d.fit_ceiling_per_s == pytest.approx(0.98 / 0.5e-6, rel=0.03)
+    assert d.ceiling_per_s is not None and d.ceiling_per_s < 0.5 * d.fit_ceiling_per_s
+
+
+def test_no_fit_where_the_sizes_do_not_tell_fixed_from_per_event() -> None:
+    times = [float(i) for i in range(30)]
+    even = driver_load(times, [20.0 + (i % 3) for i in range(30)], [800.0] * 30, 60.0)
+    # sizes vary, but the CPU's noise (+-10 ms) drowns the 0.4 ms the events cost
+    noisy = driver_load(
+        times, [20.0 + (10.0 if i % 2 else -10.0) for i in range(30)], [800.0 + i for i in range(30)], 60.0
+    )
+    few = driver_load(times[:5], [20.0, 21.0, 22.0, 23.0, 24.0], [0.0, 1.0, 2.0, 3.0, 4.0], 60.0)  # 4 counted
+    for d in (even, noisy, few):
+        assert d is not None and d.us_per_event is not None and d.ceiling_per_s is not None
+        assert d.fixed_ms_per_batch is None and d.marginal_us_per_event is None and d.batches_per_s is None
+        assert d.fit_ceiling_per_s is None
+
+
+def test_fixed_costs_that_take_the_whole_core_leave_no_ceiling() -> None:
+    events = [float(100 * (i % 7)) for i in range(10)]
+    d = driver_load([0.1 * i for i in range(10)], [150.0 + 0.01 * e for e in events], events, 60.0)
+    assert d is not None and d.fixed_ms_per_batch == pytest.approx(150.0)
+    assert d.fit_ceiling_per_s == 0.0  # 150 ms every 100 ms: more than a core before any event
+
+
+def _line(pairs: list[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """Least squares by the textbook sums, one pair (events, CPU) at a time: (fixed, per event,
+    the per-event slope's standard error), None below five pairs or with one size only."""
+    n = len(pairs)
+    if n < 5:
+        return None
+    sx = sum(x for x, _ in pairs)
+    sy = sum(y for _, y in pairs)
+    mx, my = sx / n, sy / n
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    if sxx <= 1e-12 * sum(x * x for x, _ in pairs):
+        return None
+    b = sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    a = my - b * mx
+    rss = sum((y - a - b * x) ** 2 for x, y in pairs)
+    return a, b, math.sqrt(rss / (n - 2) / sxx)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(5, 40),
+    st.floats(0.0, 100.0),
+    st.floats(1e-5, 1e-2),
+    st.floats(0.0, 30.0),
+    st.randoms(use_true_random=False),
+)
+def test_the_fit_matches_the_textbook_sums(
+    n: int, fixed: float, per_event: float, noise: float, rnd: random.Random
+) -> None:
+    """Batches along a line with noise, some of them clean, some drowned: the kept fit is the
+    textbook one, and it is kept exactly when its slope's error is within a quarter of it."""
+    events = [float(rnd.randint(0, 100_000)) for _ in range(n)]
+    cpu = [max(fixed + per_event * e + rnd.uniform(-noise, noise), 0.0) for e in events]
+    times = [float(i) for i in range(n)]
+    d = driver_load(times, cpu, events, 1000.0)
+    assert d is not None
+    want = _line(list(zip(events[1:], cpu[1:], strict=True)))  # the first row starts the span
+    if want is None:
+        assert d.marginal_us_per_event is None
+        return
+    a, b, se = want
+    if abs(se - 0.25 * b) <= 1e-9 * max(abs(b), 1e-12):
+        return  # on the threshold: either answer is right
+    if b > 0 and se <= 0.25 * b:
+        assert d.fixed_ms_per_batch is not None and d.marginal_us_per_event is not None
+        assert math.isclose(d.fixed_ms_per_batch, a, rel_tol=1e-6, abs_tol=1e-6)
+        assert math.isclose(d.marginal_us_per_event, b * 1000, rel_tol=1e-6, abs_tol=1e-9)
+        assert d.batches_per_s == pytest.approx(1.0)  # n - 1 batches counted over n - 1 s
+    else:
+        assert d.marginal_us_per_event is None and d.fit_ceiling_per_s is None
