@@ -117,7 +117,7 @@ def fit_cpu(cpu_ms: np.ndarray, events: np.ndarray) -> Fit | None:
     b = float(dx @ (y - y.mean())) / sxx
     a = float(y.mean()) - b * float(x.mean())
     res = y - (a + b * x)
-    se = math.sqrt(max(float(res @ res), 0.0) / (n - 2) / sxx)
+    se = math.sqrt(float(res @ res) / (n - 2) / sxx)
     return Fit(fixed_ms=a, per_event_ms=b, per_event_se=se)
 
 

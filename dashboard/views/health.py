@@ -135,33 +135,31 @@ def _driver(drivers: dict[str, DriverLoad]) -> None:
         help=f"CPU of the engine's driver process, all its threads, over the last {d.seconds:,.0f} s "
         f"of batches. {why}{whose}",
     )
-    ceiling, fitted = d.ceiling_per_s, d.fit_ceiling_per_s
     several = "" if len(drivers) == 1 else "; each engine's is its own input's"
-    if fitted is not None:
-        row[1].metric(
-            "driver ceiling",
-            f"≈ {_si(fitted)}/s",
-            help="the input rate, in events per second, one core of the driver carries: past it the "
-            "driver is the bottleneck, whatever the executors. From a line fitted to the CPU of the "
-            f"last {d.seconds:,.0f} s of batches against their events: {max(d.fixed_ms_per_batch or 0.0, 0.0):,.1f} ms "
-            f"fixed per batch, {d.marginal_us_per_event:,.3f} µs per event, at "
-            f"{d.batches_per_s:,.2f} batches per second; more rules or more alerts per event lower it. "
-            f"Counting the fixed costs as per-event, the bound from below is {_si(ceiling or 0.0)}/s"
-            + several,
+    shown = _ceiling(d)
+    if d.fit_ceiling_per_s is not None:
+        how = (
+            f"From a line fitted to the CPU of the last {d.seconds:,.0f} s of batches against their "
+            f"events: {max(d.fixed_ms_per_batch or 0.0, 0.0):,.1f} ms fixed per batch, "
+            f"{d.marginal_us_per_event:,.3f} µs per event, at {d.batches_per_s:,.2f} batches per "
+            "second; more rules or more alerts per event lower it. Counting the fixed costs as "
+            f"per-event, the bound from below is {_si(d.ceiling_per_s or 0.0)}/s"
         )
     else:
-        row[1].metric(
-            "driver ceiling",
-            "-" if ceiling is None else f"≥ {_si(ceiling)}/s",
-            help="the input rate, in events per second, one core of the driver carries at its current "
-            "CPU per event"
+        how = (
+            "At its current CPU per event"
             + ("" if d.us_per_event is None else f" ({d.us_per_event:,.2f} µs)")
-            + ": past it the driver is the bottleneck, whatever the executors; more rules or more "
-            "alerts per event lower it. A lower bound: the driver's fixed costs (each batch's, the "
-            "chart answers) count as per-event here, so while the input is light the real ceiling "
-            "is well above it (too few batches, or their sizes too alike, for a line through their "
-            "CPU to tell the two apart)" + several,
+            + "; more rules or more alerts per event lower it. A lower bound: the driver's fixed "
+            "costs (each batch's, the chart answers) count as per-event here, so while the input "
+            "is light the real ceiling is well above it (too few batches, or their sizes too "
+            "alike, for a line through their CPU to tell the two apart)"
         )
+    row[1].metric(
+        "driver ceiling",
+        "-" if shown is None else f"{shown[0]} {_si(shown[1])}/s",
+        help="the input rate, in events per second, one core of the driver carries: past it the "
+        f"driver is the bottleneck, whatever the executors. {how}{several}",
+    )
     if len(drivers) > 1:
         st.caption(
             "drivers: "
@@ -169,11 +167,18 @@ def _driver(drivers: dict[str, DriverLoad]) -> None:
         )
 
 
-def _ceiling_words(d: DriverLoad) -> str:
-    """A driver's ceiling in a few words: by the fit where there is one, else the bound."""
+def _ceiling(d: DriverLoad) -> tuple[str, float] | None:
+    """A driver's ceiling as shown: ("≈", the fit's) where there is a reliable fit, else ("≥",
+    the bound); None without either."""
     if (fitted := d.fit_ceiling_per_s) is not None:
-        return f", ≈ {_si(fitted)} events/s"
-    return "" if d.ceiling_per_s is None else f", ≥ {_si(d.ceiling_per_s)} events/s"
+        return "≈", fitted
+    return None if d.ceiling_per_s is None else ("≥", d.ceiling_per_s)
+
+
+def _ceiling_words(d: DriverLoad) -> str:
+    """A driver's ceiling in a few words, for the line of every engine's driver."""
+    shown = _ceiling(d)
+    return "" if shown is None else f", {shown[0]} {_si(shown[1])} events/s"
 
 
 def _engine_line(e: Newest) -> str:

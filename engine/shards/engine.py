@@ -90,8 +90,9 @@ def placement_warning(master: str, shards: int) -> str | None:
         f"{shards} shards on Spark's one local executor ({master}): its tasks take its Python "
         "workers in turn, so a shard's task often runs in a worker that does not hold the shard and "
         "must catch it up or rebuild it, reading its batches again from Kafka (seconds a batch). "
-        "On one machine run 1 shard (--shards 1, a new checkpoint and engine id), or one-core "
-        "executors (tidewatch up --workers N); docs/engine.md, 'Where shards run'."
+        "On one machine run 1 shard (--shards 1, a new checkpoint and engine id); one-core "
+        "executors (tidewatch up --workers N) keep each shard in its worker too, where there are "
+        "cores for them; docs/engine.md, 'Where shards run'."
     )
 
 
