@@ -350,6 +350,9 @@ MODES: dict[str, dict[str, Any]] = {
     # sharded evaluation (docs/engine.md, "Sharded evaluation"): the indexes in Spark's tasks,
     # one shard per core of local[2]
     "shards": {"engine_shards": 2},
+    # the same with the shards on their keys' records (decode and pre-aggregation in the shard)
+    # instead of the routing tasks' pane rows (engine_shard_input)
+    "shards-records": {"engine_shards": 2, "engine_shard_input": "records"},
 }
 
 
@@ -985,7 +988,8 @@ def main() -> None:
         help="Tidewatch's modes to run, each on its own copy of the events: executors (the default "
         "path: engine_preaggregate = executors, pipelined), executors-serial (the same unpipelined), "
         "driver (the records collected to the driver, pipelined), shards (sharded evaluation, 2 shards: "
-        "engine_shards = 2); several: driver CPU per event side by side",
+        "engine_shards = 2, on pane rows), shards-records (the same on records: engine_shard_input = "
+        "records); several: driver CPU per event side by side",
     )
     ap.add_argument(
         "--no-bare",
@@ -1119,7 +1123,7 @@ def main() -> None:
         for i, mode in enumerate(modes):
             # each mode drains its own copy of the events (its own topics); the baselines read the first's
             upd = MODES[mode]
-            if mode == "shards" and (n_sh := int(str(a.shards).split(",")[0])) > 0:  # --shards N
+            if mode.startswith("shards") and (n_sh := int(str(a.shards).split(",")[0])) > 0:  # --shards N
                 upd = {**upd, "engine_shards": n_sh}
             s_mode = settings.model_copy(update=upd) if i == 0 else run_settings(
                 base, "bench", f"{run}-{mode}", allowed_lateness_ms=a.lateness_ms, **upd

@@ -302,6 +302,14 @@ class Settings(BaseSettings):
         "1: more shards on one executor take its Python workers in turn and are caught up or rebuilt "
         "(docs/engine.md 'Where shards run')",
     )
+    engine_shard_input: Literal["panes", "records"] = Field(
+        "panes",
+        description="what the shards of the sharded mode evaluate (docs/engine.md 'Sharded evaluation'): "
+        "'panes' (the routing tasks decode and pre-aggregate each batch into (key, pane) rows with the "
+        "shards' parameters, the shards evaluate; engine/shards/panes.py) or 'records' (the routing tasks "
+        "send each shard its keys' Kafka records, the shard decodes and pre-aggregates them alone). Fixed "
+        "per checkpoint",
+    )
     engine_numpy_hugepages: bool = Field(
         True,
         description="true: NumPy's own choice of transparent-huge-page advice on its large arrays in the "

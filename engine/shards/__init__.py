@@ -2,6 +2,9 @@
 
 * :mod:`engine.shards.route` -- the first stage, in Spark's tasks: records routed to the shards
   owning their keys (CRC-32 of the key mod N), rule changes to every shard, the batch's span;
+* :mod:`engine.shards.panes` -- on pane rows (the default): the routing tasks' pre-aggregation
+  split by shard, the batch's parameters handed from shard 0 through the driver, a shard's batch
+  on pane rows (or on its batch read again from Kafka);
 * :mod:`engine.shards.step` -- one shard's micro-batch (an :class:`engine.core.EngineCore` over
   its keys, the whole batch's clock) and the merge of the shards' outputs;
 * :mod:`engine.shards.processor` -- a shard as Spark state (``transformWithStateInPandas``,
@@ -20,4 +23,4 @@
 Nothing is imported here (``import engine.shards`` stays light in a Python worker).
 """
 
-__all__ = ["capped", "charts", "engine", "json_file", "processor", "route", "step", "strides"]
+__all__ = ["capped", "charts", "engine", "json_file", "panes", "processor", "route", "step", "strides"]

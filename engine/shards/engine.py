@@ -58,6 +58,7 @@ from engine.messages import BatchOutput
 from engine.overload import Marks
 from engine.runtime.driver_cpu import DriverCpu
 from engine.shards.charts import RequestFile, ShardCharts
+from engine.shards.panes import PARAMS_PROPERTY, property_value
 from engine.shards.processor import OUTPUT_DDL, ShardProcessor
 from engine.shards.route import ROUTED_DDL, Router, merge_ranges
 from engine.shards.step import ShardMeta, decode_output, merge_outputs
@@ -134,6 +135,11 @@ class ShardedEngine:
             raise ValueError("ShardedEngine needs engine_shards >= 1")
         self.settings = settings
         self.n = int(settings.engine_shards)
+        #: what the shards evaluate (``engine_shard_input``): ``panes`` or ``records``
+        self.input = str(settings.engine_shard_input)
+        #: on pane rows: (batch id, parameters) shard 0 sent for the batch after the last one
+        #: (:mod:`engine.shards.panes`), handed to that batch's tasks
+        self._next_params: tuple[int, bytes] | None = None
         self.bootstrap = bootstrap or settings.kafka_bootstrap
         self.checkpoint = Path(
             checkpoint or settings.checkpoint_dir or (settings.run_dir / "engine-checkpoint")
@@ -155,6 +161,9 @@ class ShardedEngine:
         self.executor_pids: set[int] = set()
         #: per shard, the batches that rebuilt it from Spark's state store (not from a live core)
         self.rebuilds: dict[int, int] = {}
+        #: per what a shard evaluated (:attr:`ShardMeta.input`: panes, read again, records), the
+        #: shard batches
+        self.inputs: dict[str, int] = {}
         #: per shard, the batches whose worker brought an older live core forward from the log
         self.catch_ups: dict[int, int] = {}
         #: per shard, the batch of its snapshot in Spark's state store when a batch started it
@@ -224,7 +233,8 @@ class ShardedEngine:
                 "new --engine-id."
             )
         if marker.exists():
-            was = int(json.loads(marker.read_text())["shards"])
+            doc = json.loads(marker.read_text())
+            was = int(doc["shards"])
             if was != self.n:
                 raise CheckpointMismatch(
                     f"the checkpoint {self.checkpoint} holds {was} shards, the settings ask for "
@@ -232,9 +242,17 @@ class ShardedEngine:
                     f"engine_shards={was}, or start with a new checkpoint directory and a new "
                     f"--engine-id to re-read the topics into {self.n} shards."
                 )
+            was_input = str(doc.get("input", "records"))  # a checkpoint from before the choice
+            if was_input != self.input:
+                raise CheckpointMismatch(
+                    f"the checkpoint {self.checkpoint} was made by shards evaluating {was_input}, "
+                    f"the settings ask for {self.input} (engine_shard_input): the shards' state "
+                    f"differs between the two. Run with engine_shard_input={was_input}, or start "
+                    "with a new checkpoint directory and a new --engine-id."
+                )
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"shards": self.n}))
+            marker.write_text(json.dumps({"shards": self.n, "input": self.input}))
         return last
 
     def start(
@@ -265,7 +283,10 @@ class ShardedEngine:
             fail_on_data_loss=False,
             max_offsets_per_trigger=cap,
         )
-        router = Router(self.topics, labels, self.settings.max_future_ms, self.bootstrap, self.settings)
+        panes = self.input == "panes"
+        router = Router(
+            self.topics, labels, self.settings.max_future_ms, self.bootstrap, self.settings, panes=panes
+        )
         routed = records.select(*RECORD_COLUMNS).mapInArrow(router, ROUTED_DDL)
         # the live cores of a worker serve this run of the query only: a restart rebuilds every
         # shard from Spark's state store, even where a worker process outlived the query
@@ -281,6 +302,7 @@ class ShardedEngine:
             str(self.checkpoint.resolve() / "tidewatch" / "shards"),
             str(self.stride_file.path.resolve()),
             str(self.charts.requests.path.resolve()),
+            panes=panes,
         )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
@@ -309,14 +331,16 @@ class ShardedEngine:
             spark, value = self._conf_back
             spark.conf.set("spark.sql.shuffle.partitions", value)
             self._conf_back = None
-        tbl = df.toArrow()
+        tbl = self._run_batch(df, batch_id)
         pairs = [decode_output(b) for b in tbl.column("out").to_pylist()]
         metas = [m for _, m in pairs]
+        self._next_params = next(((batch_id + 1, m.next_params) for m in metas if m.next_params), None)
         for m in metas:  # also of a batch run again: its shards' rebuilds happened
             self.metas[m.shard] = m
             self.executor_pids.add(m.pid)
             self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.how == "rebuilt")
             self.catch_ups[m.shard] = self.catch_ups.get(m.shard, 0) + int(m.how == "caught up")
+            self.inputs[m.input] = self.inputs.get(m.input, 0) + 1
             if m.how == "rebuilt":
                 self.rebuilt_from[m.shard] = m.snapshot_of
             if m.snapshot_bytes:
@@ -342,6 +366,20 @@ class ShardedEngine:
             self.charts.after_batch({rid: a for m in metas for rid, a in m.charts.items()})
         except Exception as exc:  # PostgreSQL restarting: the requests wait for the next batch
             log.warning("chart requests not answered now: %s", type(exc).__name__)
+
+    def _run_batch(self, df: Any, batch_id: int) -> Any:
+        """The shards' rows of batch ``batch_id`` (``df`` collected: the routing tasks and the
+        shards run now).  On pane rows the routing tasks get the batch's parameters, when shard 0
+        sent them with the batch before, as a task-local property (:mod:`engine.shards.panes`)."""
+        given = self._next_params
+        if given is None or given[0] != batch_id:
+            return df.toArrow()
+        sc = df.sparkSession.sparkContext
+        sc.setLocalProperty(PARAMS_PROPERTY, property_value(batch_id, given[1]))
+        try:
+            return df.toArrow()
+        finally:
+            sc.setLocalProperty(PARAMS_PROPERTY, None)
 
     def _decide_strides(self, batch_id: int, metas: list[ShardMeta]) -> None:
         """The overload controller fed batch ``batch_id``'s load -- its slowest shard's

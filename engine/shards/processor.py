@@ -58,7 +58,16 @@ from engine.errors import CheckpointMismatch
 from engine.runtime.gc_tuning import freeze_worker
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.charts import RequestFile, answer_owned
-from engine.shards.route import Ranges, ipc_bytes, ipc_table, merge_ranges, merge_spans, route_records
+from engine.shards.panes import params_bytes, params_match, run_shard_panes, shard_rows, task_params
+from engine.shards.route import (
+    Ranges,
+    ipc_bytes,
+    ipc_table,
+    merge_ranges,
+    merge_spans,
+    route_records,
+    split_span,
+)
 from engine.shards.step import encode_output, meta_of, run_shard
 from engine.shards.strides import StrideFile
 
@@ -101,8 +110,11 @@ class ShardProcessor(StatefulProcessor):
         snapshots: str,
         strides: str | None = None,
         charts: str | None = None,
+        panes: bool = False,
     ) -> None:
         self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
+        #: the shards evaluate pane rows (``engine_shard_input = "panes"``, :mod:`engine.shards.panes`)
+        self.panes = panes
         self.snapshots = snapshots
         #: the driver's strides file (:mod:`engine.shards.strides`); None: no overload policy
         self.strides = strides
@@ -141,9 +153,17 @@ class ShardProcessor(StatefulProcessor):
         n, ran = len(self.labels), 0
         for b, ranges, span in entries:
             if core.last_batch < int(b) <= at:
-                records = self._read_again(json.loads(bytes(ranges)), shard)
                 spans = merge_spans([ipc_table(bytes(span))])
-                run_shard(core, int(b), shard, n, records, spans, self.topics, self._strides(int(b)))
+                if self.panes:
+                    own = core.batch_params(self.topics)
+                    rows = self._rows_again(json.loads(bytes(ranges)), own, shard)
+                    waiting = split_span(spans)[1]
+                    run_shard_panes(
+                        core, int(b), shard, n, rows, own, waiting, self._history(), self._strides(int(b))
+                    )
+                else:
+                    records = self._read_again(json.loads(bytes(ranges)), shard)
+                    run_shard(core, int(b), shard, n, records, spans, self.topics, self._strides(int(b)))
                 ran += 1
         if core.last_batch != at:
             raise CheckpointMismatch(
@@ -165,6 +185,25 @@ class ShardProcessor(StatefulProcessor):
         records = read_ranges(self.bootstrap, ranges, settings=self.settings)
         tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
         return tables[shard]
+
+    def _rows_again(self, ranges: Ranges, params: Any, shard: int) -> pa.Table:
+        """This shard's pane rows of a batch (:func:`engine.shards.panes.shard_rows`): its offset
+        ranges read again from Kafka and pre-aggregated here with ``params``."""
+        from engine.sources.readers import read_ranges
+
+        records = read_ranges(self.bootstrap, ranges, settings=self.settings)
+        return shard_rows(records, params, shard, len(self.labels))
+
+    def _history(self) -> Any:
+        """Where a rule's history is read again from Kafka (:mod:`engine.executors.history`)."""
+        from engine.executors.history import records_source
+        from engine.sources.readers import read_ranges
+
+        return records_source(
+            lambda r: read_ranges(self.bootstrap, r, settings=self.settings),
+            self.topics,
+            self.settings.max_future_ms,
+        )
 
     def _strides(self, batch: int) -> dict[str, int]:
         """The overload policy's strides of ``batch``, as the driver decided them."""
@@ -268,25 +307,40 @@ class ShardProcessor(StatefulProcessor):
         shard = self.labels.index(label)
         batch = batch_of_task()
         recs: list[pa.Table] = []
+        panes: list[pa.Table] = []
+        made: list[str | None] = []
         span_tables: list[pa.Table] = []
         ranges: list[Ranges] = []
         for df in rows:
-            recs += [ipc_table(bytes(b)) for b in df["records"]]
+            recs += [ipc_table(bytes(b)) for b in df["records"] if b is not None]
+            panes += [ipc_table(bytes(b)) for b in df["panes"] if b is not None]
+            made += [None if m is None or m != m else str(m) for m in df["made"]]  # NaN: null
             span_tables += [ipc_table(bytes(b)) for b in df["span"]]
             ranges += [json.loads(bytes(b)) for b in df["ranges"]]
-        records = pa.concat_tables(recs)
         span_t = pa.concat_tables(span_tables)
+        batch_ranges = merge_ranges(ranges)
         t_state = time.perf_counter()
         at = int(self.at.get()[0]) if self.at.exists() else -1  # type: ignore[index]
         live = _LIVE.pop((self.engine, shard), None)  # out while this batch runs
         core, how = self._catch_up(shard, at, live)
         t0 = time.perf_counter()
         strides = self._strides(batch)
-        out = run_shard(
-            core, batch, shard, len(self.labels), records, merge_spans([span_t]), self.topics, strides
-        )
+        n = len(self.labels)
+        spans = merge_spans([span_t])
+        if self.panes:
+            own = core.batch_params(self.topics)
+            if params_match(made, task_params(), own):
+                got, rows_in = "panes", pa.concat_tables(panes)
+            else:  # the routing had no parameters, or others: the batch read again (module docstring)
+                got, rows_in = "read again", self._rows_again(batch_ranges, own, shard)
+            out = run_shard_panes(
+                core, batch, shard, n, rows_in, own, split_span(spans)[1], self._history(), strides
+            )
+        else:
+            got = "records"
+            records = pa.concat_tables(recs)
+            out = run_shard(core, batch, shard, n, records, spans, self.topics, strides)
         t_log = time.perf_counter()
-        batch_ranges = merge_ranges(ranges)
         self.log.appendValue((batch, json.dumps(batch_ranges).encode(), ipc_bytes(span_t)))
         t_snap = time.perf_counter()
         snapshot_of, start_s, named = self._snapshot(shard, batch, core)
@@ -295,6 +349,9 @@ class ShardProcessor(StatefulProcessor):
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
         meta.snapshot_of, meta.snapshot_bytes, meta.ranges = snapshot_of, named, batch_ranges
+        meta.input = got
+        if self.panes and shard == 0:  # the next batch's parameters, for the driver to hand on
+            meta.next_params = params_bytes(core.batch_params(self.topics))
         if self.charts:  # the key page's chart requests of this shard's keys, from its state now
             requests = RequestFile(self.charts).read()
             meta.charts = answer_owned(core, shard, len(self.labels), requests, self.settings.pane_ms)

@@ -31,7 +31,13 @@ partition range): it decodes each stream's records with the engine's own decoder
   ``EngineApp._waiting``).  The marks are in the span the shards log, so a rebuild decides the
   same way;
 * ``ranges``: the task's Kafka offset ranges (JSON, :func:`engine.sources.readers.offset_ranges`),
-  what a shard logs in Spark's state store to read the batch again if it must be rebuilt.
+  what a shard logs in Spark's state store to read the batch again if it must be rebuilt;
+* ``panes`` and ``made``, on pane rows (``engine_shard_input = "panes"``, the default): when the
+  driver gave the task the batch's parameters (:mod:`engine.shards.panes`), the task decodes and
+  pre-aggregates its records instead of routing them -- ``records`` is null, ``panes`` the
+  shard's rows of :data:`engine.executors.preagg.OUTPUT_SCHEMA` (Arrow IPC) and ``made`` the
+  parameters' :func:`engine.shards.panes.params_tag`; the span then only marks partitions (its
+  times are not read on this path).  Without parameters ``panes`` and ``made`` are null.
 
 The shards decode their records again (the Avro decode is the cheap part, ~0.1 µs per record)
 instead of receiving decoded columns: the records are what the driver path of the core takes,
@@ -59,9 +65,16 @@ log = logging.getLogger("tidewatch.engine")
 
 #: the first stage's output: one row per (task, shard)
 ROUTED_SCHEMA = pa.schema(
-    [("shard", pa.int32()), ("records", pa.binary()), ("span", pa.binary()), ("ranges", pa.binary())]
+    [
+        ("shard", pa.int32()),
+        ("records", pa.binary()),
+        ("span", pa.binary()),
+        ("ranges", pa.binary()),
+        ("panes", pa.binary()),
+        ("made", pa.string()),
+    ]
 )
-ROUTED_DDL = "shard INT, records BINARY, span BINARY, ranges BINARY"
+ROUTED_DDL = "shard INT, records BINARY, span BINARY, ranges BINARY, panes BINARY, made STRING"
 #: a span table: per (stream, partition) the smallest and largest valid event time
 SPAN_SCHEMA = pa.schema(
     [("stream", pa.string()), ("partition", pa.int32()), ("lo", pa.int64()), ("hi", pa.int64())]
@@ -262,8 +275,11 @@ class Router:
         max_future_ms: int | None,
         bootstrap: str | None = None,
         settings: Any = None,
+        panes: bool = False,
     ) -> None:
         self.topics, self.labels, self.max_future_ms = dict(topics), list(labels), max_future_ms
+        #: pre-aggregate when the driver gives the batch's parameters (``engine_shard_input``)
+        self.panes = panes
         #: where to ask which partitions hold records (None: no :data:`PRESENT` marks)
         self.bootstrap, self.settings = bootstrap, settings
 
@@ -300,15 +316,41 @@ class Router:
         if not chunks:
             return
         records = pa.Table.from_batches(chunks)
-        tables, span = route_records(records, self.topics, len(self.labels), self.max_future_ms)
+        n = len(self.labels)
+        given = self._params()
+        blobs: list[bytes | None] = [None] * n
+        panes: list[bytes | None] = [None] * n
+        made = None
+        if given is None:
+            tables, span = route_records(records, self.topics, n, self.max_future_ms)
+            blobs = [ipc_bytes(t) for t in tables]
+        else:
+            from engine.executors.preagg import Preaggregator
+            from engine.shards.panes import event_partitions, split_output
+
+            made, params = given
+            out = pa.Table.from_batches(list(Preaggregator(params).process(records)))
+            panes = [ipc_bytes(t) for t in split_output(out, n)]
+            span = event_partitions(out, params)
         span_b = ipc_bytes(self._marks(span))
         ranges_b = json.dumps(offset_ranges(records)).encode()
         yield pa.RecordBatch.from_pydict(
             {
                 "shard": pa.array(self.labels, pa.int32()),
-                "records": pa.array([ipc_bytes(t) for t in tables], pa.binary()),
-                "span": pa.array([span_b] * len(tables), pa.binary()),
-                "ranges": pa.array([ranges_b] * len(tables), pa.binary()),
+                "records": pa.array(blobs, pa.binary()),
+                "span": pa.array([span_b] * n, pa.binary()),
+                "ranges": pa.array([ranges_b] * n, pa.binary()),
+                "panes": pa.array(panes, pa.binary()),
+                "made": pa.array([made] * n, pa.string()),
             },
             schema=ROUTED_SCHEMA,
         )
+
+    def _params(self) -> tuple[str, Any] | None:
+        """(tag, parameters) the driver gave this task's batch (:mod:`engine.shards.panes`); None
+        when it gave none, or gave another batch's (a stale property), or when not in Spark."""
+        if not self.panes:
+            return None
+        from engine.shards.panes import task_params
+
+        return task_params()

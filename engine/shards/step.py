@@ -49,7 +49,7 @@ from engine.sources.readers import split_topics, subscription_changes
 
 log = logging.getLogger("tidewatch.engine")
 #: streams with several key fields: their events reach the shards of every key field
-_MULTI_KEY = frozenset(s for s, spec in STREAMS.items() if len(spec.keys) > 1)
+MULTI_KEY = frozenset(s for s, spec in STREAMS.items() if len(spec.keys) > 1)
 
 
 @dataclass
@@ -83,6 +83,14 @@ class ShardMeta:
     #: the key page's chart requests of its keys the shard answered after this batch: request id
     #: -> (answer, None) or (None, error code) (:mod:`engine.shards.charts`)
     charts: dict[int, tuple[Any, str | None]] = field(default_factory=dict)
+    #: on pane rows (:mod:`engine.shards.panes`), shard 0's only: the parameters of the next batch
+    #: (:func:`engine.shards.panes.params_bytes` of :meth:`EngineCore.batch_params` after this
+    #: one), which the driver hands to the next batch's routing tasks unread
+    next_params: bytes = b""
+    #: what the shard evaluated: ``panes`` (the routing tasks' pane rows), ``read again`` (pane
+    #: rows made by the shard from the batch read again from Kafka: the routing had no or other
+    #: parameters) or ``records`` (``engine_shard_input = "records"``)
+    input: str = "records"
 
 
 def run_shard(
@@ -128,7 +136,7 @@ def run_shard(
             out.dead = _take(out.dead, keep)
         out.events[role] = out.events.get(role, 0) - (len(others) - late_elsewhere)
     if n > 1:
-        _drop_unowned(out, shard, n, any(r.stream in _MULTI_KEY for r in core.rules.values()))
+        drop_unowned(out, shard, n, any(r.stream in MULTI_KEY for r in core.rules.values()))
     return out
 
 
@@ -140,7 +148,7 @@ def _take(dead: DeadLetters, idx: list[int]) -> DeadLetters:
     return kept
 
 
-def _drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -> None:
+def drop_unowned(out: BatchOutput, shard: int, n: int, multi_key_rules: bool) -> None:
     """Alerts and removed keys of keys this shard does not own (a stream with several key fields
     brings them; for the others every key a shard holds is its own, and nothing is dropped: the
     alerts are not looked at when no active rule reads such a stream)."""

@@ -301,3 +301,15 @@ def kafka_rows(rows: list[tuple[str, int, int, bytes, bytes]]) -> pa.Table:
             "value": pa.array([r[4] for r in rows], pa.binary()),
         }
     )
+
+
+def read_logged(log: list[pa.Table], ranges: dict[str, dict[str, list[int]]]) -> pa.Table:
+    """ "Kafka" for a re-read by offsets: the records of ``ranges`` (``{topic: {partition: [first,
+    last]}}``, inclusive) from the batches written so far (``log``)."""
+    every = pa.concat_tables(log)
+    keep = np.zeros(every.num_rows, bool)
+    top, part, off = (np.asarray(every.column(c).to_pylist()) for c in ("topic", "partition", "offset"))
+    for t, ps in ranges.items():
+        for p, (a, z) in ps.items():
+            keep |= (top == t) & (part == int(p)) & (off >= a) & (off <= z)
+    return every.filter(pa.array(keep))

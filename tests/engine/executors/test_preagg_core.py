@@ -18,7 +18,7 @@ from engine.executors.history import records_source
 from engine.executors.output import preaggregate_here
 from engine.messages import SubscriptionChange
 from engine.rule_evaluator import rule_compiler
-from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows
+from tests.engine.executors.support import BASE, IPS, SYMBOLS, TOPICS, G, kafka_rows, read_logged
 from tidewatch.settings import get_settings
 from tidewatch.wire.avro import encode_batch
 
@@ -119,7 +119,7 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: 
     driver, execs = _core(history_ms), _core(history_ms)
     n_alerts = 0
     log: list[pa.Table] = []  # "Kafka": every batch's records
-    source = records_source(lambda ranges: _read(log, ranges), TOPICS, 10**9)
+    source = records_source(lambda ranges: read_logged(log, ranges), TOPICS, 10**9)
     raw_asked: list[frozenset[str]] = []
     ahead = None  # pipelined: this batch's parameters, decided before the batch ahead of it ran
     for b in range(20):
@@ -154,17 +154,6 @@ def test_executor_path_equals_driver_path_batch_by_batch(seed: int, history_ms: 
         assert len(execs.history_index) < 12, execs.history_index.max_ts
 
 
-def _read(log: list[pa.Table], ranges: dict[str, dict[str, list[int]]]) -> pa.Table:
-    """The records of ``ranges`` (inclusive) from the batches written so far."""
-    every = pa.concat_tables(log)
-    keep = np.zeros(every.num_rows, bool)
-    top, part, off = (np.asarray(every.column(c).to_pylist()) for c in ("topic", "partition", "offset"))
-    for t, ps in ranges.items():
-        for p, (a, z) in ps.items():
-            keep |= (top == t) & (part == int(p)) & (off >= a) & (off <= z)
-    return every.filter(pa.array(keep))
-
-
 def test_a_batch_made_for_another_late_bound_is_refused() -> None:
     """The pipelined parameters are checked against the state: a batch pre-aggregated with a
     late bound the state does not have would decide ``late`` differently, so it is refused."""
@@ -176,7 +165,7 @@ def test_a_batch_made_for_another_late_bound_is_refused() -> None:
     offs: dict[tuple[str, int], int] = {}
     core = _core()
     log: list[pa.Table] = []
-    source = records_source(lambda ranges: _read(log, ranges), TOPICS, 10**9)
+    source = records_source(lambda ranges: read_logged(log, ranges), TOPICS, 10**9)
     for b in range(4):
         tbl = _batch(b, rng, offs)
         log.append(tbl)

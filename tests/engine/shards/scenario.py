@@ -21,6 +21,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,7 +79,9 @@ def run_sharded_scenario(
     budgets = {name: 4 * G for name in list(SHARD_RULES)[::3]} if overload else None
     produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES, budgets)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
-    info: dict[str, Any] = {"pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}, "schedule": {}}
+    info: dict[str, Any] = {
+        "pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}, "schedule": {}, "inputs": Counter()
+    }  # fmt: skip
 
     @contextmanager
     def running() -> Iterator[tuple[Any, Any]]:
@@ -93,6 +96,7 @@ def run_sharded_scenario(
             info["pids"] |= app.executor_pids
             info["batches"] += app.batches_done
             info["schedule"].update(app.schedule)
+            info["inputs"].update(app.inputs)
 
     with running() as (app, q):
         wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")

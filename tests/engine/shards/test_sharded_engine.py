@@ -32,6 +32,10 @@ def test_sharded_engine_equals_backtest(
     # the shards ran in Spark's Python workers, not in this process
     assert info["pids"] and os.getpid() not in info["pids"]
     assert shards != 2 or info["chart"]["aggregates"]  # the key page's chart, from the shards
+    # the routing tasks pre-aggregated (engine_shard_input = "panes"): each run's first batch has
+    # no parameters yet and is read again by the shards, every later one came as pane rows
+    inputs = info["inputs"]
+    assert set(inputs) <= {"panes", "read again"} and inputs["panes"] > inputs["read again"] > 0, inputs
 
 
 def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
