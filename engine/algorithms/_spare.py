@@ -14,8 +14,9 @@ collective indexes do the same for the slot tables of their next key growth
 (:meth:`engine.algorithms.ci_count.CICount._plan_spare`).
 
 Made only where something faults them in ahead: the engine turns them on at its start
-(:func:`make_spares`, :meth:`engine.app.EngineApp.start`); elsewhere (``tidewatch backtest``, the
-sharded mode's executors) a growth makes its columns as before.  The switch is per process, as
+(:func:`make_spares`, :meth:`engine.app.EngineApp.start`), a sharded engine's Python worker at its
+first shard task (:mod:`engine.shards.processor`); elsewhere (``tidewatch backtest``) a growth
+makes its columns as before.  The switch is per process, as
 NumPy's huge-page switch is, not per structure: structures are made by the evaluator, by a
 snapshot's restore and by the executors' shards, and what decides is whether the process runs the
 warmer.  A spare is not state: it is left out of snapshots and of :attr:`PooledStructure.nbytes`,

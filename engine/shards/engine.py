@@ -52,8 +52,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.core import default_core
 from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
+from engine.executors.warmup import warm_up
 from engine.messages import BatchOutput
 from engine.overload import Marks
 from engine.runtime.driver_cpu import DriverCpu
@@ -267,6 +269,9 @@ class ShardedEngine:
         docstring); returns the ``StreamingQuery``."""
         republish_committed(self.store, self.publisher, self._check_checkpoint())
         labels = shard_labels(spark, self.n)
+        if self.input == "panes":  # the routing tasks' Python workers started now, not by a batch
+            took = warm_up(spark, default_core(self.settings).batch_params(self.topics))
+            log.info("Spark's Python workers started (warm-up) in %.1f s", took)
         # one shuffle partition per shard: the query's session (cloned by its thread once it runs)
         # keeps it, and its checkpoint from then on; the caller's session gets its own value back
         # with the first batch (:meth:`on_batch`), when the clone is made

@@ -37,6 +37,12 @@ the cache while a batch runs, so a task that fails half-way leaves nothing to re
 whose core is a few batches behind (another worker ran the shard meanwhile: Spark gives a task
 any idle Python worker of its executor) brings it forward with the logged batches; otherwise the
 shard is rebuilt from the snapshot.
+
+The worker also does what the driver's engine does for its first and its growing batches: at its
+first shard task it loads the evaluation's compiled kernels (the driver's warm-up), and it runs
+the driver's :class:`engine.runtime.prefault.SpareWarmer` -- the row columns a shard's structures
+make ahead of their next growth are faulted in on a thread of the worker between its tasks, so a
+growth does not hold the shard's batch up for its page faults.
 """
 
 from __future__ import annotations
@@ -53,9 +59,11 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from engine.algorithms import make_spares
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
 from engine.runtime.gc_tuning import freeze_worker
+from engine.runtime.prefault import SpareWarmer
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.charts import RequestFile, answer_owned
 from engine.shards.panes import params_bytes, params_match, run_shard_panes, shard_rows, task_params
@@ -82,6 +90,36 @@ _LIVE: dict[tuple[str, int], tuple[str, EngineCore, int]] = {}
 #: (engine, shard) -> (the query run it serves, the writer of the shard's snapshot files in this
 #: worker: what it wrote is named in the state store by a later batch of that run)
 _WRITERS: dict[tuple[str, int], tuple[str, SnapshotWriter]] = {}
+#: this worker's thread faulting in the row columns its shards' structures make ahead of their
+#: next growth (:class:`engine.runtime.prefault.SpareWarmer`, as the driver's engine runs one):
+#: made, with the structures' spares turned on in the worker, by the first shard task it runs
+_WARMER: list[SpareWarmer] = []
+
+
+#: the seconds this worker took to load the evaluation's compiled kernels (empty: not yet)
+_KERNELS: list[float] = []
+
+
+def _load_kernels(settings: Any, topics: dict[str, str]) -> None:
+    """The evaluation's compiled kernels loaded in this worker at its first shard task, by the
+    driver engine's warm-up (:func:`engine.runtime.driver_warmup.warm_driver`: a throwaway core
+    through a few synthetic batches on pane rows), so that the shard's first batches with events
+    do not pay for them (live: 2.3-2.6 s on a shard's first lookup batch)."""
+    if _KERNELS:
+        return
+    from engine.runtime.driver_warmup import warm_driver
+
+    took, _ = warm_driver(lambda: default_core(settings), topics, executors=True)
+    _KERNELS.append(took)
+    log.info("a shard's Python worker loaded the evaluation's kernels (warm-up) in %.1f s", took)
+
+
+def _spare_warmer() -> SpareWarmer:
+    """This worker's :data:`_WARMER` (spares on in this process from the first call)."""
+    if not _WARMER:
+        make_spares(True)
+        _WARMER.append(SpareWarmer())
+    return _WARMER[0]
 
 
 def batch_of_task() -> int:
@@ -302,6 +340,8 @@ class ShardProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
         freeze_worker()  # PySpark's collection after the task: not over the shard's whole state
+        warmer = _spare_warmer()
+        _load_kernels(self.settings, self.topics)
         t_in = time.perf_counter()
         label = int(key[0])
         shard = self.labels.index(label)
@@ -346,6 +386,7 @@ class ShardProcessor(StatefulProcessor):
         snapshot_of, start_s, named = self._snapshot(shard, batch, core)
         self.at.update((batch,))
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
+        warmer.after_batch(core.evaluator)  # a growth's memory faulted in between this worker's tasks
         t_out = time.perf_counter()
         meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
         meta.snapshot_of, meta.snapshot_bytes, meta.ranges = snapshot_of, named, batch_ranges
