@@ -454,7 +454,8 @@ class ShardedEngine:
             "(slowest shard %.0f ms%s); delivered in %.0f ms (PostgreSQL %.0f, Kafka commit %.0f)",
             out.batch_id, n_events, len(out.alerts), len(out.dead), len(out.lookups),
             out.lookups[-1] if out.lookups else "-", len(metas), shard_s * 1000,
-            "".join(f", shard {m.shard} {m.how} (Python worker {m.pid})" for m in metas if m.how != "live"),
+            "".join(f", shard {m.shard} {m.how} (Python worker {m.pid})" for m in metas if m.how != "live")
+            + "".join(f", shard {m.shard}'s batch read again from Kafka" for m in metas if m.input == "read again"),
             (t_done - t0) * 1000, d.pg_s * 1000, d.kafka_s * 1000,
         )  # fmt: skip
 

@@ -58,20 +58,37 @@ def test_sharded_engine_degrades_budgeted_rules_under_overload_the_same_in_every
     assert info["strided_batches"] >= 2
 
 
-def test_sharded_engine_refuses_another_shard_count(
-    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+def _refused(
+    spark: Any, bootstrap: str, pg_url: str, tmp: Path, marker: str, shards: int, match: str
 ) -> None:
+    """An engine of ``shards`` shards on a checkpoint whose ``shards.json`` is ``marker`` is
+    refused at start with a :class:`CheckpointMismatch` matching ``match``."""
     from engine.errors import CheckpointMismatch
     from engine.shards.engine import ShardedEngine
 
     run = uuid.uuid4().hex[:8]
     db = fresh_database(pg_url)
-    (tmp_path / "ckpt" / "tidewatch").mkdir(parents=True)
-    (tmp_path / "ckpt" / "tidewatch" / "shards.json").write_text('{"shards": 2}')
-    s = engine_settings(run, tmp_path / "ckpt", engine_shards=3)
-    app = ShardedEngine(s, bootstrap=kafka_bootstrap, pg_url=db, engine_id=run)
+    (tmp / "ckpt" / "tidewatch").mkdir(parents=True)
+    (tmp / "ckpt" / "tidewatch" / "shards.json").write_text(marker)
+    s = engine_settings(run, tmp / "ckpt", engine_shards=shards)
+    assert s.engine_shard_input == "panes"
+    app = ShardedEngine(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
     try:
-        with pytest.raises(CheckpointMismatch, match="holds 2 shards"):
+        with pytest.raises(CheckpointMismatch, match=match):
             app.start(spark)
     finally:
         app.close()
+
+
+def test_sharded_engine_refuses_another_shard_count(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 2, "input": "panes"}', 3, "holds 2 shards")
+
+
+def test_sharded_engine_refuses_a_checkpoint_of_the_other_input(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """A checkpoint made before the shards evaluated pane rows (its marker names no input: records)
+    is refused on pane rows, with what to do; the shards' states differ between the two."""
+    _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 1}', 1, "engine_shard_input=records")
