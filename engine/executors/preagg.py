@@ -697,16 +697,27 @@ class TaskParamsPreaggregator:
 
 def _task_params() -> tuple[str, BatchParams]:
     """(token, parameters) of the running task: its local property :data:`PARAMS_PROPERTY`."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    raw = tc.getLocalProperty(PARAMS_PROPERTY) if tc is not None else None
-    if not raw:
+    got = params_property(PARAMS_PROPERTY)
+    if got is None:
         raise BatchParamsMismatch(
             f"a task of the shared pre-aggregation ran without its parameters (no {PARAMS_PROPERTY!r} "
             "local property): run it through engine.executors.collect.collect_preaggregated"
         )
-    token, _, body = raw.partition(":")
+    return got
+
+
+def params_property(name: str) -> tuple[str, BatchParams] | None:
+    """The running task's local property ``name`` holding parameters, ``<head>:<base64 of the
+    pickled BatchParams>`` (the driver's: :func:`engine.executors.collect.collect_preaggregated`,
+    the sharded engine's :mod:`engine.shards.panes`), as (head, parameters); None outside a task
+    or without it."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    raw = tc.getLocalProperty(name) if tc is not None else None
+    if not raw:
+        return None
+    head, _, body = raw.partition(":")
     params = pickle.loads(base64.b64decode(body))
     assert isinstance(params, BatchParams)
-    return token, params
+    return head, params

@@ -53,12 +53,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.decode import STREAMS, Decoded
+from engine.decode import Decoded
 from engine.executors.history import HistoryIndex
 from engine.executors.output import merge_output
-from engine.executors.preagg import KINDS, OUTPUT_SCHEMA, BatchParams, Preaggregator, ipc_bytes, ipc_table
+from engine.executors.preagg import (
+    KINDS,
+    OUTPUT_SCHEMA,
+    BatchParams,
+    Preaggregator,
+    ipc_bytes,
+    ipc_table,
+    params_property,
+)
 from engine.messages import BatchOutput
-from engine.shards.route import shard_of
+from engine.shards.route import held_by, key_owners, shard_of
 
 __all__ = [
     "PARAMS_PROPERTY",
@@ -105,17 +113,10 @@ def task_params() -> tuple[str, BatchParams] | None:
     from pyspark import TaskContext
 
     tc = TaskContext.get()
-    if tc is None:
+    got = params_property(PARAMS_PROPERTY)
+    if tc is None or got is None or got[0] != tc.getLocalProperty("streaming.sql.batchId"):
         return None
-    raw = tc.getLocalProperty(PARAMS_PROPERTY)
-    if not raw:
-        return None
-    batch, _, body = raw.partition(":")
-    if batch != tc.getLocalProperty("streaming.sql.batchId"):
-        return None
-    params = pickle.loads(base64.b64decode(body))
-    assert isinstance(params, BatchParams)
-    return params_tag(raw), params
+    return params_tag(str(tc.getLocalProperty(PARAMS_PROPERTY))), got[1]
 
 
 def params_match(made: list[str | None], given: tuple[str, BatchParams] | None, own: BatchParams) -> bool:
@@ -169,21 +170,16 @@ def owned_events(d: Decoded, shard: int, n: int) -> Decoded:
     """The events of ``d`` with a key field (any of its stream's) owned by ``shard`` of ``n``."""
     if n <= 1 or not len(d):
         return d
-    mine = np.zeros(len(d), np.bool_)
-    for k in STREAMS[d.stream].keys:
-        mine |= shard_of(d.columns[k], n) == shard
-    return d.take(mine)
+    return d.take(held_by(key_owners(d.stream, d.columns.__getitem__, n), shard))
 
 
 def _split_events(payload: bytes, stream: str, n: int) -> list[bytes | None]:
     """An ``event`` payload split by key: per shard the events with a key field it owns."""
     tbl = ipc_table(payload)
-    owner = [shard_of(tbl.column(k).to_numpy(zero_copy_only=False), n) for k in STREAMS[stream].keys]
+    owner = key_owners(stream, lambda k: tbl.column(k).to_numpy(zero_copy_only=False), n)
     out: list[bytes | None] = []
     for s in range(n):
-        mine = np.zeros(tbl.num_rows, np.bool_)
-        for o in owner:
-            mine |= o == s
+        mine = held_by(owner, s)
         out.append(ipc_bytes(tbl.filter(pa.array(mine))) if mine.any() else None)
     return out
 

@@ -50,7 +50,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,28 @@ def _flagged(tbl: pa.Table, primary: np.ndarray | bool) -> pa.Table:
     return tbl.append_column(PRIMARY, pa.array(flag, pa.bool_()))
 
 
+def key_owners(stream: str, column: Callable[[str], np.ndarray], n: int) -> list[np.ndarray]:
+    """The owning shard of each row's key, per key field of ``stream`` (``column``: field name ->
+    its values as a NumPy array, e.g. a decoded batch's ``columns.__getitem__``)."""
+    return [shard_of(column(k), n) for k in STREAMS[stream].keys]
+
+
+def held_by(owners: list[np.ndarray], shard: int) -> np.ndarray:
+    """The rows a shard gets: those with a key field it owns (``owners``: :func:`key_owners`)."""
+    mine = owners[0] == shard
+    for o in owners[1:]:
+        mine = mine | (o == shard)
+    return mine
+
+
+def _values(col: Any) -> Any:
+    return (
+        col.to_numpy(zero_copy_only=False)
+        if hasattr(col, "to_numpy") and not isinstance(col, np.ndarray)
+        else col
+    )
+
+
 @dataclass(frozen=True)
 class Route:
     """One stream's records of a chunk, decoded: which rows go to which shard."""
@@ -135,14 +157,12 @@ def route_stream(stream: str, records: pa.Table, n: int, max_future_ms: int | No
     pre = predecode(stream, records, max_future_ms=max_future_ms)
     d = pre.decoded
     rows = np.arange(len(d)) if pre.rows is None else np.asarray(pre.rows, np.int64)
-    owner = [shard_of(d.columns[k], n) for k in STREAMS[stream].keys]
+    owner = key_owners(stream, d.columns.__getitem__, n)
     bad = np.ones(records.num_rows, np.bool_)
     bad[rows] = False
     shards, primary = [], []
     for s in range(n):
-        mine = owner[0] == s
-        for o in owner[1:]:
-            mine = mine | (o == s)
+        mine = held_by(owner, s)
         take = rows[mine]
         prim = (owner[0] == s)[mine]
         if s == 0 and bad.any():
