@@ -7,10 +7,17 @@ stateful processor that keeps a row count and a 16-byte value per shard (RocksDB
 emits one row per shard and batch: the count, the worker's pid, whether a module-level cache of
 that worker already held the shard (``cached``), the task's partition and the batch id the task
 reads from its local property ``streaming.sql.batchId``.  Prints each batch's rows and, at the
-end, each batch's input rows and durations (``triggerExecution``, ``addBatch``) from Spark's
-progress reports.
+end, each batch's input rows and durations (``triggerExecution``, ``addBatch``, the state
+operator's ``commitTimeMs``) from Spark's progress reports, then the medians after the first three
+batches of every duration and of the state operator's timings (RocksDB's commit parts among them).
+
+To see what the stateful operator adds to a micro-batch, run the same stream without it:
+``--stateless`` (the same shuffle by shard into ``applyInPandas``) or ``--plain`` (``mapInPandas``,
+no shuffle); ``--conf KEY=VALUE`` sets a Spark configuration entry (e.g. RocksDB's changelog
+checkpointing).
 
     .venv/bin/python bench/tws_probe.py --seconds 40 --rows-per-s 20000 --shards 2
+    .venv/bin/python bench/tws_probe.py --seconds 25 --rows-per-s 200 --shards 1 --stateless
 """
 
 from __future__ import annotations
@@ -77,6 +84,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=40)
     ap.add_argument("--rows-per-s", type=int, default=20_000)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark conf entry")
+    ap.add_argument(
+        "--stateless", action="store_true", help="the same shuffle by shard, no state (applyInPandas)"
+    )
+    ap.add_argument("--plain", action="store_true", help="no shuffle, no state (mapInPandas)")
     a = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the state server's Python runner too
     # the processor must be importable by the workers (not pickled with __main__'s globals)
@@ -85,7 +97,7 @@ def main() -> None:
     )
     from tws_probe import Shard as ImportedShard  # type: ignore[import-not-found]
 
-    spark = (
+    spark: Any = (
         SparkSession.builder.master("local[2]")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.shuffle.partitions", str(a.shards))
@@ -93,14 +105,49 @@ def main() -> None:
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
-        .getOrCreate()
     )
+    for kv in a.conf:
+        k, _, v = kv.partition("=")
+        spark = spark.config(k, v)
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     ck = tempfile.mkdtemp(prefix="tws-probe-")
     try:
         src = spark.readStream.format("rate").option("rowsPerSecond", a.rows_per_s).load()
         df = src.selectExpr(f"CAST(value % {a.shards} AS LONG) AS shard", "value")
-        res = df.groupBy("shard").transformWithStateInPandas(ImportedShard(), OUT, "Update", "None")
+        if a.plain:
+            res = df.mapInPandas(
+                lambda it: (
+                    pd.DataFrame(
+                        {
+                            "shard": [0],
+                            "n": [sum(len(p) for p in it)],
+                            "pid": [os.getpid()],
+                            "cached": [0],
+                            "part": [-1],
+                            "batch": [None],
+                        }
+                    )
+                    for _ in [0]
+                ),
+                OUT,
+            )
+        elif a.stateless:
+            res = df.groupBy("shard").applyInPandas(
+                lambda k, pdf: pd.DataFrame(
+                    {
+                        "shard": [int(k[0])],
+                        "n": [len(pdf)],
+                        "pid": [os.getpid()],
+                        "cached": [0],
+                        "part": [-1],
+                        "batch": [None],
+                    }
+                ),
+                OUT,
+            )
+        else:
+            res = df.groupBy("shard").transformWithStateInPandas(ImportedShard(), OUT, "Update", "None")
 
         def sink(bdf: Any, bid: int) -> None:
             print("batch", bid, [r.asDict() for r in bdf.collect()], flush=True)
@@ -113,12 +160,31 @@ def main() -> None:
         )
         time.sleep(a.seconds)
         q.stop()
-        print("batch  input rows  triggerExecution ms  addBatch ms")
+        print("batch  input rows  triggerExecution ms  addBatch ms  commit ms")
+        trig = []
         for p in q.recentProgress:
             d = p["durationMs"]
+            ops = p.get("stateOperators") or [{}]
+            commit = ops[0].get("commitTimeMs", 0) if ops else 0
+            trig.append(d.get("triggerExecution", 0))
             print(
-                f"{p['batchId']:>5}  {p['numInputRows']:>10}  {d.get('triggerExecution', 0):>19}  {d.get('addBatch', 0):>11}"
+                f"{p['batchId']:>5}  {p['numInputRows']:>10}  {d.get('triggerExecution', 0):>19}  "
+                f"{d.get('addBatch', 0):>11}  {commit:>9}"
             )
+        trig = sorted(trig[3:])
+        if trig:
+            print(
+                f"median triggerExecution after 3 batches: {trig[len(trig) // 2]} ms over {len(trig)} batches"
+            )
+        parts: dict[str, list[float]] = {}
+        for p in q.recentProgress[3:]:
+            for k, v in p["durationMs"].items():
+                parts.setdefault(k, []).append(float(v))
+            for op in p.get("stateOperators") or []:
+                for k, v in {**op, **(op.get("customMetrics") or {})}.items():
+                    if isinstance(v, (int, float)) and ("Ms" in k or "Latency" in k or "ms" in k.lower()):
+                        parts.setdefault(k, []).append(float(v))
+        print("medians after 3 batches:", {k: sorted(v)[len(v) // 2] for k, v in parts.items()})
     finally:
         spark.stop()
         shutil.rmtree(ck, ignore_errors=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.spark_session import (
     ARROW_NO_BYTE_LIMIT,
+    CHANGELOG_CHECKPOINTING,
     ROCKSDB_PROVIDER,
     is_local_master,
     network_conf,
@@ -44,6 +45,7 @@ def test_python_workers_and_state_store(tmp_path: Path) -> None:
     conf = spark_conf(_settings(tmp_path), "tidewatch-x")
     assert conf["spark.pyspark.python"] == sys.executable
     assert conf["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB_PROVIDER
+    assert conf[CHANGELOG_CHECKPOINTING] == "true"  # a commit writes the batch's changes only
     assert conf["spark.master"] == "local[2]"
     assert conf["spark.app.name"] == "tidewatch-x"
 

@@ -58,6 +58,7 @@ def run_sharded_scenario(
     cap: int = 0,
     overload: bool = False,
     charts: bool = False,
+    first_conf: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the scenario (module docstring); raises on any difference.  Returns what the test
     may check further: the process ids the shards ran in, rebuilds, batches.  ``cap``: with the
@@ -66,7 +67,9 @@ def run_sharded_scenario(
     budget and the overload policy's marks so low that every batch is overloaded: the driver
     degrades them (strides recorded with the batches, the same in every shard), and the alert log
     is checked against the backtest at the lookup times used.  ``charts``: a key page's chart
-    request answered by the shard owning the key (:func:`check_chart`)."""
+    request answered by the shard owning the key (:func:`check_chart`).  ``first_conf``: Spark
+    configuration entries the first run's query starts with (the session's own values back for
+    the restart)."""
     from engine.shards.engine import ShardedEngine
     from engine.sinks.publish import ensure_topics
 
@@ -98,7 +101,12 @@ def run_sharded_scenario(
             info["schedule"].update(app.schedule)
             info["inputs"].update(app.inputs)
 
+    conf_back = {k: spark.conf.get(k) for k in first_conf or {}}
+    for k, v in (first_conf or {}).items():
+        spark.conf.set(k, v)
     with running() as (app, q):
+        for k, v in conf_back.items():  # the query's session has its own copy once started
+            spark.conf.set(k, v)
         wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
         produce(sc, bootstrap, topics_of(s))
         chaos_thread = None

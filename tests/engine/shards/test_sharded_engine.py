@@ -12,6 +12,7 @@ exactly (nothing lost, nothing doubled).
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,28 @@ def test_sharded_engine_degrades_budgeted_rules_under_overload_the_same_in_every
     the alert log equals the backtest at the lookup times used (engine.shards.strides)."""
     info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, 2, overload=True)
     assert info["strided_batches"] >= 2
+
+
+def test_a_checkpoint_made_without_changelog_checkpointing_goes_on_with_it(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The state store's changelog checkpointing (engine.spark_session.spark_conf) on a checkpoint
+    whose batches were committed without it (the engine before it): the restart rebuilds the shard
+    from that state store and goes on exactly (the scenario's checks), its commits now changelog
+    files (``<version>.changelog``) after the first run's zipped ones (``<version>.zip``)."""
+    from engine.spark_session import CHANGELOG_CHECKPOINTING
+
+    assert spark.conf.get(CHANGELOG_CHECKPOINTING) == "true"
+    # the scenario checks the restart's rebuild from the state store and the exact alert log
+    run_sharded_scenario(
+        spark, kafka_bootstrap, pg_url, tmp_path, 1, first_conf={CHANGELOG_CHECKPOINTING: "false"}
+    )
+    state = tmp_path / "ckpt" / "spark" / "state"
+    names = [p.name for p in state.rglob("*") if p.is_file()]
+    zips = {int(n.split(".")[0]) for n in names if re.fullmatch(r"\d+\.zip", n)}
+    logs = {int(n.split(".")[0]) for n in names if re.fullmatch(r"\d+\.changelog", n)}
+    assert 1 in zips and 1 not in logs, names  # the first run committed RocksDB's files zipped
+    assert logs, names  # the restart commits the batches' changes
 
 
 def _refused(
