@@ -101,32 +101,36 @@ def run_sharded_scenario(
             info["schedule"].update(app.schedule)
             info["inputs"].update(app.inputs)
 
+    # the first run's query with ``first_conf`` (Spark clones the session when the query's thread
+    # starts: the values go back once the first run is over, before the restart)
     conf_back = {k: spark.conf.get(k) for k in first_conf or {}}
     for k, v in (first_conf or {}).items():
         spark.conf.set(k, v)
-    with running() as (app, q):
-        for k, v in conf_back.items():  # the query's session has its own copy once started
+    try:
+        with running() as (app, q):
+            wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
+            produce(sc, bootstrap, topics_of(s))
+            chaos_thread = None
+            if chaos is not None:
+                chaos_thread = threading.Thread(target=chaos, args=(app,), daemon=True)
+                chaos_thread.start()
+            wait_for(
+                lambda: app.applied_until == final or not q.isActive,
+                timeout_s,
+                f"every shard to look up at {final}",
+            )
+            assert q.isActive, q.exception()
+            if chaos_thread is not None:
+                chaos_thread.join(timeout_s)
+            assert app.batches_done >= 3
+            if charts:
+                info["chart"] = check_chart(app, bootstrap, s.topic_subscriptions, sc.sub_ids["count"], run)
+            if restart:
+                await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
+                q.processAllAvailable()  # stopped between batches: the last one planned is committed
+    finally:
+        for k, v in conf_back.items():
             spark.conf.set(k, v)
-        wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active in every shard")
-        produce(sc, bootstrap, topics_of(s))
-        chaos_thread = None
-        if chaos is not None:
-            chaos_thread = threading.Thread(target=chaos, args=(app,), daemon=True)
-            chaos_thread.start()
-        wait_for(
-            lambda: app.applied_until == final or not q.isActive,
-            timeout_s,
-            f"every shard to look up at {final}",
-        )
-        assert q.isActive, q.exception()
-        if chaos_thread is not None:
-            chaos_thread.join(timeout_s)
-        assert app.batches_done >= 3
-        if charts:
-            info["chart"] = check_chart(app, bootstrap, s.topic_subscriptions, sc.sub_ids["count"], run)
-        if restart:
-            await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
-            q.processAllAvailable()  # stopped between batches: the last one planned is committed
     info["rebuilds_first_run"] = dict(app.rebuilds)
     sid = None
     if restart:
