@@ -79,6 +79,13 @@ class Shard(StatefulProcessor):
         pass
 
 
+def _summary(shard: int, n: int) -> pd.DataFrame:
+    """The output row of the variants without state (``--plain``, ``--stateless``)."""
+    return pd.DataFrame(
+        {"shard": [shard], "n": [n], "pid": [os.getpid()], "cached": [0], "part": [-1], "batch": [None]}
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40)
@@ -116,36 +123,9 @@ def main() -> None:
         src = spark.readStream.format("rate").option("rowsPerSecond", a.rows_per_s).load()
         df = src.selectExpr(f"CAST(value % {a.shards} AS LONG) AS shard", "value")
         if a.plain:
-            res = df.mapInPandas(
-                lambda it: (
-                    pd.DataFrame(
-                        {
-                            "shard": [0],
-                            "n": [sum(len(p) for p in it)],
-                            "pid": [os.getpid()],
-                            "cached": [0],
-                            "part": [-1],
-                            "batch": [None],
-                        }
-                    )
-                    for _ in [0]
-                ),
-                OUT,
-            )
+            res = df.mapInPandas(lambda it: iter([_summary(0, sum(len(p) for p in it))]), OUT)
         elif a.stateless:
-            res = df.groupBy("shard").applyInPandas(
-                lambda k, pdf: pd.DataFrame(
-                    {
-                        "shard": [int(k[0])],
-                        "n": [len(pdf)],
-                        "pid": [os.getpid()],
-                        "cached": [0],
-                        "part": [-1],
-                        "batch": [None],
-                    }
-                ),
-                OUT,
-            )
+            res = df.groupBy("shard").applyInPandas(lambda k, pdf: _summary(int(k[0]), len(pdf)), OUT)
         else:
             res = df.groupBy("shard").transformWithStateInPandas(ImportedShard(), OUT, "Update", "None")
 
@@ -164,8 +144,7 @@ def main() -> None:
         trig = []
         for p in q.recentProgress:
             d = p["durationMs"]
-            ops = p.get("stateOperators") or [{}]
-            commit = ops[0].get("commitTimeMs", 0) if ops else 0
+            commit = (p.get("stateOperators") or [{}])[0].get("commitTimeMs", 0)
             trig.append(d.get("triggerExecution", 0))
             print(
                 f"{p['batchId']:>5}  {p['numInputRows']:>10}  {d.get('triggerExecution', 0):>19}  "

@@ -134,14 +134,6 @@ def held_by(owners: list[np.ndarray], shard: int) -> np.ndarray:
     return mine
 
 
-def _values(col: Any) -> Any:
-    return (
-        col.to_numpy(zero_copy_only=False)
-        if hasattr(col, "to_numpy") and not isinstance(col, np.ndarray)
-        else col
-    )
-
-
 @dataclass(frozen=True)
 class Route:
     """One stream's records of a chunk, decoded: which rows go to which shard."""
