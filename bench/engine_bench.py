@@ -357,6 +357,10 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 # ---------------------------------------------------------------- live: Tidewatch alone, latency
+#: the live run's alert consumer's timeout (s) for a chunk of 1,000 alerts: librdkafka's
+#: ``consume`` returns when the chunk is full or the timeout is over, so an alert of a partial
+#: chunk is timed up to this late (0.2 s before 2026-12-07: docs/measurements/engine.md)
+LATENCY_WAIT_S = 0.01
 WINDOWS_S = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800)
 
 
@@ -661,7 +665,9 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
         c.subscribe([settings.topic_alerts])
         while not stop.is_set():
             bench_cpu["consumer"] = time.thread_time()
-            for m in c.consume(1000, 0.2):
+            # librdkafka's consume waits for all 1,000 messages or the timeout: a short timeout,
+            # so an alert is timed when it can be read, not when 1,000 are there
+            for m in c.consume(1000, LATENCY_WAIT_S):
                 v = m.value()
                 if m.error() or v is None:
                     continue

@@ -14,7 +14,9 @@ batches of every duration and of the state operator's timings (RocksDB's commit 
 To see what the stateful operator adds to a micro-batch, run the same stream without it:
 ``--stateless`` (the same shuffle by shard into ``applyInPandas``) or ``--plain`` (``mapInPandas``,
 no shuffle); ``--conf KEY=VALUE`` sets a Spark configuration entry (e.g. RocksDB's changelog
-checkpointing).
+checkpointing); ``--warm SECONDS`` runs the same query that long first, on its own checkpoint,
+and prints the measured query's median ``addBatch`` of its first ten micro-batches (a warm JVM's
+start against a cold one).
 
     .venv/bin/python bench/tws_probe.py --seconds 40 --rows-per-s 20000 --shards 2
     .venv/bin/python bench/tws_probe.py --seconds 25 --rows-per-s 200 --shards 1 --stateless
@@ -96,6 +98,13 @@ def main() -> None:
         "--stateless", action="store_true", help="the same shuffle by shard, no state (applyInPandas)"
     )
     ap.add_argument("--plain", action="store_true", help="no shuffle, no state (mapInPandas)")
+    ap.add_argument(
+        "--warm",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="run the same query this long first (its own checkpoint), then the measured one",
+    )
     a = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the state server's Python runner too
     # the processor must be importable by the workers (not pickled with __main__'s globals)
@@ -119,6 +128,7 @@ def main() -> None:
     spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     ck = tempfile.mkdtemp(prefix="tws-probe-")
+    warm_ck = tempfile.mkdtemp(prefix="tws-probe-warm-")
     try:
         src = spark.readStream.format("rate").option("rowsPerSecond", a.rows_per_s).load()
         df = src.selectExpr(f"CAST(value % {a.shards} AS LONG) AS shard", "value")
@@ -132,6 +142,16 @@ def main() -> None:
         def sink(bdf: Any, bid: int) -> None:
             print("batch", bid, [r.asDict() for r in bdf.collect()], flush=True)
 
+        if a.warm > 0:  # the same plan run first: Spark's JVM and the stages warm
+            w = (
+                res.writeStream.foreachBatch(lambda bdf, bid: bdf.collect())
+                .option("checkpointLocation", warm_ck)
+                .trigger(processingTime="0.5 seconds")
+                .start()
+            )
+            time.sleep(a.warm)
+            w.stop()
+            print("warm-up batches:", [p["durationMs"].get("addBatch", 0) for p in w.recentProgress])
         q = (
             res.writeStream.foreachBatch(sink)
             .option("checkpointLocation", ck)
@@ -140,6 +160,9 @@ def main() -> None:
         )
         time.sleep(a.seconds)
         q.stop()
+        first = sorted(p["durationMs"].get("addBatch", 0) for p in q.recentProgress[:10])
+        if first:
+            print(f"median addBatch of the first 10 batches: {first[len(first) // 2]} ms")
         print("batch  input rows  triggerExecution ms  addBatch ms  commit ms")
         trig = []
         for p in q.recentProgress:
@@ -167,6 +190,7 @@ def main() -> None:
     finally:
         spark.stop()
         shutil.rmtree(ck, ignore_errors=True)
+        shutil.rmtree(warm_ck, ignore_errors=True)
 
 
 if __name__ == "__main__":
