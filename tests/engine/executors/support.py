@@ -3,6 +3,7 @@ between the executor path (:mod:`engine.executors`) and today's driver path."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,7 +290,7 @@ def expected(tbl: pa.Table, decoded: dict[str, Decoded]) -> Expected:
     return Expected(events, part_max, ts_min, offsets)
 
 
-def kafka_rows(rows: list[tuple[str, int, int, bytes, bytes]]) -> pa.Table:
+def kafka_rows(rows: Sequence[tuple[str, int, int, bytes | None, bytes | None]]) -> pa.Table:
     """Kafka-shaped records (topic, partition, offset, key, value), as Spark's Kafka source gives them."""
     return pa.table(
         {

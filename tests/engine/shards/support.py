@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 import zlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ LATE = (
 )
 
 
-def _table(rows: list[tuple[str, int, int, int, bytes | None, bytes | None]]) -> pa.Table:
+def _table(rows: Sequence[tuple[str, int, int, int, bytes | None, bytes | None]]) -> pa.Table:
     topic, part, off, ts, key, value = zip(*rows, strict=True) if rows else ([],) * 6
     return pa.table(
         {
@@ -96,7 +97,7 @@ def scenario_batches(
     return batches, ids
 
 
-def alert_rows(alerts: list[Any]) -> list[tuple[str, str, str, int, tuple[tuple[str, Any], ...]]]:
+def alert_rows(alerts: Iterable[Any]) -> list[tuple[str, str, str, int, tuple[tuple[str, Any], ...]]]:
     """Alerts as sortable tuples, values included."""
     return sorted(
         (a.subscription_id, a.key, a.kind, a.as_of, tuple(sorted(a.values.items()))) for a in alerts

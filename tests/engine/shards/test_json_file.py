@@ -15,7 +15,7 @@ from engine.shards.strides import StrideFile
 
 def test_an_absent_file_is_the_default_and_a_good_one_is_shaped(tmp_path: Path) -> None:
     path = tmp_path / "doc.json"
-    assert read_json(path, "the test file", "none", len) == "none"
+    assert read_json(path, "the test file", -1, len) == -1
     path.write_text("[1, 2, 3]")
     assert read_json(path, "the test file", 0, len) == 3
 

@@ -8,6 +8,7 @@ The split itself is checked row by row against a brute force."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pyarrow as pa
@@ -39,8 +40,8 @@ from tests.engine.shards.test_step import _dead, _settings, _single
 def _sharded_panes(
     batches: list[pa.Table],
     n: int,
-    reread: set[int] = frozenset(),
-    restore_at: int | None = None,  # type: ignore[assignment]
+    reread: AbstractSet[int] = frozenset(),
+    restore_at: int | None = None,
 ) -> list[BatchOutput]:
     """The batches over ``n`` shards on pane rows, merged as the driver merges them; the batches of
     ``reread`` as a shard takes one whose routing had no parameters: read again whole and
