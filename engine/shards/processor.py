@@ -42,7 +42,9 @@ The worker also does what the driver's engine does for its first and its growing
 first shard task it loads the evaluation's compiled kernels (the driver's warm-up), and it runs
 the driver's :class:`engine.runtime.prefault.SpareWarmer` -- the row columns a shard's structures
 make ahead of their next growth are faulted in on a thread of the worker between its tasks, so a
-growth does not hold the shard's batch up for its page faults.
+growth does not hold the shard's batch up for its page faults.  Its cores' log lines (a
+subscription active, dropped or refused; a snapshot written) go to the worker's stderr, which
+Spark hands to the executor's log -- in local mode the engine's own (:func:`_worker_log`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +101,29 @@ _WARMER: list[SpareWarmer] = []
 
 #: the seconds this worker took to load the evaluation's compiled kernels (empty: not yet)
 _KERNELS: list[float] = []
+#: whether this worker's engine log is set up (:func:`_worker_log`; empty: not yet)
+_LOGGING: list[bool] = []
+#: the worker's engine log lines: the engine CLI's format (``engine.cli``), the worker named
+WORKER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s (shard worker %(process)d): %(message)s"
+
+
+def _worker_log() -> None:
+    """The engine's log lines of this worker -- its cores' "subscription ... is active" (one
+    per shard it holds), "... refused" and "... dropped", its snapshots -- written to its stderr,
+    which Spark hands to the executor's log (in local mode the engine's own log).  A Spark Python
+    worker starts with no logging handler, so those INFO lines reached no log.  Done once per
+    worker, and only where nothing is set up (a shard run in a process that logs already, as in
+    the tests, keeps that process's handlers)."""
+    if _LOGGING:
+        return
+    _LOGGING.append(True)
+    engine_log = logging.getLogger("tidewatch.engine")
+    if engine_log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(WORKER_LOG_FORMAT))
+    engine_log.addHandler(handler)
+    engine_log.setLevel(logging.INFO)
 
 
 def _load_kernels(settings: Any, topics: dict[str, str]) -> None:
@@ -340,6 +366,7 @@ class ShardProcessor(StatefulProcessor):
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
         freeze_worker()  # PySpark's collection after the task: not over the shard's whole state
+        _worker_log()
         warmer = _spare_warmer()
         _load_kernels(self.settings, self.topics)
         t_in = time.perf_counter()
