@@ -27,6 +27,7 @@ Data flow (docs/ARCHITECTURE.md "Data flow", docs/engine.md; figures in docs/mea
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -672,6 +673,23 @@ class EngineApp:
         return {t: sorted(ps) for t, ps in out.items()}
 
     # ------------------------------------------------------------------ Spark
+    def _refuse_sharded_checkpoint(self) -> None:
+        """A checkpoint the sharded engine made (its marker, :mod:`engine.shards.engine`) holds
+        the state in Spark's state store, not here: refused, with what to do."""
+        marker = self.state_dir / "shards.json"
+        if not marker.exists():
+            return
+        try:
+            was = str(int(json.loads(marker.read_text())["shards"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            was = "N"
+        raise CheckpointMismatch(
+            f"the checkpoint {self.checkpoint} was made by the sharded engine ({was} shards): its "
+            f"state is in Spark's state store, which the driver's engine (engine_shards=0) does not "
+            f"read. Run with engine_shards={was}, or start with a new checkpoint directory and a new "
+            "--engine-id."
+        )
+
     def start(
         self,
         spark: Any,
@@ -697,6 +715,7 @@ class EngineApp:
                 "engine_preaggregate = executors: batches decoded and pre-aggregated by Spark's tasks%s",
                 ", pipelined" if self.settings.engine_pipeline else "",
             )
+        self._refuse_sharded_checkpoint()
         self.recover()
         starting = self._align_checkpoint()
         freeze_state()

@@ -39,7 +39,9 @@ shard's load and records the next batch's strides in a file of the checkpoint, w
 reads (:mod:`engine.shards.strides`).
 
 The key page's charts are answered by the shard owning the key, from its state, the requests
-handed over by the driver through a file of the checkpoint (:mod:`engine.shards.charts`).
+handed over by the driver through a file of the checkpoint (:mod:`engine.shards.charts`); on an
+idle stream the driver makes Spark run a batch for them (a tick: :mod:`engine.shards.ticks`, a
+second source of the query).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ from engine.shards.processor import OUTPUT_DDL, ShardProcessor
 from engine.shards.route import ROUTED_DDL, Router, merge_ranges
 from engine.shards.step import ShardMeta, decode_output, merge_outputs
 from engine.shards.strides import StrideFile
+from engine.shards.ticks import TickDir
 from engine.sinks.charts import ChartAnswers
 from engine.sinks.deliver import Delivery, republish_committed
 from engine.sinks.publish import Publisher, ensure_topics
@@ -198,10 +201,12 @@ class ShardedEngine:
         self.lookup_ms = int(settings.engine_lookup_every_ms or settings.pane_ms)
         self.stride_file = StrideFile(self.checkpoint / "tidewatch" / "strides.json")
         #: the key page's charts: requests handed to the shards, their answers written back
+        self.ticks = TickDir(self.checkpoint / "tidewatch" / "ticks")
         self.charts = ShardCharts(
             ChartAnswers(self.store.engine, settings, engine_id),
             RequestFile(self.checkpoint / "tidewatch" / "chart_requests.json"),
             float(settings.chart_answer_poll_s),
+            self.ticks,
         )
 
     # ------------------------------------------------------------------ what the shards say
@@ -220,9 +225,11 @@ class ShardedEngine:
 
     # ------------------------------------------------------------------ start
     def _check_checkpoint(self) -> int:
-        """The checkpoint's shard count is N, and a checkpoint exists when PostgreSQL has
-        batches of this engine: else refuse (the state is in the checkpoint, nowhere else).
-        Returns the last batch PostgreSQL has committed for this engine (-1: none)."""
+        """The checkpoint is one this query can go on from -- a sharded one (its marker
+        ``tidewatch/shards.json``, not the driver's engine's), of N shards, of the same input, with
+        the ticks source -- and a checkpoint exists when PostgreSQL has batches of this engine:
+        else refuse with what to do (the state is in the checkpoint, nowhere else).  Returns the
+        last batch PostgreSQL has committed for this engine (-1: none)."""
         spark_dir = self.checkpoint / "spark"
         marker = self.checkpoint / "tidewatch" / "shards.json"
         last = self.store.last_committed()
@@ -233,6 +240,13 @@ class ShardedEngine:
                 f"Spark's checkpoint {spark_dir} holds none: the shards' state is lost. Restore the "
                 "checkpoint directory from a backup, or start with a new checkpoint directory and a "
                 "new --engine-id."
+            )
+        if not marker.exists() and (has_commits or (self.checkpoint / "tidewatch" / "batches").exists()):
+            raise CheckpointMismatch(
+                f"the checkpoint {self.checkpoint} was made by the driver's engine (engine_shards=0): "
+                "its state is in that directory's snapshots, which shards do not read. Run with "
+                "engine_shards=0, or start with a new checkpoint directory and a new --engine-id to "
+                f"re-read the topics into {self.n} shards."
             )
         if marker.exists():
             doc = json.loads(marker.read_text())
@@ -252,9 +266,15 @@ class ShardedEngine:
                     f"differs between the two. Run with engine_shard_input={was_input}, or start "
                     "with a new checkpoint directory and a new --engine-id."
                 )
+            if not doc.get("ticks"):  # a checkpoint of a query without the ticks source
+                raise CheckpointMismatch(
+                    f"the checkpoint {self.checkpoint} was made by a sharded engine without ticks "
+                    "(engine/shards/ticks.py): Spark does not restart a query from a checkpoint with "
+                    "fewer sources. Start with a new checkpoint directory and a new --engine-id."
+                )
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"shards": self.n, "input": self.input}))
+            marker.write_text(json.dumps({"shards": self.n, "input": self.input, "ticks": True}))
         return last
 
     def start(
@@ -293,6 +313,8 @@ class ShardedEngine:
             self.topics, labels, self.settings.max_future_ms, self.bootstrap, self.settings, panes=panes
         )
         routed = records.select(*RECORD_COLUMNS).mapInArrow(router, ROUTED_DDL)
+        # a batch on purpose when chart requests wait on an idle stream (engine.shards.ticks)
+        routed = routed.unionByName(self.ticks.stream(spark))
         # the live cores of a worker serve this run of the query only: a restart rebuilds every
         # shard from Spark's state store, even where a worker process outlived the query
         engine = f"{self.checkpoint.resolve()}|{self.engine_id}"
@@ -319,6 +341,7 @@ class ShardedEngine:
             else writer.trigger(processingTime=f"{trig} seconds")
         )
         log.info("sharded evaluation: %d shards (labels %s)", self.n, labels)
+        self.charts.start(labels, idle_s=max(2 * self.trigger_s, self.charts.poll_s))
         if warning := placement_warning(str(spark.sparkContext.master), self.n):
             log.warning(warning)
         return (
@@ -460,6 +483,7 @@ class ShardedEngine:
         )  # fmt: skip
 
     def close(self) -> None:
+        self.charts.stop()
         self.delivery.close()
         self.publisher.close()
         self.store.engine.dispose()

@@ -65,12 +65,14 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from engine.algorithms import make_spares
 from engine.core import EngineCore, default_core
 from engine.errors import CheckpointMismatch
+from engine.executors.preagg import OUTPUT_SCHEMA
 from engine.runtime.gc_tuning import freeze_worker
 from engine.runtime.prefault import SpareWarmer
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.charts import RequestFile, answer_owned
 from engine.shards.panes import params_bytes, params_match, run_shard_panes, shard_rows, task_params
 from engine.shards.route import (
+    SPAN_SCHEMA,
     Ranges,
     ipc_bytes,
     ipc_table,
@@ -81,6 +83,7 @@ from engine.shards.route import (
 )
 from engine.shards.step import encode_output, meta_of, run_shard
 from engine.shards.strides import StrideFile
+from engine.shards.ticks import is_tick
 
 log = logging.getLogger("tidewatch.engine")
 
@@ -250,6 +253,15 @@ class ShardProcessor(StatefulProcessor):
         tables, _ = route_records(records, self.topics, len(self.labels), self.settings.max_future_ms)
         return tables[shard]
 
+    def _no_records(self, shard: int) -> pa.Table:
+        """A shard's records of a batch that has none (a tick's, :mod:`engine.shards.ticks`)."""
+        from engine.sources.readers import records_table
+
+        tables, _ = route_records(
+            records_table([]), self.topics, len(self.labels), self.settings.max_future_ms
+        )
+        return tables[shard]
+
     def _rows_again(self, ranges: Ranges, params: Any, shard: int) -> pa.Table:
         """This shard's pane rows of a batch (:func:`engine.shards.panes.shard_rows`): its offset
         ranges read again from Kafka and pre-aggregated here with ``params``."""
@@ -379,12 +391,13 @@ class ShardProcessor(StatefulProcessor):
         span_tables: list[pa.Table] = []
         ranges: list[Ranges] = []
         for df in rows:
+            df = df[[not is_tick(s) for s in df["span"]]]  # a tick's rows: nothing to evaluate
             recs += [ipc_table(bytes(b)) for b in df["records"] if b is not None]
             panes += [ipc_table(bytes(b)) for b in df["panes"] if b is not None]
             made += [None if m is None or m != m else str(m) for m in df["made"]]  # NaN: null
             span_tables += [ipc_table(bytes(b)) for b in df["span"]]
             ranges += [json.loads(bytes(b)) for b in df["ranges"]]
-        span_t = pa.concat_tables(span_tables)
+        span_t = pa.concat_tables(span_tables) if span_tables else SPAN_SCHEMA.empty_table()
         batch_ranges = merge_ranges(ranges)
         t_state = time.perf_counter()
         at = int(self.at.get()[0]) if self.at.exists() else -1  # type: ignore[index]
@@ -396,7 +409,9 @@ class ShardProcessor(StatefulProcessor):
         spans = merge_spans([span_t])
         if self.panes:
             own = core.batch_params(self.topics)
-            if params_match(made, task_params(), own):
+            if not span_tables:  # a tick alone (engine.shards.ticks): an empty batch
+                got, rows_in = "tick", OUTPUT_SCHEMA.empty_table()
+            elif params_match(made, task_params(), own):
                 got, rows_in = "panes", pa.concat_tables(panes)
             else:  # the routing had no parameters, or others: the batch read again (module docstring)
                 got, rows_in = "read again", self._rows_again(batch_ranges, own, shard)
@@ -404,8 +419,8 @@ class ShardProcessor(StatefulProcessor):
                 core, batch, shard, n, rows_in, own, split_span(spans)[1], self._history(), strides
             )
         else:
-            got = "records"
-            records = pa.concat_tables(recs)
+            got = "records" if span_tables else "tick"
+            records = pa.concat_tables(recs) if recs else self._no_records(shard)
             out = run_shard(core, batch, shard, n, records, spans, self.topics, strides)
         t_log = time.perf_counter()
         self.log.appendValue((batch, json.dumps(batch_ranges).encode(), ipc_bytes(span_t)))

@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from engine.evaluation.key_series import key_series
+from engine.runtime.poll_thread import PollThread
 from tidewatch.settings import Settings
 
 log = logging.getLogger("tidewatch.engine")
@@ -100,8 +101,7 @@ class ChartAnswers:
         self.poll_s = float(settings.chart_answer_poll_s)
         #: held by the evaluation thread while it changes the state, and here while reading it
         self.lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: PollThread | None = None
         self._last_cleanup = 0.0
 
     def pending(self) -> list[tuple[int, str, str, float]]:
@@ -175,23 +175,14 @@ class ChartAnswers:
     def start(self, get_core: Callable[[], Any]) -> None:
         """Answer requests every ``chart_answer_poll_s`` in a daemon thread until :meth:`stop`;
         ``get_core`` gives the engine's current core (a restart's recovery replaces it)."""
-        if self._thread is not None:
-            return
-        self._stop.clear()
-
-        def run() -> None:
-            while not self._stop.wait(self.poll_s):
-                try:
-                    self.answer(get_core)
-                except Exception as exc:  # PostgreSQL restarting: try again at the next poll
-                    log.warning("chart requests not answered now: %s", type(exc).__name__)
-
-        self._thread = threading.Thread(target=run, name="tidewatch-charts", daemon=True)
-        self._thread.start()
+        if self._thread is None:
+            self._thread = PollThread(
+                "tidewatch-charts", self.poll_s, lambda: self.answer(get_core), "chart requests not answered"
+            )
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop the thread (waits for the pass in progress)."""
-        self._stop.set()
         t, self._thread = self._thread, None
         if t is not None:
-            t.join(timeout=30)
+            t.stop()

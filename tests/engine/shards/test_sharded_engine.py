@@ -34,9 +34,13 @@ def test_sharded_engine_equals_backtest(
     assert info["pids"] and os.getpid() not in info["pids"]
     assert shards != 2 or info["chart"]["aggregates"]  # the key page's chart, from the shards
     # the routing tasks pre-aggregated (engine_shard_input = "panes"): each run's first batch has
-    # no parameters yet and is read again by the shards, every later one came as pane rows
+    # no parameters yet and is read again by the shards, every later one came as pane rows (or as
+    # a tick's batch, run for the chart request on the idle stream: no rows)
     inputs = info["inputs"]
-    assert set(inputs) <= {"panes", "read again"} and inputs["panes"] > inputs["read again"] > 0, inputs
+    assert set(inputs) <= {"panes", "read again", "tick"} and inputs["panes"] > inputs["read again"] > 0, (
+        inputs
+    )
+    assert (inputs["tick"] > 0) == (shards == 2), inputs
 
 
 def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
@@ -84,15 +88,19 @@ def test_a_checkpoint_made_without_changelog_checkpointing_goes_on_with_it(
 def _refused(
     spark: Any, bootstrap: str, pg_url: str, tmp: Path, marker: str, shards: int, match: str
 ) -> None:
-    """An engine of ``shards`` shards on a checkpoint whose ``shards.json`` is ``marker`` is
-    refused at start with a :class:`CheckpointMismatch` matching ``match``."""
+    """An engine of ``shards`` shards on a checkpoint whose ``shards.json`` is ``marker`` (empty:
+    none, a checkpoint of the driver's engine) is refused at start with a
+    :class:`CheckpointMismatch` matching ``match``."""
     from engine.errors import CheckpointMismatch
     from engine.shards.engine import ShardedEngine
 
     run = uuid.uuid4().hex[:8]
     db = fresh_database(pg_url)
     (tmp / "ckpt" / "tidewatch").mkdir(parents=True)
-    (tmp / "ckpt" / "tidewatch" / "shards.json").write_text(marker)
+    if marker:
+        (tmp / "ckpt" / "tidewatch" / "shards.json").write_text(marker)
+    else:  # the driver's engine's checkpoint: its batch log, no marker
+        (tmp / "ckpt" / "tidewatch" / "batches").mkdir()
     s = engine_settings(run, tmp / "ckpt", engine_shards=shards)
     assert s.engine_shard_input == "panes"
     app = ShardedEngine(s, bootstrap=bootstrap, pg_url=db, engine_id=run)
@@ -101,12 +109,22 @@ def _refused(
             app.start(spark)
     finally:
         app.close()
+    if marker:  # nothing written over the checkpoint's marker
+        assert (tmp / "ckpt" / "tidewatch" / "shards.json").read_text() == marker
 
 
 def test_sharded_engine_refuses_another_shard_count(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:
-    _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 2, "input": "panes"}', 3, "holds 2 shards")
+    _refused(
+        spark,
+        kafka_bootstrap,
+        pg_url,
+        tmp_path,
+        '{"shards": 2, "input": "panes", "ticks": true}',
+        3,
+        "holds 2 shards",
+    )
 
 
 def test_sharded_engine_refuses_a_checkpoint_of_the_other_input(
@@ -115,3 +133,48 @@ def test_sharded_engine_refuses_a_checkpoint_of_the_other_input(
     """A checkpoint made before the shards evaluated pane rows (its marker names no input: records)
     is refused on pane rows, with what to do; the shards' states differ between the two."""
     _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 1}', 1, "engine_shard_input=records")
+
+
+def test_sharded_engine_refuses_a_checkpoint_without_ticks(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """A checkpoint of the query before it read the ticks source (engine.shards.ticks): Spark would
+    stop on the changed sources; refused first, with what to do."""
+    _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 1, "input": "panes"}', 1, "without ticks")
+
+
+def test_sharded_engine_refuses_a_checkpoint_of_the_drivers_engine(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The driver's engine's checkpoint (its state in its own snapshots and batch log) is not one
+    shards can go on from: refused, naming engine_shards=0; no marker written into it."""
+    _refused(spark, kafka_bootstrap, pg_url, tmp_path, "", 1, "made by the driver's engine")
+    assert not (tmp_path / "ckpt" / "tidewatch" / "shards.json").exists()
+
+
+def test_drivers_engine_refuses_a_sharded_checkpoint(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The other way: the driver's engine on a sharded checkpoint is refused, naming the shard
+    count to run with, before it touches the checkpoint."""
+    from engine.app import EngineApp
+    from engine.errors import CheckpointMismatch
+
+    run = uuid.uuid4().hex[:8]
+    db = fresh_database(pg_url)
+    (tmp_path / "ckpt" / "tidewatch").mkdir(parents=True)
+    (tmp_path / "ckpt" / "tidewatch" / "shards.json").write_text(
+        '{"shards": 2, "input": "panes", "ticks": true}'
+    )
+    app = EngineApp(
+        engine_settings(run, tmp_path / "ckpt", engine_shards=0),
+        bootstrap=kafka_bootstrap,
+        pg_url=db,
+        engine_id=run,
+    )
+    try:
+        with pytest.raises(CheckpointMismatch, match="engine_shards=2"):
+            app.start(spark)
+    finally:
+        app.close()
+    assert sorted(p.name for p in (tmp_path / "ckpt" / "tidewatch").iterdir()) == ["shards.json"]
