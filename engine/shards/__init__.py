@@ -17,10 +17,12 @@
   by every shard from the checkpoint;
 * :mod:`engine.shards.charts` -- the key page's chart requests, answered by the shard owning
   the key;
+* :mod:`engine.shards.ticks` -- a batch run on purpose (a file of the query's second source) when
+  chart requests wait on an idle stream;
 * :mod:`engine.shards.json_file` -- how those two checkpoint files are read (absent: nothing
   yet; unreadable or of another shape: refused).
 
 Nothing is imported here (``import engine.shards`` stays light in a Python worker).
 """
 
-__all__ = ["capped", "charts", "engine", "json_file", "panes", "processor", "route", "step", "strides"]
+__all__ = ["capped", "charts", "engine", "json_file", "panes", "processor", "route", "step", "strides", "ticks"]

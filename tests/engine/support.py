@@ -290,6 +290,17 @@ def start_engine(env: dict[str, str], log: Path, run: str) -> subprocess.Popen[b
     )
 
 
+def restarts_logged(text: str) -> int:
+    """How many of the engine's starts in its log ``text`` rebuilt the state it had: the driver's
+    engine says "replaying batches" or "restored the state snapshot" (engine.app); with shards
+    (``engine_shards`` >= 1) shard 0's first batch of a run is "rebuilt" from Spark's state store
+    (the batch line of engine.shards.engine)."""
+    return sum(
+        text.count(s)
+        for s in ("replaying batches", "restored the state snapshot", "shard 0 rebuilt (Python worker")
+    )
+
+
 def kill_engine(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to the engine's process group (Spark's JVM included) and wait for it."""
     try:
