@@ -25,4 +25,15 @@
 Nothing is imported here (``import engine.shards`` stays light in a Python worker).
 """
 
-__all__ = ["capped", "charts", "engine", "json_file", "panes", "processor", "route", "step", "strides", "ticks"]
+__all__ = [
+    "capped",
+    "charts",
+    "engine",
+    "json_file",
+    "panes",
+    "processor",
+    "route",
+    "step",
+    "strides",
+    "ticks",
+]
