@@ -102,10 +102,21 @@ class ShardCharts:
         #: held by the batch's delivery and the idle thread while each hands requests over
         self._lock = threading.Lock()
         self._last_batch = time.monotonic()
+        #: a batch is running (:meth:`batch_started` .. :meth:`batch_ended`): not idle
+        self._in_batch = False
         #: when the tick waiting for its batch was written (None: none waits)
         self._ticked: float | None = None
         self.ticks_written = 0
         self._thread: PollThread | None = None
+
+    def batch_started(self) -> None:
+        """``foreachBatch`` began: the engine is not idle until :meth:`batch_ended` (a batch may
+        run longer than the idle wait)."""
+        self._in_batch, self._last_batch = True, time.monotonic()
+
+    def batch_ended(self) -> None:
+        """``foreachBatch`` returned or raised: the idle wait counts from now."""
+        self._in_batch, self._last_batch = False, time.monotonic()
 
     def after_batch(self, answered: dict[int, Answer]) -> None:
         """Write the answers the shards gave with a batch; then, when a poll is due, hand the
@@ -120,14 +131,14 @@ class ShardCharts:
             self.requests.write(self.answers.due())
 
     def poll_idle(self, labels: list[int], idle_s: float) -> bool:
-        """One look of the idle thread: when no batch came for ``idle_s`` and no tick waits for
-        its batch, the pending requests handed over and a tick written (one row per shard label);
+        """One look of the idle thread: when no batch runs or ended in the last ``idle_s`` and no
+        tick waits for its batch, the pending requests handed over and a tick written (one row per shard label);
         whether it wrote one."""
         if self.ticks is None:
             return False
         with self._lock:
             now = time.monotonic()
-            if now - self._last_batch < idle_s:
+            if self._in_batch or now - self._last_batch < idle_s:
                 return False
             if self._ticked is not None and now - self._ticked < TICK_RETRY_S:
                 return False

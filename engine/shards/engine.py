@@ -353,8 +353,14 @@ class ShardedEngine:
     # ------------------------------------------------------------------ per batch
     def on_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: the shards' outputs of batch ``batch_id`` merged and delivered once."""
+        self.charts.batch_started()  # not idle: no tick while it runs
+        try:
+            self._on_batch(df, int(batch_id))
+        finally:
+            self.charts.batch_ended()
+
+    def _on_batch(self, df: Any, batch_id: int) -> None:
         t0 = time.perf_counter()
-        batch_id = int(batch_id)
         if self._conf_back is not None:
             spark, value = self._conf_back
             spark.conf.set("spark.sql.shuffle.partitions", value)
