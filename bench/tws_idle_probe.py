@@ -109,7 +109,9 @@ def main() -> None:
             .parquet(src)
             .groupBy("k")
             .transformWithStateInPandas(imported.Idle(a.mode, a.timer_ms), "k LONG, n LONG", "Append", a.mode)
-            .writeStream.foreachBatch(lambda b, i: batches.append(int(i)))
+            .writeStream.foreachBatch(
+                lambda b, i: batches.append(int(i) + 0 * b.count())
+            )  # every partition read
             .trigger(processingTime=f"{a.trigger} seconds")
             .option("checkpointLocation", os.path.join(tmp, "ckpt"))
             .start()
