@@ -684,10 +684,9 @@ class EngineApp:
         except (OSError, ValueError, KeyError, TypeError):
             was = "N"
         raise CheckpointMismatch(
-            f"the checkpoint {self.checkpoint} was made by the sharded engine ({was} shards): its "
-            f"state is in Spark's state store, which the driver's engine (engine_shards=0) does not "
-            f"read. Run with engine_shards={was}, or start with a new checkpoint directory and a new "
-            "--engine-id."
+            f"the checkpoint was made by the sharded engine ({was} shards), whose state the driver's "
+            f"engine (engine_shards=0) does not read: run with engine_shards={was}, or start with a "
+            f"new checkpoint directory and a new --engine-id. Checkpoint: {self.checkpoint}"
         )
 
     def start(

@@ -46,6 +46,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
+from engine.errors import CheckpointMismatch
 from tidewatch.settings import Settings
 
 Kind = Literal["started", "stopped", "failed"]
@@ -212,6 +213,11 @@ def describe(exc: BaseException, settings: Settings) -> tuple[str, str, str]:
         hint = (
             "Check `kafka_bootstrap` (TIDEWATCH_KAFKA_BOOTSTRAP) and the Kafka security settings, "
             f"and that Kafka runs, then {RESTART}."
+        )
+    elif isinstance(cause, CheckpointMismatch):
+        hint = (
+            "The checkpoint directory does not fit this engine or its settings: the message says "
+            f"how to go on (the whole of it in the engine's log, {log}); then {RESTART}."
         )
     elif "pydantic" in mods or "pydantic_core" in mods:
         hint = f"Fix the setting named above (.env or TIDEWATCH_* variables), then {RESTART}."

@@ -243,10 +243,9 @@ class ShardedEngine:
             )
         if not marker.exists() and (has_commits or (self.checkpoint / "tidewatch" / "batches").exists()):
             raise CheckpointMismatch(
-                f"the checkpoint {self.checkpoint} was made by the driver's engine (engine_shards=0): "
-                "its state is in that directory's snapshots, which shards do not read. Run with "
-                "engine_shards=0, or start with a new checkpoint directory and a new --engine-id to "
-                f"re-read the topics into {self.n} shards."
+                "the checkpoint was made by the driver's engine (engine_shards=0), whose state shards "
+                "do not read: run with engine_shards=0, or start with a new checkpoint directory and "
+                f"a new --engine-id (the topics are read again into the shards). Checkpoint: {self.checkpoint}"
             )
         if marker.exists():
             doc = json.loads(marker.read_text())
@@ -268,9 +267,9 @@ class ShardedEngine:
                 )
             if not doc.get("ticks"):  # a checkpoint of a query without the ticks source
                 raise CheckpointMismatch(
-                    f"the checkpoint {self.checkpoint} was made by a sharded engine without ticks "
-                    "(engine/shards/ticks.py): Spark does not restart a query from a checkpoint with "
-                    "fewer sources. Start with a new checkpoint directory and a new --engine-id."
+                    "the checkpoint was made by a sharded engine without ticks (engine/shards/ticks.py), "
+                    "and Spark does not restart a query whose sources changed: start with a new "
+                    f"checkpoint directory and a new --engine-id. Checkpoint: {self.checkpoint}"
                 )
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)

@@ -118,6 +118,21 @@ def test_describe_masks_passwords_and_names_the_setting(s: Settings) -> None:
     assert "s3cret" not in message and "postgresql://tw:***@db" in message
 
 
+def test_describe_sends_a_checkpoint_refusal_to_its_message(s: Settings) -> None:
+    """A checkpoint refused at start (engine.errors.CheckpointMismatch, by its type): the message
+    keeps what to do ahead of the path; the hint points to it and to the log."""
+    from engine.errors import CheckpointMismatch
+
+    exc = CheckpointMismatch(
+        "the checkpoint was made by the driver's engine (engine_shards=0), whose state shards do not "
+        "read: run with engine_shards=0, or start with a new checkpoint directory and a new "
+        "--engine-id (the topics are read again into the shards). Checkpoint: " + "/x" * 200
+    )
+    kind, message, hint = liveness.describe(exc, s)
+    assert kind == "CheckpointMismatch" and "run with engine_shards=0" in message and len(message) == 300
+    assert "checkpoint directory does not fit" in hint and "engine.log" in hint
+
+
 def test_several_engines_are_judged_apart_and_the_worst_is_named(s: Settings) -> None:
     """Two engines on one database (``--engine-id``): one of them stopped committing five minutes
     ago while the other runs -- the verdict is "down" and names it, not "ok" from the other's
