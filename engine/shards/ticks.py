@@ -5,8 +5,8 @@ only in its own task, after a batch (:mod:`engine.shards.charts`).  Spark runs a
 only when a source has new data, so an idle stream (a closed market, a quiet network) would leave
 the requests unanswered.  Spark's own way to run batches without data -- ``timeMode =
 "ProcessingTime"``, which makes ``TransformWithStateExec.shouldRunAnotherBatch`` true -- runs one
-at *every* trigger: measured on this machine, 0.85 of a core spent by an idle query at a 0.5 s
-trigger (docs/measurements/engine.md, "Charts on an idle sharded engine").  A tick runs one batch
+at *every* trigger, and an idle query then keeps most of a core busy (``bench/tws_idle_probe.py``;
+docs/measurements/engine.md, "Ticks for the sharded mode's idle charts").  A tick runs one batch
 when a request waits, none otherwise:
 
 * the query reads a second source, Spark's file source over ``<checkpoint>/tidewatch/ticks``
