@@ -125,7 +125,7 @@ def run_sharded_scenario(
             assert app.batches_done >= 3
             if charts:
                 q.processAllAvailable()  # idle from here: the chart's batch is a tick's
-                info["chart"] = check_chart(app, bootstrap, s.topic_subscriptions, sc.sub_ids["count"], run)
+                info["chart"] = check_chart(app, sc.sub_ids["count"], run)
             if restart:
                 await_snapshots_named(app, q, bootstrap, s.topic_subscriptions, shards, timeout_s)
                 q.processAllAvailable()  # stopped between batches: the last one planned is committed
@@ -198,7 +198,7 @@ def run_sharded_scenario(
     return info
 
 
-def check_chart(app: Any, bootstrap: str, subscriptions: str, sid: str, engine_id: str) -> dict[str, Any]:
+def check_chart(app: Any, sid: str, engine_id: str) -> dict[str, Any]:
     """A key page's chart request (a row of ``chart_requests``, as the dashboard inserts it) for
     a key of rule ``sid`` is answered by the sharded engine, idle now (its stream read to the
     end): the driver writes a tick and Spark runs one batch for it (engine.shards.ticks), in which

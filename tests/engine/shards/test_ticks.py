@@ -1,6 +1,6 @@
 """Ticks (engine.shards.ticks): the files the driver writes to make Spark run a batch, and what
 Spark's file source makes of them -- one row per shard label, every other column null, each
-file deleted once a later batch is committed."""
+file deleted once its batch is committed."""
 
 from __future__ import annotations
 
