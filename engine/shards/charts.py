@@ -115,14 +115,14 @@ class ShardCharts:
         self._in_batch, self._last_batch = True, time.monotonic()
 
     def batch_ended(self) -> None:
-        """``foreachBatch`` returned or raised: the idle wait counts from now."""
-        self._in_batch, self._last_batch = False, time.monotonic()
+        """``foreachBatch`` returned or raised (a batch run for a tick or not, delivered or
+        skipped as committed): the idle wait counts from now, and no tick waits any more."""
+        self._in_batch, self._last_batch, self._ticked = False, time.monotonic(), None
 
     def after_batch(self, answered: dict[int, Answer]) -> None:
         """Write the answers the shards gave with a batch; then, when a poll is due, hand the
         pending requests to the next batch's shards (expired ones answered here)."""
         with self._lock:
-            self._last_batch, self._ticked = time.monotonic(), None
             self.answers.write([(rid, got, err) for rid, (got, err) in sorted(answered.items())])
             now = time.monotonic()
             if now - self._last_poll < self.poll_s and not answered:
