@@ -1,7 +1,9 @@
 """The engine's driver SIGKILLed (the driver alone, not its process group) while a forked child
 writes its state snapshot: no process of the engine is left -- not the child, not Spark's JVM,
 not Spark's Python workers (``engine_snapshot_fork``, the default; issue #20's condition for a
-forked writer)."""
+forked writer).  With one shard (``engine_shards`` = 1) the writer is forked by the shard's
+Spark Python worker (engine.shards.processor), a grandchild of ``pyspark.daemon``: it must end
+too, by the parent-death signal, once the JVM and its workers end."""
 
 from __future__ import annotations
 
@@ -41,8 +43,26 @@ def _snapshot_children(driver: psutil.Process) -> list[psutil.Process]:
     return out
 
 
+def _shard_snapshot_writers(driver: psutil.Process) -> list[psutil.Process]:
+    """The snapshot writers forked by the shards' Python workers: the children of the children
+    of ``pyspark.daemon`` (the daemon forks the workers, a worker forks a writer)."""
+    out = []
+    for p in driver.children(recursive=True):
+        try:
+            if "pyspark.daemon" not in " ".join(p.cmdline()):
+                continue
+            parent = p.parent()
+            grand = parent.parent() if parent is not None else None
+            if grand is not None and "pyspark.daemon" in " ".join(grand.cmdline()):
+                out.append(p)  # forked by a worker, itself forked by the daemon
+        except psutil.Error:  # ended meanwhile
+            continue
+    return out
+
+
+@pytest.mark.parametrize("shards", [0, 1])
 def test_a_driver_killed_mid_snapshot_leaves_no_process(
-    kafka_bootstrap: str, pg_url: str, tmp_path: Path
+    kafka_bootstrap: str, pg_url: str, tmp_path: Path, shards: int
 ) -> None:
     run = uuid.uuid4().hex[:8]
     s = engine_settings(run, tmp_path / "ckpt")
@@ -52,7 +72,11 @@ def test_a_driver_killed_mid_snapshot_leaves_no_process(
     ensure_topics(kafka_bootstrap, s)
     sc = make_scenario(n_trades=30000, n_packets=10000, seed=5)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
-    env = engine_env(s, kafka_bootstrap, db) | {"TIDEWATCH_SNAPSHOT_EVERY_BATCHES": "1"}
+    env = engine_env(s, kafka_bootstrap, db) | {
+        "TIDEWATCH_SNAPSHOT_EVERY_BATCHES": "1",
+        "TIDEWATCH_ENGINE_SHARDS": str(shards),
+    }
+    find = _shard_snapshot_writers if shards else _snapshot_children
     proc = start_engine(env, tmp_path / "engine.log", run)
     try:
         wait_for(lambda: progress(db)[0] >= 1, 180, "the engine's first batch (the rules)")
@@ -61,7 +85,7 @@ def test_a_driver_killed_mid_snapshot_leaves_no_process(
         deadline = time.monotonic() + 180
         writers: list[psutil.Process] = []
         while not writers and time.monotonic() < deadline:
-            writers = _snapshot_children(driver)
+            writers = find(driver)
             time.sleep(0.005)
         assert writers, "no snapshot writer was seen in 180 s"
         every = driver.children(recursive=True)
