@@ -20,7 +20,9 @@ started here (stopped by PID at the end):
 
 * **driver**: the records already in the driver's memory (not timed); one transactional producer
   (created once); per batch ``begin_transaction``, one ``produce`` per record, the marker, the commit
-  -- :meth:`engine.sinks.publish.Publisher.publish`'s Kafka calls without the Avro encoding;
+  -- :meth:`engine.sinks.publish.Publisher.publish`'s Kafka calls without the Avro encoding, with
+  its producer settings (``linger.ms`` 5, lz4, delivery reports of failures only), as the tasks'
+  producers;
 * **shipP** (``--ship``): the records in the driver's memory as one Arrow table, handed to Spark
   (``createDataFrame``, timed) and then as tasksP -- the default mode, whose alerts are made on
   the driver;
@@ -119,6 +121,7 @@ def produce_partition(bootstrap: str, topic: str, prefix: str, batch_id: int):  
                         "transactional.id": tid,
                         "enable.idempotence": True,
                         "linger.ms": 5,
+                        "compression.type": "lz4",
                         "delivery.report.only.error": True,
                     }
                 )
@@ -220,6 +223,7 @@ def main() -> None:
                 "transactional.id": f"probe-driver-{run_id}",
                 "enable.idempotence": True,
                 "linger.ms": 5,
+                "compression.type": "lz4",
                 "delivery.report.only.error": True,
             }
         )
