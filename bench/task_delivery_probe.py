@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,33 @@ def broker() -> Iterator[Settings]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def producer_conf(bootstrap: str, tid: str) -> dict[str, Any]:
+    """A transactional producer's settings with the engine's own past the transactional ones
+    (:attr:`engine.sinks.publish.Publisher.producer_config`: ``linger.ms`` 5, lz4, delivery
+    reports of failures only), for both sides."""
+    from engine.sinks.publish import Publisher
+
+    return {
+        "bootstrap.servers": bootstrap,
+        "transactional.id": tid,
+        "enable.idempotence": True,
+        **Publisher.producer_config,
+    }
+
+
+def produce_records(prod: Any, topic: str, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
+    """One ``produce`` call per record (a full local queue: serve deliveries 50 ms, produce the
+    record again); the number produced.  Not :func:`engine.sinks.publish._produce_all`, whose
+    wait on a full queue is ``poll(1.0)``: the probe times the calls, not that wait."""
+    for k, v in zip(keys, values, strict=True):
+        try:
+            prod.produce(topic, value=v, key=k)
+        except BufferError:
+            prod.poll(0.05)
+            prod.produce(topic, value=v, key=k)
+    return len(keys)
+
+
 def produce_partition(bootstrap: str, topic: str, prefix: str, batch_id: int):  # type: ignore[no-untyped-def]
     """The ``mapInArrow`` function of the tasks side: this task's records in one transaction with
     its partition's progress marker.  Producers and marker consumers are kept in a module of the
@@ -115,16 +142,7 @@ def produce_partition(bootstrap: str, topic: str, prefix: str, batch_id: int):  
         def client() -> tuple[Any, Any]:
             nonlocal created
             if tid not in clients:
-                prod = Producer(
-                    {
-                        "bootstrap.servers": bootstrap,
-                        "transactional.id": tid,
-                        "enable.idempotence": True,
-                        "linger.ms": 5,
-                        "compression.type": "lz4",
-                        "delivery.report.only.error": True,
-                    }
-                )
+                prod = Producer(producer_conf(bootstrap, tid))
                 prod.init_transactions(60)
                 marker = Consumer(
                     {
@@ -145,14 +163,9 @@ def produce_partition(bootstrap: str, topic: str, prefix: str, batch_id: int):  
             try:
                 prod.begin_transaction()
                 for b in held:
-                    keys, values = b.column("key").to_pylist(), b.column("value").to_pylist()
-                    for k, v in zip(keys, values, strict=True):
-                        try:
-                            prod.produce(topic, value=v, key=k)
-                        except BufferError:
-                            prod.poll(0.05)
-                            prod.produce(topic, value=v, key=k)
-                    n += len(keys)
+                    n += produce_records(
+                        prod, topic, b.column("key").to_pylist(), b.column("value").to_pylist()
+                    )
                 prod.send_offsets_to_transaction(
                     [TopicPartition(topic, 0, batch_id + 1)], marker.consumer_group_metadata(), 60
                 )
@@ -217,29 +230,15 @@ def main() -> None:
         admin.create_topics([NewTopic(topic, a.topic_partitions, 1)])[topic].result(60)
         spark = build_spark(s, "task-delivery-probe")
         run_id = uuid.uuid4().hex[:6]
-        prod = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "transactional.id": f"probe-driver-{run_id}",
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                "delivery.report.only.error": True,
-            }
-        )
+        prod = Producer(producer_conf(bootstrap, f"probe-driver-{run_id}"))
         prod.init_transactions(60)
         marker = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-driver-{run_id}-progress"})
         batch_no = {"driver": 0}
 
-        def driver_batch(recs: list[tuple[bytes, bytes]]) -> dict[str, float]:
+        def driver_batch(kv: tuple[list[bytes], list[bytes]]) -> dict[str, float]:
             c0, t0 = time.process_time(), time.perf_counter()
             prod.begin_transaction()
-            for k, v in recs:
-                try:
-                    prod.produce(topic, value=v, key=k)
-                except BufferError:
-                    prod.poll(0.05)
-                    prod.produce(topic, value=v, key=k)
+            produce_records(prod, topic, *kv)
             batch_no["driver"] += 1
             prod.send_offsets_to_transaction(
                 [TopicPartition(topic, 0, batch_no["driver"])], marker.consumer_group_metadata(), 60
@@ -296,6 +295,7 @@ def main() -> None:
 
         sides = ["driver", *(f"tasks{p}" for p in tasks), *(f"ship{p}" for p in tasks if a.ship)]
         recs = {n: driver_records(n, a.value_bytes) for n in sizes}
+        cols = {n: ([k for k, _ in recs[n]], [v for _, v in recs[n]]) for n in sizes}  # not timed
         for n in sizes:
             frame(n)
             if a.ship:
@@ -303,7 +303,7 @@ def main() -> None:
 
         def one(side: str, n: int) -> dict[str, float]:
             if side == "driver":
-                return driver_batch(recs[n])
+                return driver_batch(cols[n])
             return tasks_batch(
                 n, int(side.removeprefix("tasks").removeprefix("ship")), side.startswith("ship")
             )
