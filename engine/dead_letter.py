@@ -102,17 +102,3 @@ class DeadLetters:
             }
             for i in range(len(self))
         ]
-
-
-def publish(producer: Any, topic: str, letters: DeadLetters, logged_at: int) -> int:
-    """Produce every dead letter to ``topic`` (Avro, keyed by source topic); returns how many.
-
-    ``producer`` is a ``confluent_kafka.Producer`` (the caller flushes or commits).
-    Dead letters are rare, so this encodes record by record with fastavro.
-    """
-    from tidewatch.wire.avro import encode
-
-    recs = letters.records(logged_at)
-    for rec in recs:
-        producer.produce(topic, key=rec["source_topic"].encode(), value=encode("dead_letter", rec))
-    return len(recs)

@@ -307,13 +307,14 @@ class Publisher:
                 self.produce_alerts(p, s, alerts, batch.batch_id, now)
             else:
                 produce_alerts(p, s, alerts, batch.batch_id, now, results)
-            if dead is not None and len(dead):
-                for rec in dead.records(now):
-                    p.produce(
-                        s.topic_dead_letter,
-                        key=rec["source_topic"].encode(),
-                        value=encode("dead_letter", rec),
-                    )
+            if dead is not None and len(dead):  # rare: fastavro record by record
+                recs = dead.records(now)
+                _produce_all(
+                    p,
+                    s.topic_dead_letter,
+                    [encode("dead_letter", rec) for rec in recs],
+                    [rec["source_topic"].encode() for rec in recs],
+                )
         except KafkaException as exc:
             self.deliveries.reraise(p, exc)  # an ACL refused the records: say so, by its code
             raise

@@ -197,6 +197,16 @@ def backtest(
     )
 
 
+def own_topics(s: Settings, prefix: str, **update: Any) -> Settings:
+    """``s`` with topics of its own: ``<prefix>-<topic>-<run>`` for every topic setting, ``run`` a
+    fresh random id (a test's records meet no other test's), and ``update`` applied too."""
+    run = uuid.uuid4().hex[:6]
+    topics = ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
+    return s.model_copy(
+        update={f"topic_{t}": f"{prefix}-{t.replace('_', '-')}-{run}" for t in topics} | update
+    )
+
+
 def read_topic(
     bootstrap: str,
     topic: str,

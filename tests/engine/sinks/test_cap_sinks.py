@@ -22,6 +22,7 @@ from engine.sinks.alert_columns import uuid_text
 from engine.sinks.store import Store
 from tests.engine.sinks.test_publish_batch import _records
 from tests.engine.sinks.test_store_copy import KEYS, METRICS, SUBS, T0, VALUES
+from tests.engine.support import own_topics
 from tidewatch.settings import Settings
 from tidewatch.wire.avro import decode
 
@@ -148,12 +149,7 @@ def test_capped_batches_publish_exact_results_and_kept_and_capped_alerts(restart
     got = {}
     for name, batches in (("plain", plain), ("capped", capped), ("republished", capped)):
         run = uuid.uuid4().hex[:6]
-        s = restartable_kafka.model_copy(
-            update={
-                f"topic_{t}": f"cap-{name}-{t.replace('_', '-')}-{run}"
-                for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
-            }
-        )
+        s = own_topics(restartable_kafka, f"cap-{name}")
         publish.ensure_topics(bootstrap, s)
         pub = publish.Publisher(bootstrap, s, f"cap-test-{name}-{run}")
         try:

@@ -23,7 +23,7 @@ from engine.messages import Alert, BatchOutput
 from engine.sinks import publish
 from engine.sinks.deliver import Delivery
 from engine.sinks.store import Store
-from tests.engine.support import read_topic
+from tests.engine.support import own_topics, read_topic
 from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -94,13 +94,7 @@ def sinks(restartable_kafka: Settings, restartable_pg: Settings) -> Iterator[_Si
     from tests.engine.test_engine_integration import fresh_database
 
     run = uuid.uuid4().hex[:6]
-    s = restartable_kafka.model_copy(
-        update={
-            f"topic_{t}": f"dlv-{t.replace('_', '-')}-{run}"
-            for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
-        }
-        | {"engine_kafka_retry_s": 60.0}
-    )
+    s = own_topics(restartable_kafka, "dlv", engine_kafka_retry_s=60.0)
     publish.ensure_topics(s.kafka_bootstrap or "", s)
     got = _Sinks(s, fresh_database(restartable_pg.sqlalchemy_url), run)
     try:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import numpy as np
 import pytest
 
+from engine.dead_letter import DeadLetters
 from engine.messages import Alert
 from engine.sinks import publish
 from engine.sinks.alert_columns import AlertColumns
-from tests.engine.support import read_topic
+from tests.engine.support import own_topics, read_topic
 from tidewatch.settings import Settings
 from tidewatch.wire.avro import decode
 
@@ -55,12 +57,7 @@ def test_batch_encoder_publishes_what_the_per_alert_loop_published(restartable_k
     }
     for name, (produce, publisher, given) in variants.items():
         run = uuid.uuid4().hex[:6]
-        s = restartable_kafka.model_copy(
-            update={
-                f"topic_{t}": f"pub-{name}-{t.replace('_', '-')}-{run}"
-                for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
-            }
-        )
+        s = own_topics(restartable_kafka, f"pub-{name}")
         publish.ensure_topics(bootstrap, s)
         pub = publisher(bootstrap, s, f"pub-test-{name}-{run}")
         pub.produce_alerts = produce
@@ -98,12 +95,7 @@ def test_a_removed_subscription_gets_a_tombstone_per_key_before_the_batch_result
     deleted and subscribed again in one batch: its new result comes after)."""
     bootstrap = restartable_kafka.kafka_bootstrap
     run = uuid.uuid4().hex[:6]
-    s = restartable_kafka.model_copy(
-        update={
-            f"topic_{t}": f"pub-rm-{t.replace('_', '-')}-{run}"
-            for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
-        }
-    )
+    s = own_topics(restartable_kafka, "pub-rm")
     publish.ensure_topics(bootstrap, s)
     sid, other = str(uuid.UUID(int=7)), str(uuid.UUID(int=8))
     again = Alert(sid, "r", "trades", "B", "ENTER", 1_763_900_000_000, {"n": 2})
@@ -119,3 +111,31 @@ def test_a_removed_subscription_gets_a_tombstone_per_key_before_the_batch_result
     mine = [(k, v) for k, v in results if k == f"{sid}|B".encode()]
     assert [v is None for _, v in mine] == [True, False]  # the tombstone, then the new result
     assert decode(mine[1][1], "results")["present"] is True
+
+
+def test_dead_letters_go_through_a_full_local_queue(restartable_kafka: Settings) -> None:
+    """A batch's dead letters after its alerts, through a local queue smaller than either
+    (``BufferError``): every dead letter lands once, in order, beside every alert -- none is lost
+    and the transaction is not failed by the queue."""
+    bootstrap = restartable_kafka.kafka_bootstrap
+    run = uuid.uuid4().hex[:6]
+    s = own_topics(restartable_kafka, "pub-dl")
+    publish.ensure_topics(bootstrap, s)
+    dead = DeadLetters()
+    n = 3000
+    dead.add(
+        "trades", np.zeros(n, np.int64), np.arange(n), [None] * n, [b"\x00" * 40] * n, "undecodable", "bad"
+    )
+    alerts = _alerts(1500)
+    pub = _SmallQueue(bootstrap, s, f"pub-test-dl-{run}")
+    try:
+        pub.publish(0, alerts, dead)
+        assert pub.last_published() == 0
+    finally:
+        pub.close()
+    recs = _records(bootstrap, s.topic_dead_letter)
+    assert len(recs) == 1  # one key, the source topic: one partition, in the batch's order
+    got = [decode(v, "dead_letter") for _, v in next(iter(recs.values()))]
+    assert [d["source_offset"] for d in got] == list(range(n))
+    assert {d["reason"] for d in got} == {"undecodable"}
+    assert sum(map(len, _records(bootstrap, s.topic_alerts).values())) == len(alerts)

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, text
 from engine.dead_letter import DeadLetters
 from engine.messages import Alert, BatchOutput
 from engine.sinks.store import Store
+from tests.engine.support import own_topics
 from tidewatch.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -145,12 +146,7 @@ def test_progress_markers_of_two_engine_ids_are_their_own(restartable_kafka: Set
     bootstrap = restartable_kafka.kafka_bootstrap
     assert bootstrap is not None
     run = uuid.uuid4().hex[:6]
-    s = restartable_kafka.model_copy(
-        update={
-            f"topic_{t}": f"eng-{t.replace('_', '-')}-{run}"
-            for t in ("alerts", "results", "dead_letter", "trades", "packets", "subscriptions")
-        }
-    )
+    s = own_topics(restartable_kafka, "eng")
     publish.ensure_topics(bootstrap, s)
     pubs = [publish.Publisher(bootstrap, s, f"{name}-{run}") for name in ("one", "two")]
     try:
