@@ -56,10 +56,8 @@ import gc
 import json
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -75,7 +73,6 @@ from bench.engine_bench import fresh_database  # noqa: E402
 from engine.messages import Alert, AlertBlock, AlertSeq, BatchOutput, LookupBlock  # noqa: E402
 from engine.runtime.gc_tuning import tune_gc  # noqa: E402
 from tidewatch.settings import Settings  # noqa: E402
-from tidewatch.stack.spark_cluster import free_port  # noqa: E402
 
 #: the two sides, and the parts of a delivery timed for each
 SIDES = ("inline", "deferred")
@@ -145,39 +142,15 @@ def copy_of(alerts: AlertSeq) -> AlertSeq:
 def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
     """``(PostgreSQL URL, Kafka bootstrap, settings)``: the given ones, or an embedded server and
     broker of this run (stopped by PID and their run dir removed at the end)."""
-    from tidewatch.settings import Settings, get_settings
-    from tidewatch.stack import kafka_broker as kafka
-    from tidewatch.stack import postgres_server as postgres
+    from tidewatch.settings import get_settings
+    from tidewatch.stack.private import private_services
 
     if a.database_url and a.bootstrap:
         s = get_settings().model_copy(update={"kafka_bootstrap": a.bootstrap})
         yield a.database_url, a.bootstrap, s
         return
-    root = Path(tempfile.mkdtemp(prefix="tw-delivery-bench-"))
-    root.chmod(0o755)  # the PostgreSQL server runs as the postgres user when this runs as root
-    port = free_port()
-    s = Settings(
-        run_dir=root / "run",
-        cache_dir=get_settings().cache_dir,
-        pg_port=free_port(),
-        pg_password="tidewatch-bench",
-        database_url=None,
-        kafka_port=port,
-        kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_controller_port=free_port(),
-        kafka_security="plaintext",
-    )
-    started: list[Any] = []
-    try:
-        for svc in (postgres, kafka):
-            svc.start(s)
-            started.append(svc)
-        postgres.allow_createdb(s)
-        yield s.sqlalchemy_url, s.kafka_bootstrap, s
-    finally:
-        for svc in reversed(started):
-            svc.stop(s)
-        shutil.rmtree(root, ignore_errors=True)
+    with private_services("tw-delivery-bench-", get_settings(), postgres=True) as s:
+        yield s.sqlalchemy_url, s.kafka_bootstrap or "", s
 
 
 class Side:

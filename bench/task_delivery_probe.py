@@ -44,50 +44,21 @@ driver's JVM is not counted (in ``local[N]`` it also runs the executors' side).
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidewatch.settings import Settings, get_settings  # noqa: E402
-from tidewatch.stack.spark_cluster import free_port  # noqa: E402
+from tidewatch.settings import get_settings  # noqa: E402
+from tidewatch.stack.private import private_services  # noqa: E402
 
 #: the schema of a task's one output row
 TASK_SCHEMA = "p long, n long, created long, txn_ms double, pid long"
-
-
-@contextmanager
-def broker() -> Iterator[Settings]:
-    """Settings of an embedded Kafka broker started for this run (stopped by PID, its run dir
-    removed at the end)."""
-    from tidewatch.stack import kafka_broker as kafka
-
-    root = Path(tempfile.mkdtemp(prefix="tw-task-delivery-"))
-    root.chmod(0o755)
-    port = free_port()
-    s = Settings(
-        run_dir=root / "run",
-        cache_dir=get_settings().cache_dir,
-        kafka_port=port,
-        kafka_bootstrap=f"127.0.0.1:{port}",
-        kafka_controller_port=free_port(),
-        kafka_security="plaintext",
-        spark_master=get_settings().spark_master,
-    )
-    try:
-        kafka.start(s)
-        yield s
-    finally:
-        kafka.stop(s)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def producer_conf(bootstrap: str, tid: str) -> dict[str, Any]:
@@ -223,7 +194,7 @@ def main() -> None:
 
     from engine.spark_session import build_spark
 
-    with broker() as s:
+    with private_services("tw-task-delivery-", get_settings()) as s:
         bootstrap = s.kafka_bootstrap
         topic = "probe-alerts"
         admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures need the handle
