@@ -22,10 +22,10 @@ def private_services(
     prefix: str, base: Settings, *, postgres: bool = False, **update: Any
 ) -> Iterator[Settings]:
     """Settings of a Kafka broker started for this block (and of a PostgreSQL server when
-    ``postgres``, whose application role may create databases: ``sqlalchemy_url``).  ``base``
-    gives the cache dir (Kafka's jars) and what else ``update`` does not set; the ports, the
-    run dir (under a new directory named ``prefix…``) and the PLAINTEXT security are this
-    block's own."""
+    ``postgres``, whose application role may create databases: ``sqlalchemy_url``).  The ports,
+    the run dir (under a new directory named ``prefix…``) and the PLAINTEXT security are this
+    block's own; the rest (the cache dir with Kafka's jars, Spark's settings) is ``base``'s;
+    ``update`` is applied last."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)  # the PostgreSQL server runs as the postgres user when this runs as root
     port = free_port()
