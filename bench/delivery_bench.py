@@ -155,16 +155,20 @@ def services(a: argparse.Namespace) -> Iterator[tuple[str, str, Any]]:
 
 class Side:
     """One side: its Store (own database at head), its Publisher (own transactional id) and the
-    overlapped delivery over them; ``inline``: the commit writes the per-alert tables itself."""
+    overlapped delivery over them; ``inline``: the commit writes the per-alert tables itself.
+    ``given_server``: the database is dropped at exit (a server of the run's own goes with its
+    data)."""
 
-    def __init__(self, name: str, pg_url: str, bootstrap: str, settings: Settings) -> None:
+    def __init__(
+        self, name: str, pg_url: str, bootstrap: str, settings: Settings, given_server: bool
+    ) -> None:
         from engine.sinks.deliver import Delivery
         from engine.sinks.publish import Publisher
         from engine.sinks.store import Store, write_direct
         from tidewatch.db.session import make_db_engine
 
         self.name = name
-        self.store = Store(make_db_engine(fresh_database(pg_url, "head")))
+        self.store = Store(make_db_engine(fresh_database(pg_url, "head", drop_at_exit=given_server)))
         if name == "inline":  # the commit as it was: write_direct inside the batch's transaction
             self.store.commit = partial(self.store.commit, write=write_direct)  # type: ignore[method-assign]
         self.publisher = Publisher(bootstrap, settings, f"delivery-bench-{name}-{uuid.uuid4().hex[:6]}")
@@ -225,7 +229,8 @@ def main() -> None:
             update={f"topic_{t}": f"dbench-{t.replace('_', '-')}-{run}" for t in topics}
         )
         ensure_topics(bootstrap, settings)
-        sides = [Side(n, pg_url, bootstrap, settings) for n in SIDES]
+        given = bool(a.database_url and a.bootstrap)  # as services() decides
+        sides = [Side(n, pg_url, bootstrap, settings, given) for n in SIDES]
         # Kafka's floor: the batch's transaction alone (columns, records, produce, commit), no
         # PostgreSQL and no other thread beside it
         alone = Publisher(bootstrap, settings, f"delivery-bench-kafka-{uuid.uuid4().hex[:6]}")

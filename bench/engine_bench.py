@@ -116,10 +116,12 @@ def admin_url(database_url: str | None, settings: Settings) -> str:
     return settings.sqlalchemy_url
 
 
-def fresh_database(admin_url: str, revision: str = "head") -> str:
+def fresh_database(admin_url: str, revision: str = "head", *, drop_at_exit: bool = True) -> str:
     """A new database on ``admin_url``'s server, migrated to ``revision``: its URL.  It is
     dropped when this process exits (:func:`drop_database`): a live run's alert log is
-    hundreds of MB, and the dev server kept every bench's before 2026-12-01."""
+    hundreds of MB, and the dev server kept every bench's before 2026-12-01.  Not when
+    ``drop_at_exit`` is false: on a server of the run's own, removed with its data before the
+    process exits (:func:`tidewatch.stack.private.private_services`)."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -130,7 +132,8 @@ def fresh_database(admin_url: str, revision: str = "head") -> str:
     with eng.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     eng.dispose()
-    atexit.register(drop_database, admin_url, name)
+    if drop_at_exit:
+        atexit.register(drop_database, admin_url, name)
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     upgrade(url, revision)
     return url
