@@ -76,15 +76,11 @@ def producer_conf(bootstrap: str, tid: str) -> dict[str, Any]:
 
 
 def produce_records(prod: Any, topic: str, keys: Sequence[bytes], values: Sequence[bytes]) -> int:
-    """One ``produce`` call per record (a full local queue: serve deliveries 50 ms, produce the
-    record again); the number produced.  Not :func:`engine.sinks.publish._produce_all`, whose
-    wait on a full queue is ``poll(1.0)``: the probe times the calls, not that wait."""
-    for k, v in zip(keys, values, strict=True):
-        try:
-            prod.produce(topic, value=v, key=k)
-        except BufferError:
-            prod.poll(0.05)
-            prod.produce(topic, value=v, key=k)
+    """The engine's produce loop (:func:`engine.sinks.publish._produce_all`: one ``produce`` call
+    per record, a full local queue waited on and the record produced again); the number produced."""
+    from engine.sinks.publish import _produce_all
+
+    _produce_all(prod, topic, values, keys)
     return len(keys)
 
 
