@@ -310,6 +310,15 @@ class Settings(BaseSettings):
         "send each shard its keys' Kafka records, the shard decodes and pre-aggregates them alone). Fixed "
         "per checkpoint",
     )
+    engine_shard_delivery: Literal["tasks", "driver"] = Field(
+        "tasks",
+        description="who produces the sharded mode's Kafka output (docs/engine.md 'Delivery from Spark "
+        "tasks'): 'tasks' (each shard's task produces its alerts, results, tombstones and dead letters "
+        "in a Kafka transaction of its own, then the driver commits the batch in PostgreSQL) or 'driver' "
+        "(the driver produces the merged batch after PostgreSQL's commit, as the driver's engine does). "
+        "The alert cap (engine_alert_cap_per_lookup > 0) needs the merged alerts: 'driver' then, "
+        "whatever this says. Fixed per checkpoint",
+    )
     engine_numpy_hugepages: bool = Field(
         True,
         description="true: NumPy's own choice of transparent-huge-page advice on its large arrays in the "

@@ -10,8 +10,11 @@
 * :mod:`engine.shards.processor` -- a shard as Spark state (``transformWithStateInPandas``,
   RocksDB): its snapshot and batch log, the live core cached in the worker and validated
   against the state store's batch;
+* :mod:`engine.shards.produce` -- a shard's Kafka output produced by its own task, in a
+  transaction of the shard's own, exactly once (``engine_shard_delivery = "tasks"``, the default);
 * :mod:`engine.shards.engine` -- the driver: the query, and ``foreachBatch`` delivering the
-  merged output exactly once with the engine's sinks;
+  merged output exactly once with the engine's sinks (PostgreSQL; Kafka too when the driver
+  produces);
 * :mod:`engine.shards.capped` -- the alert cap over the merged output, in the one core's order;
 * :mod:`engine.shards.strides` -- the overload policy's strides, decided by the driver and read
   by every shard from the checkpoint;
@@ -32,6 +35,7 @@ __all__ = [
     "json_file",
     "panes",
     "processor",
+    "produce",
     "route",
     "step",
     "strides",

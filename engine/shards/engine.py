@@ -11,7 +11,12 @@ One streaming query (docs/engine.md, "Sharded evaluation"; docs/ARCHITECTURE.md 
    its output -- alerts, dead letters, the rule changes' effects -- as one row;
 4. ``foreachBatch`` (:meth:`ShardedEngine.on_batch`), on the driver: the shards' rows merged
    (:func:`engine.shards.step.merge_outputs`) and delivered exactly once by the engine's sinks
-   (:mod:`engine.sinks.deliver`: PostgreSQL then Kafka, idempotent by batch id).
+   (:mod:`engine.sinks.deliver`, idempotent by batch id).  Who produces the Kafka records
+   (``engine_shard_delivery``, fixed per checkpoint): ``tasks`` (the default) -- each shard's
+   task in step 3 produced its own in a transaction of its own (:mod:`engine.shards.produce`),
+   so the driver commits the batch in PostgreSQL only ("Kafka per shard, then PostgreSQL");
+   ``driver`` -- the driver produces the merged batch after PostgreSQL's commit, as the
+   driver's engine does.  The alert cap needs the merged alerts: ``driver`` whenever it is on.
 
 The driver sees one row per shard and batch, never a record.  Spark places the shards (one
 shuffle partition each: ``spark.sql.shuffle.partitions`` = N, the labels chosen so that shard
@@ -19,7 +24,8 @@ shuffle partition each: ``spark.sql.shuffle.partitions`` = N, the labels chosen 
 and the shards' state together, so a restart resumes from both at the same batch.  Spark
 commits a batch after ``foreachBatch`` returns: a crash between the sinks' commit and Spark's
 makes Spark run the batch again from the state before it, with the same output, which the
-PostgreSQL sink recognizes by its batch id and skips; a batch committed in PostgreSQL and not
+PostgreSQL sink recognizes by its batch id and skips (and the shards' tasks by their progress
+markers, when they produce); with the driver's delivery a batch committed in PostgreSQL and not
 in Kafka is published from PostgreSQL when the engine starts
 (:func:`engine.sinks.deliver.republish_committed`).
 
@@ -28,7 +34,8 @@ engine finds them (:mod:`engine.sources.retention`; Spark's source runs with ``f
 false``): the batch's start and end offsets from Spark's offset log, the records' offset ranges
 from the shards' metas (every shard got every routing task's), the broker asked for the
 log-start offsets of the candidates only; each lost range is one ``lost`` dead letter of the
-batch, delivered with its output (:meth:`ShardedEngine._lost`).
+batch, delivered with its output (:meth:`ShardedEngine._lost`) -- when the shards produce, in a
+Kafka transaction of the driver's own before the PostgreSQL commit (:meth:`ShardedEngine._publish_lost`).
 
 The alert cap (``engine_alert_cap_per_lookup``) is the driver's: the shards run uncapped and say
 where each lookup's alerts start, the driver caps the merged alerts in the one core's order
@@ -58,7 +65,7 @@ from engine.core import default_core
 from engine.dead_letter import DeadLetters
 from engine.errors import CheckpointMismatch
 from engine.executors.warmup import warm_up
-from engine.messages import BatchOutput
+from engine.messages import AlertSeq, BatchOutput
 from engine.overload import Marks
 from engine.runtime.driver_cpu import DriverCpu
 from engine.shards.charts import RequestFile, ShardCharts
@@ -142,6 +149,11 @@ class ShardedEngine:
         self.n = int(settings.engine_shards)
         #: what the shards evaluate (``engine_shard_input``): ``panes`` or ``records``
         self.input = str(settings.engine_shard_input)
+        #: who produces the Kafka output (``engine_shard_delivery``; module docstring): ``tasks``
+        #: or ``driver`` -- the driver whenever the alert cap is on (it caps the merged alerts)
+        self.delivery_by = (
+            "driver" if settings.engine_alert_cap_per_lookup > 0 else str(settings.engine_shard_delivery)
+        )
         #: on pane rows: (batch id, parameters) shard 0 sent for the batch after the last one
         #: (:mod:`engine.shards.panes`), handed to that batch's tasks
         self._next_params: tuple[int, bytes] | None = None
@@ -169,6 +181,9 @@ class ShardedEngine:
         #: per what a shard evaluated (:attr:`ShardMeta.input`: panes, read again, records), the
         #: shard batches
         self.inputs: dict[str, int] = {}
+        #: per what a shard's task did with its Kafka output (:attr:`ShardMeta.published`:
+        #: published, before, empty), the shard batches (``engine_shard_delivery = "tasks"``)
+        self.published: dict[str, int] = {}
         #: per shard, the batches whose worker brought an older live core forward from the log
         self.catch_ups: dict[int, int] = {}
         #: per shard, the batch of its snapshot in Spark's state store when a batch started it
@@ -271,9 +286,20 @@ class ShardedEngine:
                     "and Spark does not restart a query whose sources changed: start with a new "
                     f"checkpoint directory and a new --engine-id. Checkpoint: {self.checkpoint}"
                 )
+            was_by = str(doc.get("delivery", "driver"))  # a checkpoint from before the shards produced
+            if was_by != self.delivery_by:
+                raise CheckpointMismatch(
+                    f"the checkpoint {self.checkpoint} was made with the Kafka output produced by the "
+                    f"{was_by}, the settings ask for the {self.delivery_by} (engine_shard_delivery; the "
+                    "alert cap, engine_alert_cap_per_lookup > 0, needs the driver): the two keep their "
+                    f"progress in Kafka apart. Run with engine_shard_delivery={was_by}"
+                    + (" and engine_alert_cap_per_lookup=0" if was_by == "tasks" else "")
+                    + ", or start with a new checkpoint directory and a new --engine-id."
+                )
         else:
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"shards": self.n, "input": self.input, "ticks": True}))
+            doc = {"shards": self.n, "input": self.input, "ticks": True, "delivery": self.delivery_by}
+            marker.write_text(json.dumps(doc))
         return last
 
     def start(
@@ -286,7 +312,9 @@ class ShardedEngine:
     ) -> Any:
         """Publish what a crash left unpublished, then start the streaming query (module
         docstring); returns the ``StreamingQuery``."""
-        republish_committed(self.store, self.publisher, self._check_checkpoint())
+        # with the shards producing, Kafka is never behind PostgreSQL: nothing to publish again
+        last = self._check_checkpoint()
+        republish_committed(self.store, self.publisher, last, publish=self.delivery_by == "driver")
         labels = shard_labels(spark, self.n)
         if self.input == "panes":  # the routing tasks' Python workers started now, not by a batch
             took = warm_up(spark, default_core(self.settings).batch_params(self.topics))
@@ -329,6 +357,7 @@ class ShardedEngine:
             str(self.stride_file.path.resolve()),
             str(self.charts.requests.path.resolve()),
             panes=panes,
+            publish_as=self.engine_id if self.delivery_by == "tasks" else None,
         )
         shards = routed.groupBy("shard").transformWithStateInPandas(processor, OUTPUT_DDL, "Append", "None")
         writer = shards.writeStream.foreachBatch(self.on_batch if wrap is None else wrap(self.on_batch))
@@ -374,6 +403,8 @@ class ShardedEngine:
             self.rebuilds[m.shard] = self.rebuilds.get(m.shard, 0) + int(m.how == "rebuilt")
             self.catch_ups[m.shard] = self.catch_ups.get(m.shard, 0) + int(m.how == "caught up")
             self.inputs[m.input] = self.inputs.get(m.input, 0) + 1
+            if m.published:
+                self.published[m.published] = self.published.get(m.published, 0) + 1
             if m.how == "rebuilt":
                 self.rebuilt_from[m.shard] = m.snapshot_of
             if m.snapshot_bytes:
@@ -390,6 +421,8 @@ class ShardedEngine:
         out = merge_outputs(batch_id, [o for o, _ in pairs], self.settings.engine_alert_cap_per_lookup)
         lost = self._lost(batch_id, metas)
         if lost is not None:
+            if self.delivery_by == "tasks":  # the shards produced theirs: the driver's own, first
+                self._publish_lost(batch_id, lost)
             out.dead.extend(lost)
         self._committed = None  # a failed delivery: PostgreSQL says again what is committed
         self._deliver(out, metas, t0)
@@ -441,6 +474,16 @@ class ShardedEngine:
         ends = spark_end_offsets(spark_dir, batch_id)
         return batch_lost(self.bootstrap, self.settings, batch_id, starts, ends, ranges, self._watermark())
 
+    def _publish_lost(self, batch_id: int, lost: DeadLetters) -> None:
+        """With the shards producing: the ``lost`` dead letters of batch ``batch_id`` -- which only
+        the driver knows -- produced in a Kafka transaction of the driver's own (its publisher,
+        its marker), before the batch's PostgreSQL commit, unless its marker shows them produced
+        (the batch run again after a crash before that commit)."""
+        if self.publisher.last_published() >= batch_id:
+            log.info("batch %d: its lost dead letters were produced before the restart", batch_id)
+            return
+        self.publisher.publish(batch_id, AlertSeq(), lost)
+
     def _deliver(self, out: BatchOutput, metas: list[ShardMeta], t0: float) -> None:
         watermark = self._watermark()
         tops = [m.max_ts for m in metas if m.max_ts is not None]
@@ -456,7 +499,9 @@ class ShardedEngine:
             "state_bytes": sum(m.state_bytes for m in self.metas.values()),
             "driver_cpu_ms": self._driver_cpu.since_last(),
         }
-        d = self.delivery.deliver(out, watermark=watermark, metrics=metrics)
+        d = self.delivery.deliver(
+            out, watermark=watermark, metrics=metrics, kafka=self.delivery_by == "driver"
+        )
         t_done = time.perf_counter()
         self.batches_done += 1
         for k, v in (

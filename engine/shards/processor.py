@@ -21,7 +21,9 @@ worker, with the shard's state in Spark's state store (RocksDB, checkpointed wit
 Each batch runs with the overload policy's strides the driver recorded for it
 (:mod:`engine.shards.strides`, a file of the checkpoint directory), a rebuilt one too; after it
 the shard answers the key page's chart requests of its keys the driver handed over
-(:mod:`engine.shards.charts`).
+(:mod:`engine.shards.charts`).  With ``engine_shard_delivery = "tasks"`` (the default) the task
+produces the shard's Kafka output itself, right after the evaluation, in a Kafka transaction of
+the shard's own, exactly once (:mod:`engine.shards.produce`).
 
 The state store is versioned by batch: a retried task, a task moved to another executor, or a
 restarted query reads the state as of the batch before the one it runs.  What rebuilds the shard
@@ -71,6 +73,7 @@ from engine.runtime.prefault import SpareWarmer
 from engine.runtime.snapshot_writer import SnapshotWriter, remove_stale_temporaries
 from engine.shards.charts import RequestFile, answer_owned
 from engine.shards.panes import params_bytes, params_match, run_shard_panes, shard_rows, task_params
+from engine.shards.produce import publish_shard
 from engine.shards.route import (
     SPAN_SCHEMA,
     Ranges,
@@ -178,8 +181,12 @@ class ShardProcessor(StatefulProcessor):
         strides: str | None = None,
         charts: str | None = None,
         panes: bool = False,
+        publish_as: str | None = None,
     ) -> None:
         self.settings, self.engine, self.run, self.bootstrap = settings, engine, run, bootstrap
+        #: the engine id under which each shard's task produces its Kafka output
+        #: (:mod:`engine.shards.produce`); None: the driver delivers the merged batch
+        self.publish_as = publish_as
         #: the shards evaluate pane rows (``engine_shard_input = "panes"``, :mod:`engine.shards.panes`)
         self.panes = panes
         self.snapshots = snapshots
@@ -422,6 +429,12 @@ class ShardProcessor(StatefulProcessor):
             got = "records" if span_tables else "tick"
             records = pa.concat_tables(recs) if recs else self._no_records(shard)
             out = run_shard(core, batch, shard, n, records, spans, self.topics, strides)
+        t_pub = time.perf_counter()
+        published = None
+        if self.publish_as is not None:  # the shard's Kafka output, from this task, exactly once
+            published = publish_shard(
+                self.settings, self.bootstrap, self.publish_as, shard, out, live=how == "live"
+            )
         t_log = time.perf_counter()
         self.log.appendValue((batch, json.dumps(batch_ranges).encode(), ipc_bytes(span_t)))
         t_snap = time.perf_counter()
@@ -430,7 +443,8 @@ class ShardProcessor(StatefulProcessor):
         _LIVE[(self.engine, shard)] = (self.run, core, batch)
         warmer.after_batch(core.evaluator)  # a growth's memory faulted in between this worker's tasks
         t_out = time.perf_counter()
-        meta = meta_of(core, shard, batch, t_log - t0, how, os.getpid())
+        meta = meta_of(core, shard, batch, t_pub - t0, how, os.getpid())
+        meta.published = published.how if published is not None else ""
         meta.snapshot_of, meta.snapshot_bytes, meta.ranges = snapshot_of, named, batch_ranges
         meta.input = got
         if self.panes and shard == 0:  # the next batch's parameters, for the driver to hand on
@@ -440,7 +454,8 @@ class ShardProcessor(StatefulProcessor):
             meta.charts = answer_owned(core, shard, len(self.labels), requests, self.settings.pane_ms)
         meta.extra = {  # where the shard's task spent its Python time (s); "snapshot" includes
             # "snapshot_start": the fork of the child writing a snapshot (or the capture)
-            "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_log - t0,
+            "input": t_state - t_in, "catch_up": t0 - t_state, "evaluate": t_pub - t0,
+            "publish": t_log - t_pub,
             "log": t_snap - t_log, "snapshot": t_out - t_snap, "snapshot_start": start_s,
             "charts": time.perf_counter() - t_out,
         }  # fmt: skip

@@ -91,6 +91,10 @@ class ShardMeta:
     #: rows made by the shard from the batch read again from Kafka: the routing had no or other
     #: parameters) or ``records`` (``engine_shard_input = "records"``)
     input: str = "records"
+    #: what the shard's task did with its Kafka output (``engine_shard_delivery = "tasks"``,
+    #: :func:`engine.shards.produce.publish_shard`): ``published``, ``before`` (its marker showed
+    #: the batch published by an earlier run), ``empty``; "" when the driver delivers
+    published: str = ""
 
 
 def run_shard(

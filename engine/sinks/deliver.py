@@ -94,10 +94,14 @@ class Delivery:
         #: the last delivery done (its figures go into the next batch's metrics row)
         self.last: Delivered | None = None
 
-    def deliver(self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any]) -> Delivered:
+    def deliver(
+        self, out: BatchOutput, *, watermark: int | None, metrics: dict[str, Any], kafka: bool = True
+    ) -> Delivered:
         """Deliver ``out`` exactly once: its Kafka records produced while PostgreSQL commits it,
         its Kafka transaction committed after PostgreSQL's commit returned (see the module
-        docstring).  Raises PostgreSQL's error (the Kafka transaction aborted) when the commit
+        docstring).  ``kafka`` False: PostgreSQL only -- the batch's Kafka records were produced
+        and committed before, elsewhere (the sharded mode's tasks: :mod:`engine.shards.produce`).
+        Raises PostgreSQL's error (the Kafka transaction aborted) when the commit
         fails for good, and Kafka's when its transaction could not be committed within
         ``engine_kafka_retry_s`` (the batch then committed in PostgreSQL only: :meth:`recover
         <engine.app.EngineApp.recover>` publishes it)."""
@@ -107,7 +111,7 @@ class Delivery:
         alerts = AlertColumns.of(out.alerts) if out.alerts else out.alerts  # once, for both sinks
         results = out.result_changes() if out.withheld else None  # capped: not its alerts
         batch = KafkaBatch(batch_id, alerts, out.dead, out.removed_keys, results)
-        opened = self._producing.submit(self.publisher.begin, batch)
+        opened = self._producing.submit(self.publisher.begin, batch) if kafka else None
         try:
             committed = retry_transient(
                 lambda: self.store.commit(out, watermark=watermark, metrics=metrics),
@@ -115,12 +119,14 @@ class Delivery:
                 deadline_s=self.db_retry_s,
             )
         except BaseException:
-            self._abort(opened, batch_id)
+            if opened is not None:
+                self._abort(opened, batch_id)
             raise
         if not committed:
             log.warning("batch %d was already committed in PostgreSQL: nothing written again", batch_id)
         t1 = time.perf_counter()
-        self.publisher.commit(opened.result())  # only now: PostgreSQL committed the batch
+        if opened is not None:
+            self.publisher.commit(opened.result())  # only now: PostgreSQL committed the batch
         t2 = time.perf_counter()
         expanded_s = self.settle()
         if committed and expands(out):
@@ -167,14 +173,18 @@ class Delivery:
         self._expanding.shutdown()
 
 
-def republish_committed(store: Store, publisher: Publisher, last: int) -> None:
+def republish_committed(store: Store, publisher: Publisher, last: int, *, publish: bool = True) -> None:
     """Expand the committed batches whose ``engine_outputs`` row a stop left
     (:meth:`Store.project_pending <engine.sinks.store.Store.project_pending>`), then publish to
     Kafka the batches up to ``last`` committed in PostgreSQL whose Kafka transaction never
-    committed (a crash between the two commits), from what PostgreSQL holds of them."""
+    committed (a crash between the two commits), from what PostgreSQL holds of them.
+    ``publish`` False: the expansion only (Kafka's records were committed before PostgreSQL's:
+    the sharded mode's tasks produce them, :mod:`engine.shards.produce`)."""
     n = store.project_pending()
     if n:
         log.info("expanded %d committed batches into the alert log (the engine stopped before it had)", n)
+    if not publish:
+        return
     published = publisher.last_published()
     for b in range(published + 1, last + 1):
         rows, dead = store.alerts_of_batch(b), store.dead_letters_of_batch(b)

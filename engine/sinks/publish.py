@@ -82,6 +82,54 @@ def ensure_topics(bootstrap: str, settings: Settings) -> None:
             log.info("created topic %s", name)
 
 
+def marker_reader(settings: Settings, bootstrap: str, tid: str) -> Consumer:
+    """The reader of the progress marker of transactional id ``tid`` (its group
+    ``<tid>-progress``; module docstring).  Reading it fences nothing: a process that only asks
+    how far another's transactions went (a shard's, :mod:`engine.shards.produce`) uses this,
+    never a producer of that id."""
+    return Consumer(
+        librdkafka_config(
+            settings,
+            "engine",
+            bootstrap,
+            **{
+                "group.id": f"{tid}-progress",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            },
+        )
+    )
+
+
+def read_marker(marker: Consumer, tp: TopicPartition) -> int:
+    """The id of the last batch whose transaction moved ``marker``'s group on ``tp`` (-1: none).
+
+    Retries while the group coordinator is not ready (a fresh broker creates
+    ``__consumer_offsets`` on first use)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            got = marker.committed([tp], timeout=30)[0]
+            return -1 if got.offset < 0 else got.offset - 1
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = bool(getattr(err, "retriable", lambda: False)()) or error_code(exc) in COORDINATOR
+            if not retriable or time.monotonic() > deadline:
+                raise
+            log.info("Kafka group coordinator not ready (%s); retrying", err)
+            time.sleep(1.0)
+
+
+def published_up_to(settings: Settings, bootstrap: str, engine_id: str) -> int:
+    """The last batch the publisher of ``engine_id`` (:class:`Publisher`) committed in Kafka
+    (-1: none), read without a producer of its transactional id (so without fencing it)."""
+    marker = marker_reader(settings, bootstrap, f"tidewatch-engine-{engine_id}")
+    try:
+        return read_marker(marker, TopicPartition(settings.topic_alerts, 0))
+    finally:
+        marker.close()
+
+
 #: alerts as :meth:`Publisher.publish` takes them: Alert objects, their columns, or alert rows
 Alerts = AlertSeq | list[Alert] | list[dict[str, Any]] | AlertColumns
 
@@ -168,19 +216,7 @@ class Publisher:
             )
         )
         producer.init_transactions(60)
-        marker = Consumer(
-            librdkafka_config(
-                s,
-                "engine",
-                self.bootstrap,
-                **{
-                    "group.id": f"{self.tid}-progress",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                },
-            )
-        )
-        return producer, marker
+        return producer, marker_reader(s, self.bootstrap, self.tid)
 
     def last_published(self) -> int:
         """The id of the last batch whose Kafka transaction committed (-1 when none).
@@ -188,18 +224,7 @@ class Publisher:
         Retries while the group coordinator is not ready (a fresh broker creates
         ``__consumer_offsets`` on first use).
         """
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                got = self.marker.committed([self.marker_tp], timeout=30)[0]
-                return -1 if got.offset < 0 else got.offset - 1
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                retriable = bool(getattr(err, "retriable", lambda: False)()) or error_code(exc) in COORDINATOR
-                if not retriable or time.monotonic() > deadline:
-                    raise
-                log.info("Kafka group coordinator not ready (%s); retrying", err)
-                time.sleep(1.0)
+        return read_marker(self.marker, self.marker_tp)
 
     def publish(
         self,

@@ -83,7 +83,8 @@ def run_sharded_scenario(
     produce_rules(sc, bootstrap, s.topic_subscriptions, SHARD_RULES, budgets)
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     info: dict[str, Any] = {
-        "pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}, "schedule": {}, "inputs": Counter()
+        "pids": set(), "batches": 0, "rebuilds": {}, "rebuilt_from": {}, "schedule": {}, "inputs": Counter(),
+        "published": Counter(), "engine_id": run, "settings": s,
     }  # fmt: skip
 
     @contextmanager
@@ -100,6 +101,7 @@ def run_sharded_scenario(
             info["batches"] += app.batches_done
             info["schedule"].update(app.schedule)
             info["inputs"].update(app.inputs)
+            info["published"].update(app.published)
 
     # the first run's query with ``first_conf`` (Spark clones the session when the query's thread
     # starts: the values go back once the first run is over, before the restart)
@@ -170,11 +172,7 @@ def run_sharded_scenario(
     if cap:
         check_capped(app.store, got, expect, cap, final)
     else:
-        missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
-        assert not missing and not extra, (
-            f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
-        )
-        assert sorted(got) == expect  # once each
+        check_exact(got, expect)
 
     if sid is not None:
         late = [a for a in log if a[0] == sid]
@@ -182,20 +180,35 @@ def run_sharded_scenario(
         assert ref and {a[1] for a in late} == ref
         assert all(a[2] == "ENTER" and a[3] == final for a in late)
 
-    kafka_alerts = read_topic(bootstrap, s.topic_alerts, "alerts")
-    ids = [a["id"] for a in kafka_alerts]
-    assert len(ids) == len(set(ids)) == len(log)
-    assert set(ids) == {f"{a[0]}|{a[1]}|{a[2]}|{a[3]}" for a in log}
-
-    dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
-    assert sorted(d["reason"] for d in dead) == sorted(r for _, r in sc.bad_trades)
-    assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
+    check_kafka(bootstrap, s, log, sc)
     # the driver's CPU since the batch before (0013): none at each run's first batch, then each
     with create_engine(db).connect() as conn:
         cpu = [c for (c,) in conn.execute(text("SELECT driver_cpu_ms FROM engine_metrics"))]
     assert sum(c is None for c in cpu) == (2 if restart else 1) and sum(c or 0.0 for c in cpu) > 0, cpu
     info["alerts"] = len(log)
     return info
+
+
+def check_exact(got: list[tuple[str, str, str, int]], expect: list[tuple[str, str, str, int]]) -> None:
+    """The alert log ``got`` is the backtest's ``expect``, every alert once."""
+    missing, extra = sorted(set(expect) - set(got)), sorted(set(got) - set(expect))
+    assert not missing and not extra, (
+        f"missing {len(missing)}: {missing[:5]}; extra {len(extra)}: {extra[:5]}"
+    )
+    assert sorted(got) == expect  # once each
+
+
+def check_kafka(bootstrap: str, s: Any, log: list[tuple[str, str, str, int]], sc: Any) -> None:
+    """Kafka's ``alerts`` (read_committed) hold the alert log ``log``, each alert once; its
+    ``dead_letter`` topic every bad record of the scenario, once."""
+    kafka_alerts = read_topic(bootstrap, s.topic_alerts, "alerts")
+    ids = [a["id"] for a in kafka_alerts]
+    assert len(ids) == len(set(ids)) == len(log), (len(ids), len(set(ids)), len(log))
+    assert set(ids) == {f"{a[0]}|{a[1]}|{a[2]}|{a[3]}" for a in log}
+
+    dead = read_topic(bootstrap, s.topic_dead_letter, "dead_letter")
+    assert sorted(d["reason"] for d in dead) == sorted(r for _, r in sc.bad_trades)
+    assert sorted(d["value"] for d in dead) == sorted(v for v, _ in sc.bad_trades)
 
 
 def check_chart(app: Any, sid: str, engine_id: str) -> dict[str, Any]:

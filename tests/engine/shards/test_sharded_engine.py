@@ -41,6 +41,15 @@ def test_sharded_engine_equals_backtest(
         inputs
     )
     assert (inputs["tick"] > 0) == (shards == 2), inputs
+    # the shards' tasks produced the Kafka output (engine_shard_delivery = "tasks", the default):
+    # each shard's marker moved, the driver's did not (it had no lost dead letter to produce)
+    from engine.shards.produce import shard_published_up_to
+    from engine.sinks.publish import published_up_to
+
+    s, run = info["settings"], info["engine_id"]
+    assert info["published"]["published"] > 0, info["published"]
+    assert all(shard_published_up_to(s, kafka_bootstrap, run, k) > 0 for k in range(shards))
+    assert published_up_to(s, kafka_bootstrap, run) == -1
 
 
 def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
@@ -51,6 +60,7 @@ def test_sharded_engine_caps_alerts_per_lookup_over_all_shards(
     alerts: engine.shards.capped)."""
     info = run_sharded_scenario(spark, kafka_bootstrap, pg_url, tmp_path, 2, restart=False, cap=2)
     assert info["alerts"] > 100
+    assert not info["published"], info["published"]  # the cap's delivery is the driver's
 
 
 def test_sharded_engine_degrades_budgeted_rules_under_overload_the_same_in_every_shard(
@@ -135,6 +145,23 @@ def test_sharded_engine_refuses_a_checkpoint_of_the_other_input(
     _refused(spark, kafka_bootstrap, pg_url, tmp_path, '{"shards": 1}', 1, "engine_shard_input=records")
 
 
+def test_sharded_engine_refuses_a_checkpoint_whose_kafka_output_the_driver_produced(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """A checkpoint from before the shards' tasks produced (its marker names no delivery: the
+    driver's) is refused when the tasks are to produce: the driver's progress marker and the
+    shards' would disagree on what Kafka has; the message names the setting to run with."""
+    _refused(
+        spark,
+        kafka_bootstrap,
+        pg_url,
+        tmp_path,
+        '{"shards": 1, "input": "panes", "ticks": true}',
+        1,
+        "engine_shard_delivery=driver",
+    )
+
+
 def test_sharded_engine_refuses_a_checkpoint_without_ticks(
     spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
 ) -> None:
@@ -178,3 +205,69 @@ def test_drivers_engine_refuses_a_sharded_checkpoint(
     finally:
         app.close()
     assert sorted(p.name for p in (tmp_path / "ckpt" / "tidewatch").iterdir()) == ["shards.json"]
+
+
+def test_a_batch_the_shards_published_and_postgresql_did_not_commit_is_not_published_again(
+    spark: Any, kafka_bootstrap: str, pg_url: str, tmp_path: Path
+) -> None:
+    """ "Kafka per shard, then PostgreSQL" (engine.shards.produce): the driver fails to commit a
+    batch whose alerts the shard's task has produced and committed in Kafka -- the query stops,
+    as on a crash there.  Started again on its checkpoint, Spark runs that batch again (it was
+    never committed in Spark's log), the shard -- rebuilt, not live -- finds its marker past it
+    and produces nothing, the driver commits it in PostgreSQL: the alert log equals the backtest
+    and Kafka holds each alert once."""
+    from engine.shards.engine import ShardedEngine
+    from engine.shards.produce import shard_published_up_to
+    from engine.sinks.publish import ensure_topics
+    from tests.engine.shards.scenario import check_exact, check_kafka
+    from tests.engine.shards.support import SHARD_RULES
+    from tests.engine.support import G, backtest, make_scenario, produce, produce_rules
+    from tests.engine.test_engine_integration import topics_of, wait_for
+
+    run = uuid.uuid4().hex[:8]
+    s = engine_settings(run, tmp_path / "ckpt", engine_shards=1)
+    db = fresh_database(pg_url)
+    ensure_topics(kafka_bootstrap, s)
+    sc = make_scenario()
+    produce_rules(sc, kafka_bootstrap, s.topic_subscriptions, SHARD_RULES)
+    final = (sc.max_ts - s.allowed_lateness_ms) // G * G
+    failed: list[int] = []
+
+    app = ShardedEngine(s, bootstrap=kafka_bootstrap, pg_url=db, engine_id=run)
+    deliver = app.delivery.deliver
+
+    def fails_once(out: Any, **kw: Any) -> Any:
+        if out.alerts and not failed:
+            failed.append(out.batch_id)
+            raise RuntimeError("the driver stops before PostgreSQL's commit")
+        return deliver(out, **kw)
+
+    app.delivery.deliver = fails_once  # type: ignore[method-assign]
+    q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=2500)
+    try:
+        wait_for(lambda: app.rules == len(SHARD_RULES), 180, "every rule to be active")
+        produce(sc, kafka_bootstrap, topics_of(s))
+        wait_for(lambda: not q.isActive, 180, "the query to stop at the failed delivery")
+    finally:
+        q.stop()
+        app.close()
+    assert failed and app.store.last_committed() == failed[0] - 1, (failed, app.store.last_committed())
+    # the shard's transaction of that batch committed before the driver failed
+    assert shard_published_up_to(s, kafka_bootstrap, run, 0) == failed[0]
+
+    app = ShardedEngine(s, bootstrap=kafka_bootstrap, pg_url=db, engine_id=run)
+    q = app.start(spark, trigger_seconds=0.5, max_offsets_per_trigger=2500)
+    try:
+        wait_for(
+            lambda: app.applied_until == final or not q.isActive, 300, f"the shard to look up at {final}"
+        )
+        assert q.isActive, q.exception()
+    finally:
+        q.stop()
+        app.close()
+    assert app.published.get("before") == 1 and app.published.get("published", 0) > 0, app.published
+    assert app.rebuilds.get(0, 0) >= 1, app.rebuilds  # the batch run again on the shard rebuilt
+    log = app.store.alert_log()
+    got = [a for a in log if a[0] in {sc.sub_ids[n] for n in SHARD_RULES}]
+    check_exact(got, backtest(sc, SHARD_RULES, final))
+    check_kafka(kafka_bootstrap, s, log, sc)
