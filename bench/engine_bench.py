@@ -356,6 +356,9 @@ MODES: dict[str, dict[str, Any]] = {
     # the same with the shards on their keys' records (decode and pre-aggregation in the shard)
     # instead of the routing tasks' pane rows (engine_shard_input)
     "shards-records": {"engine_shards": 2, "engine_shard_input": "records"},
+    # the shards with their Kafka output produced by the driver, after PostgreSQL's commit (the
+    # merged batch), instead of by each shard's task (engine_shard_delivery, engine/shards/produce.py)
+    "shards-driver": {"engine_shards": 2, "engine_shard_delivery": "driver"},
 }
 
 
@@ -998,7 +1001,8 @@ def main() -> None:
         "path: engine_preaggregate = executors, pipelined), executors-serial (the same unpipelined), "
         "driver (the records collected to the driver, pipelined), shards (sharded evaluation, 2 shards: "
         "engine_shards = 2, on pane rows), shards-records (the same on records: engine_shard_input = "
-        "records); several: driver CPU per event side by side",
+        "records), shards-driver (shards whose Kafka output the driver produces: engine_shard_delivery = "
+        "driver); several: driver CPU per event side by side",
     )
     ap.add_argument(
         "--no-bare",
