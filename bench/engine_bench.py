@@ -347,18 +347,21 @@ def against_better(tw: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> 
 
 #: ``--modes``: the settings each Tidewatch mode runs with
 MODES: dict[str, dict[str, Any]] = {
-    "executors": {"engine_preaggregate": "executors", "engine_pipeline": True},
-    "executors-serial": {"engine_preaggregate": "executors", "engine_pipeline": False},
-    "driver": {"engine_preaggregate": "driver", "engine_pipeline": True},
-    # sharded evaluation (docs/engine.md, "Sharded evaluation"): the indexes in Spark's tasks,
-    # one shard per core of local[2]
-    "shards": {"engine_shards": 2},
+    # the driver's engine (engine_shards = 0, the default before Dec 8): the index on the driver,
+    # the records decoded and pre-aggregated by Spark's executors (pipelined or not) ...
+    "executors": {"engine_shards": 0, "engine_preaggregate": "executors", "engine_pipeline": True},
+    "executors-serial": {"engine_shards": 0, "engine_preaggregate": "executors", "engine_pipeline": False},
+    # ... or collected to the driver and decoded there (the path the driver CPU figure is against)
+    "driver": {"engine_shards": 0, "engine_preaggregate": "driver", "engine_pipeline": True},
+    # sharded evaluation (docs/engine.md, "Sharded evaluation"), the default: the indexes in
+    # Spark's tasks, --shards of them (the default 1)
+    "shards": {"engine_shards": 1},
     # the same with the shards on their keys' records (decode and pre-aggregation in the shard)
     # instead of the routing tasks' pane rows (engine_shard_input)
-    "shards-records": {"engine_shards": 2, "engine_shard_input": "records"},
+    "shards-records": {"engine_shards": 1, "engine_shard_input": "records"},
     # the shards with their Kafka output produced by the driver, after PostgreSQL's commit (the
     # merged batch), instead of by each shard's task (engine_shard_delivery, engine/shards/produce.py)
-    "shards-driver": {"engine_shards": 2, "engine_shard_delivery": "driver"},
+    "shards-driver": {"engine_shards": 1, "engine_shard_delivery": "driver"},
 }
 
 
@@ -996,11 +999,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--modes",
-        default="executors",
-        help="Tidewatch's modes to run, each on its own copy of the events: executors (the default "
-        "path: engine_preaggregate = executors, pipelined), executors-serial (the same unpipelined), "
-        "driver (the records collected to the driver, pipelined), shards (sharded evaluation, 2 shards: "
-        "engine_shards = 2, on pane rows), shards-records (the same on records: engine_shard_input = "
+        default="shards",
+        help="Tidewatch's modes to run, each on its own copy of the events: shards (the default path: "
+        "sharded evaluation, --shards shards, on pane rows, each shard producing its Kafka output), "
+        "executors (the driver's engine, engine_shards = 0: engine_preaggregate = executors, "
+        "pipelined), executors-serial (the same unpipelined), driver (the driver's engine with the "
+        "records collected to the driver, pipelined), shards-records (the same on records: engine_shard_input = "
         "records), shards-driver (shards whose Kafka output the driver produces: engine_shard_delivery = "
         "driver); several: driver CPU per event side by side",
     )
@@ -1065,10 +1069,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--shards",
-        default="0",
+        default="1",
         help="live mode: engine_shards of each run, comma-separated, run one after the other in this "
-        "process (0: the driver-held index; e.g. 0,2 for the two side by side); drains: the shards "
-        "of --modes shards (default 2)",
+        "process (1: the default path; 0: the driver-held index; e.g. 0,1 for the two side by side); "
+        "drains: the shards of the --modes shards* (0: their own, 1)",
     )
     ap.add_argument(
         "--snapshot-in-thread",

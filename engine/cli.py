@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option(
                 help="sharded evaluation: the indexes held in Spark's executors, N shards by key "
-                "(0: on the driver; fixed for a checkpoint; default: settings; on one machine 1: "
+                "(default: settings, 1; 0: on the driver; fixed for a checkpoint; on one machine 1: "
                 "more shards on one executor take its Python workers in turn)",
                 min=0,
                 max=64,

@@ -292,15 +292,16 @@ class Settings(BaseSettings):
         "'Executor pre-aggregation')",
     )
     engine_shards: int = Field(
-        0,
+        1,
         ge=0,
         le=64,
         description="sharded evaluation (docs/engine.md 'Sharded evaluation'): the collective indexes held "
         "in Spark's executors, N shards by hash(key) mod N, each a stateful Spark task over its keys "
-        "(transformWithStateInPandas, RocksDB state); 0: the driver holds them (the default). Fixed "
-        "for a checkpoint: another N needs a new checkpoint and engine id. On one machine (local[k]) "
-        "1: more shards on one executor take its Python workers in turn and are caught up or rebuilt "
-        "(docs/engine.md 'Where shards run')",
+        "(transformWithStateInPandas, RocksDB state), producing its own Kafka output; the default 1 "
+        "(since Dec 8; on one machine more shards on one executor take its Python workers in turn and "
+        "are caught up or rebuilt: docs/engine.md 'Where shards run'); 0: the driver holds them (the "
+        "default before, engine_preaggregate applies). Fixed for a checkpoint: another N needs a new "
+        "checkpoint and engine id",
     )
     engine_shard_input: Literal["panes", "records"] = Field(
         "panes",

@@ -258,9 +258,11 @@ class ShardedEngine:
             )
         if not marker.exists() and (has_commits or (self.checkpoint / "tidewatch" / "batches").exists()):
             raise CheckpointMismatch(
-                "the checkpoint was made by the driver's engine (engine_shards=0), whose state shards "
-                "do not read: run with engine_shards=0, or start with a new checkpoint directory and "
-                f"a new --engine-id (the topics are read again into the shards). Checkpoint: {self.checkpoint}"
+                "the checkpoint was made by the driver's engine (engine_shards=0, the default before "
+                "Dec 8), whose state shards do not read: run with engine_shards=0 (--shards 0, or "
+                "TIDEWATCH_ENGINE_SHARDS=0 in the environment or .env), or start with a new checkpoint "
+                "directory and a new --engine-id (the topics are read again into the shards). "
+                f"Checkpoint: {self.checkpoint}"
             )
         if marker.exists():
             doc = json.loads(marker.read_text())

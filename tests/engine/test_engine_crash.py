@@ -37,15 +37,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 KILLS = int(os.environ.get("TIDEWATCH_TEST_KILLS", "3"))
 
 
-@pytest.mark.parametrize("preaggregate", ["driver", "executors"])
+@pytest.mark.parametrize("preaggregate", ["driver", "executors", "shards"])
 def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     kafka_bootstrap: str, pg_url: str, tmp_path: Path, preaggregate: str
 ) -> None:
     """Spark's Kafka source: Spark's checkpoint says where to resume, the engine's offset logs
     and snapshots rebuild the state (``engine_preaggregate``: the replay runs the executors'
-    function in process)."""
+    function in process).  ``shards``: one shard (``engine_shards`` = 1), its state in Spark's
+    state store, its task producing its Kafka output (engine.shards.produce): a kill between a
+    shard's Kafka commit and the driver's PostgreSQL commit makes the restart run the batch
+    again, which the shard's marker finds published."""
     run = uuid.uuid4().hex[:8]
-    s = engine_settings(run, tmp_path / "ckpt")
+    shards = int(preaggregate == "shards")
+    s = engine_settings(run, tmp_path / "ckpt", engine_shards=shards)
     db = fresh_database(pg_url)
     from engine.sinks.publish import ensure_topics
 
@@ -56,7 +60,9 @@ def test_sigkill_and_restart_gives_the_uninterrupted_alert_log(
     sc = make_scenario(n_trades=12000 * scale, n_packets=6000 * scale, seed=11)
     produce_rules(sc, kafka_bootstrap, s.topic_subscriptions)
     env = engine_env(s, kafka_bootstrap, db)
-    env["TIDEWATCH_ENGINE_PREAGGREGATE"] = preaggregate
+    env["TIDEWATCH_ENGINE_SHARDS"] = str(shards)
+    if not shards:
+        env["TIDEWATCH_ENGINE_PREAGGREGATE"] = preaggregate
     log = tmp_path / "engine.log"
     final = (sc.max_ts - s.allowed_lateness_ms) // G * G
     rng = random.Random(7)

@@ -59,7 +59,7 @@ def test_offsets_deleted_before_they_were_read_become_a_lost_dead_letter(
     from engine.sinks.publish import ensure_topics
 
     run = uuid.uuid4().hex[:8]
-    more = {"engine_shards": 2, "snapshot_every_batches": 2} if mode == "shards" else {}
+    more = {"engine_shards": 2, "snapshot_every_batches": 2} if mode == "shards" else {"engine_shards": 0}
     s = engine_settings(run, tmp_path / "ckpt", **more)
     db = fresh_database(pg_url)
     ensure_topics(kafka_bootstrap, s)
