@@ -628,9 +628,11 @@ def run_live(a: argparse.Namespace) -> dict[str, Any]:
     run = uuid.uuid4().hex[:8]
     settings = run_settings(
         base, "live", run, allowed_lateness_ms=a.lateness_ms, engine_history_ms=a.history_ms,
-        engine_lookup_every_ms=a.lookup_every_ms, **MODES[a.modes.split(",")[0]],
+        engine_lookup_every_ms=a.lookup_every_ms,
+        # the first mode's settings, its shards those of this run (--shards: one run per value)
+        **{**MODES[a.modes.split(",")[0]], "engine_shards": a.shards},
         **({"snapshot_every_batches": a.snapshot_every} if a.snapshot_every else {}),
-        engine_snapshot_fork=not a.snapshot_in_thread, engine_shards=a.shards,
+        engine_snapshot_fork=not a.snapshot_in_thread,
     )  # fmt: skip
     ensure_topics(bootstrap, settings)
     stream = a.stream
